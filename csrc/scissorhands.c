@@ -1,0 +1,659 @@
+/*
+ * scissorhands.c - the policy object and Scissorhands' votes (Liu et al.,
+ * NeurIPS 2023, arXiv 2305.17118).
+ *
+ * Each decode step, every held position whose attention weight strictly exceeds its
+ * fair share 1 / count earns one vote (uint32, saturating). Over budget, the
+ * least-voted positions outside the sinks and the recent window leave; equal votes
+ * evict the lower position. The object, admission, growth, the stable selection
+ * and compaction are shared with H2O (h2o.c), StreamingLLM (streaming_llm.c) and
+ * Full; only the score update and the victim choice differ.
+ *
+ * Selection is O(count) time with one byte of scratch per slot: a byte-at-a-time
+ * radix select finds the k-th smallest key (the scratch byte marks which slots are
+ * still candidates), then one pass takes every key below that threshold and the
+ * lowest slots at it, compacting survivors in order.
+ */
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sh_internal.h"
+
+_Static_assert(sizeof(struct sh_policy) <= SH_HEADER_BYTES,
+               "the header must fit the bytes memory_bytes() reports for it");
+
+enum { MAX_HEADS = 65536, FULL_INITIAL_CAPACITY = 64, MAX_INITIAL_CAPACITY = 4096 };
+
+/* ---------------------------------------------------------------- layout */
+
+/* Whether this kind keeps a per-slot score and reads attention. */
+static int reads_attention(int32_t kind)
+{
+    return kind == SH_SCISSORHANDS || kind == SH_H2O;
+}
+
+/* Bytes of score per slot: 4 (votes), 8 (H2O), 0. */
+static size_t value_bytes(int32_t kind)
+{
+    return kind == SH_SCISSORHANDS ? sizeof(uint32_t) : kind == SH_H2O ? sizeof(double) : 0;
+}
+
+static uint32_t *row_positions(const sh_policy *p, size_t h)
+{
+    return p->positions + h * p->capacity;
+}
+
+static uint32_t *row_votes(const sh_policy *p, size_t h)
+{
+    return (uint32_t *)p->values + h * p->capacity;
+}
+
+static double *row_scores(const sh_policy *p, size_t h)
+{
+    return (double *)p->values + h * p->capacity;
+}
+
+/* The capacity after one growth step: doubling, but stopping at budget + 1 once on
+   the way, so that a policy evicting every step holds exactly budget + 1 slots. */
+static uint64_t next_capacity(uint64_t capacity, uint64_t budget)
+{
+    uint64_t target = budget + 1;
+    uint64_t doubled = capacity * 2;
+    if (capacity < target && doubled > target)
+        return target;
+    return doubled;
+}
+
+/* Allocated arrays of one layout, owned together. */
+typedef struct storage {
+    uint32_t *positions;
+    void *values;
+    uint8_t *scratch;
+} storage;
+
+static void storage_free(storage *s)
+{
+    free(s->positions);
+    free(s->values);
+    free(s->scratch);
+}
+
+/* Allocates arrays for heads rows of capacity slots; all or nothing. */
+static int storage_alloc(storage *s, int32_t kind, size_t heads, size_t capacity)
+{
+    size_t slots = heads * capacity;
+    size_t vb = value_bytes(kind);
+    s->positions = NULL;
+    s->values = NULL;
+    s->scratch = NULL;
+    if (capacity != 0 && slots / capacity != heads)
+        return SH_ERR_NOMEM;
+    if (slots > SIZE_MAX / sizeof(double))
+        return SH_ERR_NOMEM;
+    s->positions = malloc(slots * sizeof(uint32_t));
+    if (vb != 0) {
+        s->values = malloc(slots * vb);
+        s->scratch = malloc(slots);
+    }
+    if (s->positions == NULL || (vb != 0 && (s->values == NULL || s->scratch == NULL))) {
+        storage_free(s);
+        return SH_ERR_NOMEM;
+    }
+    return SH_OK;
+}
+
+/* Grows every row to hold at least `need` slots, copying the held count; on failure
+   nothing changes. */
+static int ensure_capacity(sh_policy *p, uint64_t need)
+{
+    if (need <= p->capacity)
+        return SH_OK;
+    uint64_t cap = p->capacity;
+    while (cap < need)
+        cap = next_capacity(cap, p->budget);
+    if (cap > UINT32_MAX)
+        cap = UINT32_MAX;
+    if (cap < need)
+        return SH_ERR_NOMEM;
+    storage s;
+    int rc = storage_alloc(&s, p->kind, p->heads, (size_t)cap);
+    if (rc != SH_OK)
+        return rc;
+    size_t vb = value_bytes(p->kind);
+    for (size_t h = 0; h < p->heads; h++) {
+        memcpy(s.positions + h * cap, row_positions(p, h), p->count * sizeof(uint32_t));
+        if (vb != 0)
+            memcpy((char *)s.values + h * cap * vb, (char *)p->values + h * p->capacity * vb,
+                   p->count * vb);
+    }
+    storage old = { p->positions, p->values, p->scratch };
+    storage_free(&old);
+    p->positions = s.positions;
+    p->values = s.values;
+    p->scratch = s.scratch;
+    p->capacity = (uint32_t)cap;
+    return SH_OK;
+}
+
+/* Every row back to {0} with a zero score. */
+static void hold_origin(sh_policy *p)
+{
+    for (size_t h = 0; h < p->heads; h++) {
+        row_positions(p, h)[0] = 0;
+        if (p->kind == SH_SCISSORHANDS)
+            row_votes(p, h)[0] = 0;
+        else if (p->kind == SH_H2O)
+            row_scores(p, h)[0] = 0.0;
+    }
+    p->count = 1;
+    p->last_position = 0;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+int sh_policy_new(const sh_config *cfg, sh_policy **out)
+{
+    if (cfg == NULL || out == NULL)
+        return SH_ERR_ARG;
+    int32_t kind = cfg->kind;
+    if (kind < SH_FULL || kind > SH_SCISSORHANDS)
+        return SH_ERR_ARG;
+    if (cfg->heads < 1 || cfg->heads > MAX_HEADS)
+        return SH_ERR_ARG;
+    if (cfg->budget < 1)
+        return SH_ERR_BUDGET;
+    if (kind == SH_FULL || kind == SH_STREAMING_LLM) {
+        if (cfg->recent_window != 0 || (kind == SH_FULL && cfg->sinks != 0))
+            return SH_ERR_ARG;
+    }
+    if ((uint64_t)cfg->recent_window + cfg->sinks >= cfg->budget)
+        return SH_ERR_BUDGET;
+
+    sh_policy *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return SH_ERR_NOMEM;
+    p->kind = kind;
+    p->heads = cfg->heads;
+    p->budget = cfg->budget;
+    p->recent_window = cfg->recent_window;
+    p->sinks = cfg->sinks;
+    uint64_t cap = (uint64_t)cfg->budget + 1;
+    if (kind == SH_FULL)
+        cap = FULL_INITIAL_CAPACITY;
+    else if (cap > MAX_INITIAL_CAPACITY)
+        cap = MAX_INITIAL_CAPACITY;
+    storage s;
+    if (storage_alloc(&s, kind, p->heads, (size_t)cap) != SH_OK) {
+        free(p);
+        return SH_ERR_NOMEM;
+    }
+    p->positions = s.positions;
+    p->values = s.values;
+    p->scratch = s.scratch;
+    p->capacity = (uint32_t)cap;
+    hold_origin(p);
+    *out = p;
+    return SH_OK;
+}
+
+void sh_policy_free(sh_policy *p)
+{
+    if (p == NULL)
+        return;
+    storage s = { p->positions, p->values, p->scratch };
+    storage_free(&s);
+    free(p);
+}
+
+int sh_policy_reset(sh_policy *p)
+{
+    if (p == NULL)
+        return SH_ERR_ARG;
+    hold_origin(p);
+    return SH_OK;
+}
+
+size_t sh_policy_count(const sh_policy *p)
+{
+    return p == NULL ? 0 : p->count;
+}
+
+size_t sh_policy_capacity(const sh_policy *p)
+{
+    return p == NULL ? 0 : p->capacity;
+}
+
+size_t sh_policy_slot_bytes(const sh_policy *p)
+{
+    if (p == NULL)
+        return 0;
+    size_t vb = value_bytes(p->kind);
+    return sizeof(uint32_t) + vb + (vb != 0 ? 1 : 0);
+}
+
+size_t sh_policy_memory_bytes(const sh_policy *p)
+{
+    if (p == NULL)
+        return 0;
+    return SH_HEADER_BYTES + (size_t)p->capacity * p->heads * sh_policy_slot_bytes(p);
+}
+
+uint32_t sh_policy_last_position(const sh_policy *p)
+{
+    return p == NULL ? 0 : p->last_position;
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* 1 when every weight is finite and >= 0 (NaN fails both comparisons). */
+static int weights_valid_f32(const float *a, size_t n)
+{
+    int ok = 1;
+    for (size_t i = 0; i < n; i++)
+        ok &= (a[i] >= 0.0f) & (a[i] <= FLT_MAX);
+    return ok;
+}
+
+static int weights_valid_f64(const double *a, size_t n)
+{
+    int ok = 1;
+    for (size_t i = 0; i < n; i++)
+        ok &= (a[i] >= 0.0) & (a[i] <= DBL_MAX);
+    return ok;
+}
+
+static int weights_valid(int32_t dtype, const void *attn, size_t n)
+{
+    return dtype == SH_DTYPE_F32 ? weights_valid_f32(attn, n) : weights_valid_f64(attn, n);
+}
+
+/* One vote for every weight strictly above 1 / n, compared in double on the value
+   as given; votes saturate at UINT32_MAX. */
+static void vote_f32(uint32_t *votes, const float *attn, size_t n)
+{
+    double share = 1.0 / (double)n;
+    for (size_t i = 0; i < n; i++)
+        votes[i] += (uint32_t)(((double)attn[i] > share) & (votes[i] != UINT32_MAX));
+}
+
+static void vote_f64(uint32_t *votes, const double *attn, size_t n)
+{
+    double share = 1.0 / (double)n;
+    for (size_t i = 0; i < n; i++)
+        votes[i] += (uint32_t)((attn[i] > share) & (votes[i] != UINT32_MAX));
+}
+
+/* Applies one row of weights (n of them, of dtype) to row h's scores. */
+static void update_row(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n)
+{
+    if (p->kind == SH_SCISSORHANDS) {
+        if (dtype == SH_DTYPE_F32)
+            vote_f32(row_votes(p, h), attn, n);
+        else
+            vote_f64(row_votes(p, h), attn, n);
+    } else if (p->kind == SH_H2O) {
+        if (dtype == SH_DTYPE_F32)
+            sh_h2o_accumulate_f32(row_scores(p, h), attn, n);
+        else
+            sh_h2o_accumulate_f64(row_scores(p, h), attn, n);
+    }
+}
+
+static size_t dtype_size(int32_t dtype)
+{
+    return dtype == SH_DTYPE_F32 ? sizeof(float) : sizeof(double);
+}
+
+/* Appends pos with a zero score to every row (capacity already ensured). */
+static void admit(sh_policy *p, uint32_t pos)
+{
+    size_t c = p->count;
+    for (size_t h = 0; h < p->heads; h++) {
+        row_positions(p, h)[c] = pos;
+        if (p->kind == SH_SCISSORHANDS)
+            row_votes(p, h)[c] = 0;
+        else if (p->kind == SH_H2O)
+            row_scores(p, h)[c] = 0.0;
+    }
+    p->count++;
+    p->last_position = pos;
+}
+
+/* ---------------------------------------------------------------- selection */
+
+/* The key that orders slot i of row h: votes, or the bits of an H2O score. */
+static inline uint64_t key_at(const sh_policy *p, size_t h, size_t i)
+{
+    if (p->kind == SH_SCISSORHANDS)
+        return row_votes(p, h)[i];
+    return sh_h2o_key(row_scores(p, h), i);
+}
+
+/* The byte value b at which the running count of hist reaches *need; subtracts the
+   count strictly below b from *need. */
+static unsigned pick_bucket(const size_t hist[256], size_t *need)
+{
+    size_t below = 0;
+    unsigned b = 0;
+    while (below + hist[b] < *need)
+        below += hist[b++];
+    *need -= below;
+    return b;
+}
+
+/* Finds the k-th smallest key in slots [lo, hi) of row h as a (prefix, mask) pair:
+   the victims are every slot whose masked key is below prefix, then the lowest
+   *need slots whose masked key equals it. Requires 1 <= k <= hi - lo. */
+static void radix_select(const sh_policy *p, size_t h, size_t lo, size_t hi, size_t k,
+                         uint64_t *prefix_out, uint64_t *mask_out, size_t *need)
+{
+    uint8_t *mark = p->scratch + h * p->capacity;
+    uint64_t all = 0;
+    for (size_t i = lo; i < hi; i++) {
+        all |= key_at(p, h, i);
+        mark[i] = 1;
+    }
+    int shift = 56;
+    while (shift > 0 && (all >> shift) == 0)
+        shift -= 8;
+    uint64_t prefix = 0, mask = 0;
+    *need = k;
+    for (;; shift -= 8) {
+        size_t hist[256] = { 0 };
+        for (size_t i = lo; i < hi; i++) {
+            if (mark[i]) {
+                uint64_t key = key_at(p, h, i);
+                if ((key & mask) != prefix)
+                    mark[i] = 0;
+                else
+                    hist[(key >> shift) & 0xff]++;
+            }
+        }
+        unsigned b = pick_bucket(hist, need);
+        prefix |= (uint64_t)b << shift;
+        mask |= (uint64_t)0xff << shift;
+        /* Every candidate left in bucket b is a victim: no finer byte can matter. */
+        if (hist[b] == *need || shift == 0)
+            break;
+    }
+    *prefix_out = prefix;
+    *mask_out = mask;
+}
+
+/* Evicts the k least-scored slots of [lo, hi) from row h (ties: the lower slot),
+   writing victims ascending and compacting the row in one pass. */
+static void evict_row_by_score(sh_policy *p, size_t h, size_t lo, size_t hi, size_t k,
+                               uint32_t *victims, int64_t *slots)
+{
+    uint32_t *pos = row_positions(p, h);
+    size_t vb = value_bytes(p->kind);
+    char *vals = (char *)p->values + h * p->capacity * vb;
+    size_t n = p->count;
+    uint64_t prefix, mask;
+    size_t need;
+    if (k == 1) {
+        /* The steady state: one victim, the first minimum. */
+        size_t best = lo;
+        uint64_t best_key = key_at(p, h, lo);
+        for (size_t i = lo + 1; i < hi; i++) {
+            uint64_t key = key_at(p, h, i);
+            if (key < best_key) {
+                best_key = key;
+                best = i;
+            }
+        }
+        prefix = best_key;
+        mask = UINT64_MAX;
+        need = 1;
+        lo = best; /* nothing below best is taken */
+    } else {
+        radix_select(p, h, lo, hi, k, &prefix, &mask, &need);
+    }
+    size_t w = 0, j = 0;
+    for (size_t i = 0; i < n; i++) {
+        int victim = 0;
+        if (i >= lo && i < hi && j < k) {
+            uint64_t masked = key_at(p, h, i) & mask;
+            if (masked < prefix) {
+                victim = 1;
+            } else if (masked == prefix && need > 0) {
+                victim = 1;
+                need--;
+            }
+        }
+        if (victim) {
+            victims[j] = pos[i];
+            if (slots != NULL)
+                slots[j] = (int64_t)i;
+            j++;
+        } else {
+            if (w != i) {
+                pos[w] = pos[i];
+                memcpy(vals + w * vb, vals + i * vb, vb);
+            }
+            w++;
+        }
+    }
+}
+
+/* Checks budget against the protected prefix and suffix of this policy. */
+static int check_budget(const sh_policy *p, uint32_t budget)
+{
+    if (budget < 1)
+        return SH_ERR_BUDGET;
+    if ((uint64_t)p->recent_window + p->sinks >= budget)
+        return SH_ERR_BUDGET;
+    return SH_OK;
+}
+
+/* ---------------------------------------------------------------- step */
+
+int sh_policy_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                   const void *attn, size_t heads, size_t n, uint32_t budget,
+                   uint32_t *victims, int64_t *slots, size_t victims_cap,
+                   size_t *n_victims)
+{
+    if (p == NULL || n_victims == NULL)
+        return SH_ERR_ARG;
+    if (flags < 1 || flags > (SH_STEP_ADMIT | SH_STEP_EVICT))
+        return SH_ERR_ARG;
+    int do_admit = (flags & SH_STEP_ADMIT) != 0;
+    int do_evict = (flags & SH_STEP_EVICT) != 0;
+    int rc;
+    if (do_admit && pos <= p->last_position)
+        return SH_ERR_POSITION;
+    if (do_evict && (rc = check_budget(p, budget)) != SH_OK)
+        return rc;
+    int scores_change = do_admit && dtype != SH_DTYPE_NONE && reads_attention(p->kind);
+    if (do_admit && dtype != SH_DTYPE_NONE && dtype != SH_DTYPE_F32 && dtype != SH_DTYPE_F64)
+        return SH_ERR_ARG;
+    if (scores_change) {
+        if (attn == NULL)
+            return SH_ERR_ARG;
+        if (heads != p->heads || n != p->count)
+            return SH_ERR_LENGTH;
+        if (!weights_valid(dtype, attn, heads * n))
+            return SH_ERR_WEIGHT;
+    }
+    uint64_t held = (uint64_t)p->count + (uint64_t)do_admit;
+    size_t k = (do_evict && p->kind != SH_FULL && held > budget) ? (size_t)(held - budget) : 0;
+    if (k != 0 && (victims == NULL || victims_cap / p->heads < k))
+        return SH_ERR_BUFFER;
+    if (do_admit && (rc = ensure_capacity(p, held)) != SH_OK)
+        return rc;
+
+    /* Nothing below can fail. */
+    if (scores_change) {
+        size_t row_bytes = n * dtype_size(dtype);
+        for (size_t h = 0; h < p->heads; h++)
+            update_row(p, h, dtype, (const char *)attn + h * row_bytes, n);
+    }
+    if (do_admit)
+        admit(p, pos);
+    if (k != 0) {
+        size_t count = p->count;
+        size_t sinks = p->sinks < count ? p->sinks : count;
+        for (size_t h = 0; h < p->heads; h++) {
+            int64_t *row_slots = slots == NULL ? NULL : slots + h * k;
+            if (p->kind == SH_STREAMING_LLM)
+                sh_streaming_evict_row(row_positions(p, h), count, p->sinks, k,
+                                       victims + h * k, row_slots);
+            else
+                evict_row_by_score(p, h, sinks, count - p->recent_window, k,
+                                   victims + h * k, row_slots);
+        }
+        p->count = (uint32_t)(count - k);
+    }
+    *n_victims = k;
+    return SH_OK;
+}
+
+int sh_noop_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                 const void *attn, size_t heads, size_t n, uint32_t budget,
+                 uint32_t *victims, int64_t *slots, size_t victims_cap,
+                 size_t *n_victims)
+{
+    (void)p, (void)flags, (void)pos, (void)dtype, (void)attn, (void)heads, (void)n;
+    (void)budget, (void)victims, (void)slots, (void)victims_cap;
+    if (n_victims != NULL)
+        *n_victims = 0;
+    return SH_OK;
+}
+
+/* ---------------------------------------------------------------- prefill */
+
+int sh_policy_prefill(sh_policy *p, int32_t dtype, const void *attn, size_t heads,
+                      size_t prompt_len)
+{
+    if (p == NULL || prompt_len < 1)
+        return SH_ERR_ARG;
+    if (p->count != 1 || p->last_position != 0)
+        return SH_ERR_STATE;
+    if (prompt_len - 1 > UINT32_MAX)
+        return SH_ERR_POSITION;
+    int reads = reads_attention(p->kind) && dtype != SH_DTYPE_NONE;
+    if (reads) {
+        if (attn == NULL || (dtype != SH_DTYPE_F32 && dtype != SH_DTYPE_F64))
+            return SH_ERR_ARG;
+        if (heads != p->heads)
+            return SH_ERR_LENGTH;
+        size_t es = dtype_size(dtype);
+        for (size_t h = 0; h < heads; h++) {
+            for (size_t i = 1; i < prompt_len; i++) {
+                const char *row = (const char *)attn + ((h * prompt_len + i) * prompt_len) * es;
+                if (!weights_valid(dtype, row, i))
+                    return SH_ERR_WEIGHT;
+            }
+        }
+    }
+    int rc = ensure_capacity(p, prompt_len);
+    if (rc != SH_OK)
+        return rc;
+
+    /* Nothing below can fail. */
+    for (size_t i = 1; i < prompt_len; i++) {
+        if (reads) {
+            size_t es = dtype_size(dtype);
+            for (size_t h = 0; h < p->heads; h++) {
+                const char *row = (const char *)attn + ((h * prompt_len + i) * prompt_len) * es;
+                update_row(p, h, dtype, row, i);
+            }
+        }
+        admit(p, (uint32_t)i);
+    }
+    return SH_OK;
+}
+
+/* ---------------------------------------------------------------- state */
+
+int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
+                     double *scores, size_t cap)
+{
+    if (p == NULL)
+        return SH_ERR_ARG;
+    size_t n = p->count;
+    if (cap / p->heads < n)
+        return SH_ERR_BUFFER;
+    for (size_t h = 0; h < p->heads; h++) {
+        if (positions != NULL)
+            memcpy(positions + h * n, row_positions(p, h), n * sizeof *positions);
+        if (votes != NULL && p->kind == SH_SCISSORHANDS)
+            memcpy(votes + h * n, row_votes(p, h), n * sizeof *votes);
+        if (scores != NULL && p->kind == SH_H2O)
+            memcpy(scores + h * n, row_scores(p, h), n * sizeof *scores);
+    }
+    return SH_OK;
+}
+
+int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
+                     const uint32_t *votes, const double *scores,
+                     uint32_t last_position)
+{
+    if (p == NULL || positions == NULL)
+        return SH_ERR_ARG;
+    if (heads != p->heads)
+        return SH_ERR_LENGTH;
+    if (n < 1 || n > UINT32_MAX)
+        return SH_ERR_STATE;
+    if (p->kind == SH_SCISSORHANDS && votes == NULL)
+        return SH_ERR_ARG;
+    if (p->kind == SH_H2O && scores == NULL)
+        return SH_ERR_ARG;
+    for (size_t h = 0; h < heads; h++) {
+        const uint32_t *row = positions + h * n;
+        for (size_t i = 0; i < n; i++) {
+            if ((i > 0 && row[i] <= row[i - 1]) || row[i] > last_position)
+                return SH_ERR_STATE;
+        }
+    }
+    if (p->kind == SH_H2O && !weights_valid_f64(scores, heads * n))
+        return SH_ERR_STATE;
+    int rc = ensure_capacity(p, n);
+    if (rc != SH_OK)
+        return rc;
+
+    /* Nothing below can fail. */
+    for (size_t h = 0; h < heads; h++) {
+        memcpy(row_positions(p, h), positions + h * n, n * sizeof *positions);
+        if (p->kind == SH_SCISSORHANDS)
+            memcpy(row_votes(p, h), votes + h * n, n * sizeof *votes);
+        else if (p->kind == SH_H2O)
+            memcpy(row_scores(p, h), scores + h * n, n * sizeof *scores);
+    }
+    p->count = (uint32_t)n;
+    p->last_position = last_position;
+    return SH_OK;
+}
+
+int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos)
+{
+    if (p == NULL || head >= p->heads)
+        return -1;
+    const uint32_t *row = row_positions(p, head);
+    size_t lo = 0, hi = p->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (row[mid] < pos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return (lo < p->count && row[lo] == pos) ? (int64_t)lo : -1;
+}
+
+int64_t sh_policy_votes_of(const sh_policy *p, size_t head, uint32_t pos)
+{
+    int64_t i = sh_policy_find(p, head, pos);
+    if (i < 0 || p->kind != SH_SCISSORHANDS)
+        return -1;
+    return row_votes(p, head)[i];
+}
+
+double sh_policy_score_of(const sh_policy *p, size_t head, uint32_t pos)
+{
+    int64_t i = sh_policy_find(p, head, pos);
+    if (i < 0 || p->kind != SH_H2O)
+        return -1.0;
+    return row_scores(p, head)[i];
+}

@@ -1,0 +1,162 @@
+/*
+ * scissorhands.h - KV-cache eviction kernels.
+ *
+ * One object holds `heads` independent rows of cached positions, each with the
+ * per-slot state of its policy:
+ *
+ *   SH_SCISSORHANDS  uint32 vote counts     (Liu et al., NeurIPS 2023, arXiv 2305.17118)
+ *   SH_H2O           float64 cumulative sum (Zhang et al., NeurIPS 2023, arXiv 2306.14048)
+ *   SH_STREAMING_LLM attention sinks + the most recent positions
+ *                                           (Xiao et al., ICLR 2024, arXiv 2309.17453)
+ *   SH_FULL          never evicts (the baseline)
+ *
+ * Every exported function returns an sh_status and takes explicit lengths; a call
+ * that fails leaves the object exactly as it was.  There is no global state: two
+ * objects may be used from two threads at once, one object from one thread at a time.
+ *
+ * This header, with its preprocessor lines removed, is the cffi cdef: keep it to
+ * plain declarations.
+ */
+#ifndef SCISSORHANDS_H
+#define SCISSORHANDS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. */
+enum sh_status {
+    SH_OK = 0,
+    SH_ERR_NOMEM = 1,    /* an allocation failed */
+    SH_ERR_ARG = 2,      /* a parameter out of range, or a NULL pointer */
+    SH_ERR_LENGTH = 3,   /* attention length or head count differs from the state */
+    SH_ERR_WEIGHT = 4,   /* a NaN, infinite or negative attention weight */
+    SH_ERR_POSITION = 5, /* a position not above every position admitted */
+    SH_ERR_BUDGET = 6,   /* budget < 1, or not above the recent window + sinks */
+    SH_ERR_STATE = 7,    /* prefill on a policy that is not fresh; a bad loaded state */
+    SH_ERR_BUFFER = 8    /* an output buffer too small for the victims */
+};
+
+/* Policy kinds. */
+enum sh_kind {
+    SH_FULL = 0,
+    SH_STREAMING_LLM = 1,
+    SH_H2O = 2,
+    SH_SCISSORHANDS = 3
+};
+
+/* Element types of an attention buffer. */
+enum sh_dtype {
+    SH_DTYPE_NONE = 0, /* no attention: scores are left untouched */
+    SH_DTYPE_F32 = 1,
+    SH_DTYPE_F64 = 2
+};
+
+/* What one call to sh_policy_step does. */
+enum sh_flags {
+    SH_STEP_ADMIT = 1, /* update the scores with attn, then admit pos */
+    SH_STEP_EVICT = 2  /* then evict down to budget */
+};
+
+/* Bytes counted for the object itself by sh_policy_memory_bytes. */
+enum sh_sizes {
+    SH_HEADER_BYTES = 64
+};
+
+/* Construction parameters. recent_window and sinks are the protected suffix and
+   prefix of each row; recent_window + sinks < budget. */
+typedef struct sh_config {
+    int32_t kind;
+    uint32_t heads;
+    uint32_t budget;
+    uint32_t recent_window;
+    uint32_t sinks;
+} sh_config;
+
+typedef struct sh_policy sh_policy;
+
+/* Validates cfg, allocates a policy holding position 0 with a zero score in every
+   row, and stores it in *out. */
+int sh_policy_new(const sh_config *cfg, sh_policy **out);
+
+/* Frees a policy; NULL is allowed. */
+void sh_policy_free(sh_policy *p);
+
+/* Back to holding {0} with zero scores; forgets every admitted position. Keeps
+   the allocated capacity. */
+int sh_policy_reset(sh_policy *p);
+
+/* Positions held per row (every row holds the same count). */
+size_t sh_policy_count(const sh_policy *p);
+
+/* Allocated slots per row. */
+size_t sh_policy_capacity(const sh_policy *p);
+
+/* SH_HEADER_BYTES + capacity * heads * bytes per slot. */
+size_t sh_policy_memory_bytes(const sh_policy *p);
+
+/* Bytes of state per slot: 9 Scissorhands, 13 H2O, 4 StreamingLLM and Full. */
+size_t sh_policy_slot_bytes(const sh_policy *p);
+
+/* The largest position ever admitted (0 for a fresh policy). */
+uint32_t sh_policy_last_position(const sh_policy *p);
+
+/* One decode step, eviction, or both (flags from sh_flags):
+   - SH_STEP_ADMIT: attn holds heads * n weights (row-major, n = count), read as
+     dtype; every weight is checked (finite, >= 0) before any score changes; then
+     pos (> every position admitted) joins every row with a zero score.
+     dtype SH_DTYPE_NONE (attn NULL, n ignored) admits without touching scores.
+   - SH_STEP_EVICT: if count > budget, evicts count - budget positions per row and
+     writes them, ascending, to victims[h * k + j] (and their slot indices before
+     the eviction to slots[h * k + j] when slots is not NULL); budget is checked
+     against recent_window + sinks even when nothing is evicted.
+   *n_victims receives k (victims per row). victims_cap is the length of victims
+   (and of slots) in elements. */
+int sh_policy_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                   const void *attn, size_t heads, size_t n, uint32_t budget,
+                   uint32_t *victims, int64_t *slots, size_t victims_cap,
+                   size_t *n_victims);
+
+/* A call with sh_policy_step's arguments that does nothing: the floor of the call
+   overhead, for benchmarks. */
+int sh_noop_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                 const void *attn, size_t heads, size_t n, uint32_t budget,
+                 uint32_t *victims, int64_t *slots, size_t victims_cap,
+                 size_t *n_victims);
+
+/* Consumes a prompt's attention on a fresh policy: attn is heads * P * P weights
+   (row i = token i over positions 0..i; only j < i is read), applied exactly as
+   decode steps admitting positions 1..P-1. No eviction. */
+int sh_policy_prefill(sh_policy *p, int32_t dtype, const void *attn, size_t heads,
+                      size_t prompt_len);
+
+/* Copies the held positions and scores out: heads * count entries each, row-major.
+   votes is read for Scissorhands, scores for H2O; either may be NULL. */
+int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
+                     double *scores, size_t cap);
+
+/* Replaces the state with heads rows of n positions (strictly ascending per row,
+   none above last_position) and their scores (votes for Scissorhands, scores for
+   H2O: finite, >= 0). On any error the old state stays. */
+int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
+                     const uint32_t *votes, const double *scores,
+                     uint32_t last_position);
+
+/* The slot index of pos in row head, or -1 when it is not held (or head is out
+   of range). */
+int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos);
+
+/* The vote count of pos in row head (Scissorhands), or -1 when it is not held. */
+int64_t sh_policy_votes_of(const sh_policy *p, size_t head, uint32_t pos);
+
+/* The cumulative score of pos in row head (H2O), or -1.0 when it is not held. */
+double sh_policy_score_of(const sh_policy *p, size_t head, uint32_t pos);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SCISSORHANDS_H */

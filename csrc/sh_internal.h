@@ -1,0 +1,40 @@
+/*
+ * sh_internal.h - the policy object's layout and the per-policy hooks shared by
+ * scissorhands.c (the object, admission, selection, Scissorhands' votes), h2o.c
+ * (H2O's cumulative scores) and streaming_llm.c (sinks + recency). Not part of
+ * the public API or the cdef.
+ */
+#ifndef SH_INTERNAL_H
+#define SH_INTERNAL_H
+
+#include "scissorhands.h"
+
+/* Row h of an array with `capacity` slots per row starts at h * capacity. */
+struct sh_policy {
+    int32_t kind;
+    uint32_t heads;
+    uint32_t budget;
+    uint32_t recent_window;
+    uint32_t sinks;
+    uint32_t last_position; /* the largest position ever admitted */
+    uint32_t count;         /* positions held per row */
+    uint32_t capacity;      /* slots allocated per row */
+    uint32_t *positions;    /* heads * capacity, ascending within each row */
+    void *values;           /* uint32 votes (Scissorhands), double scores (H2O), or NULL */
+    uint8_t *scratch;       /* one byte per slot for the selection, or NULL */
+};
+
+/* H2O: scores[i] += attn[i] in double, saturating at DBL_MAX (h2o.c). */
+void sh_h2o_accumulate_f32(double *scores, const float *attn, size_t n);
+void sh_h2o_accumulate_f64(double *scores, const double *attn, size_t n);
+
+/* The bit pattern of a finite score >= 0: orders exactly as the scores do. */
+uint64_t sh_h2o_key(const double *scores, size_t i);
+
+/* StreamingLLM: the k oldest positions after the sinks leave the row (streaming_llm.c).
+   Writes them (ascending) to victims and their slots to slots (if not NULL), and
+   compacts the row; n is the count before the eviction. */
+void sh_streaming_evict_row(uint32_t *positions, size_t n, size_t sinks, size_t k,
+                            uint32_t *victims, int64_t *slots);
+
+#endif /* SH_INTERNAL_H */

@@ -1,0 +1,24 @@
+/*
+ * streaming_llm.c - attention sinks plus a sliding window (Xiao et al., ICLR 2024,
+ * arXiv 2309.17453).
+ *
+ * The first `sinks` positions a row ever held are never evicted; after them the
+ * oldest positions go first. Attention is never read.
+ */
+#include <string.h>
+
+#include "sh_internal.h"
+
+/* Evicts slots [s, s + k) with s = min(sinks, n): the k oldest non-sink positions.
+   Callers guarantee s + k <= n. */
+void sh_streaming_evict_row(uint32_t *positions, size_t n, size_t sinks, size_t k,
+                            uint32_t *victims, int64_t *slots)
+{
+    size_t s = sinks < n ? sinks : n;
+    memcpy(victims, positions + s, k * sizeof *positions);
+    if (slots != NULL) {
+        for (size_t j = 0; j < k; j++)
+            slots[j] = (int64_t)(s + j);
+    }
+    memmove(positions + s, positions + s + k, (n - s - k) * sizeof *positions);
+}

@@ -1,0 +1,34 @@
+"""The thin layer over the C core: the cffi ``ffi``/``lib`` pair and ``check``.
+
+Everything here mirrors ``csrc/scissorhands.h`` one to one; the friendly classes live
+in :mod:`scissorhands.policies`. ``check`` turns a C status code into the library's
+exception, so no other module needs to know the codes.
+"""
+
+from __future__ import annotations
+
+from scissorhands._sh_cffi import ffi, lib
+from scissorhands.errors import InvalidInputError, ScissorhandsError
+
+__all__ = ["ffi", "lib", "check"]
+
+_MESSAGES = {
+    lib.SH_ERR_ARG: (ScissorhandsError, "invalid argument to the C core"),
+    lib.SH_ERR_LENGTH: (InvalidInputError, "attention does not match the held positions"),
+    lib.SH_ERR_WEIGHT: (InvalidInputError, "attention weights must be finite and >= 0 (found NaN, inf or a negative weight)"),
+    lib.SH_ERR_POSITION: (InvalidInputError, "position must be greater than every position admitted"),
+    lib.SH_ERR_BUDGET: (InvalidInputError, "budget must be >= 1 and greater than recent_window + sinks"),
+    lib.SH_ERR_STATE: (InvalidInputError, "the policy is not in a state that allows this call"),
+    lib.SH_ERR_BUFFER: (ScissorhandsError, "output buffer too small (internal error)"),
+}
+
+
+def check(rc: int, what: str = "") -> None:
+    """Raise the exception for C status ``rc`` (``MemoryError`` for ``SH_ERR_NOMEM``);
+    ``what`` is prefixed to the message."""
+    if rc == lib.SH_OK:
+        return
+    if rc == lib.SH_ERR_NOMEM:
+        raise MemoryError(f"{what}: allocation failed" if what else "allocation failed")
+    cls, message = _MESSAGES.get(rc, (ScissorhandsError, f"unknown status {rc}"))
+    raise cls(f"{what}: {message}" if what else message)

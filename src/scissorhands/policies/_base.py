@@ -1,0 +1,407 @@
+"""The machinery every C-backed policy shares: input conversion, validation, the
+lock, the single C call per step, and plain-data state.
+
+A subclass names its C kind, its constructor parameters and its score array; all the
+behaviour lives here and in ``csrc/``.
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from typing import Any, ClassVar
+
+import numpy as np
+
+from scissorhands._native import check, ffi, lib
+from scissorhands.policies._state import STATE_FORMAT, STATE_VERSION, parse_state
+from scissorhands.errors import (
+    UINT32_MAX,
+    InvalidInputError,
+    InvalidTypeError,
+    check_int,
+)
+
+MAX_HEADS = 65536
+
+_DTYPE_CODES = {np.dtype(np.float32): lib.SH_DTYPE_F32, np.dtype(np.float64): lib.SH_DTYPE_F64}
+
+
+def _contains_bool(seq: Any) -> bool:
+    """True if a (nested) list/tuple holds a bool anywhere."""
+    for item in seq:
+        if isinstance(item, (bool, np.bool_)):
+            return True
+        if isinstance(item, (list, tuple)) and _contains_bool(item):
+            return True
+    return False
+
+
+def as_weights(attn: Any) -> np.ndarray:
+    """Read attention weights as a C-contiguous float32 or float64 array.
+
+    float32 and float64 C-contiguous arrays are returned as they are (no copy); other
+    real dtypes (float16, integers, ...), strided or Fortran-order arrays, lists,
+    tuples and objects with ``__array__`` are converted once.
+
+    Raises
+    ------
+    InvalidTypeError
+        Bools, complex numbers, strings or other non-numeric values.
+    InvalidInputError
+        Ragged nesting, or integers too large for a float64.
+    """
+    if isinstance(attn, np.ndarray):
+        arr = attn
+    else:
+        if isinstance(attn, (str, bytes)):
+            raise InvalidTypeError("attention weights must be real numbers, not a string")
+        if isinstance(attn, (list, tuple)) and _contains_bool(attn):
+            raise InvalidTypeError("attention weights must be real numbers, not bools")
+        try:
+            arr = np.asarray(attn)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInputError(f"attention weights are not a rectangular array: {exc}") from None
+    kind = arr.dtype.kind
+    if kind == "O":
+        try:
+            arr = arr.astype(np.float64)
+        except OverflowError:
+            raise InvalidInputError("attention weight too large for a float64") from None
+        except (TypeError, ValueError):
+            raise InvalidTypeError("attention weights must be real numbers") from None
+    elif kind in "iuf":
+        if arr.dtype not in _DTYPE_CODES:
+            arr = arr.astype(np.float64)
+    else:
+        raise InvalidTypeError(f"attention weights must be real numbers, not dtype {arr.dtype}")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr
+
+
+class NativePolicy:
+    """Base of the C-backed policies; see the subclasses for the public API."""
+
+    #: Registry name, also written into ``state_dict()["policy"]``.
+    name: ClassVar[str]
+    _kind: ClassVar[int]
+    #: Name of the per-slot score property (``"votes"``, ``"scores"``) or None.
+    _score_name: ClassVar[str | None] = None
+    _reads_attention: ClassVar[bool] = False
+
+    def __init__(self, *, budget: int, heads: int, recent_window: int = 0, sinks: int = 0) -> None:
+        self._budget = check_int("budget", budget, 1)
+        self._heads = check_int("heads", heads, 1, MAX_HEADS)
+        self._recent_window = check_int("recent_window", recent_window, 0)
+        self._sinks = check_int("sinks", sinks, 0)
+        if self._recent_window + self._sinks >= self._budget:
+            raise InvalidInputError(self._budget_message(self._budget))
+        cfg = ffi.new("sh_config *")
+        cfg.kind = self._kind
+        cfg.heads = self._heads
+        cfg.budget = self._budget
+        cfg.recent_window = self._recent_window
+        cfg.sinks = self._sinks
+        out = ffi.new("sh_policy **")
+        check(lib.sh_policy_new(cfg, out), type(self).__name__)
+        self._ptr = ffi.gc(out[0], lib.sh_policy_free)
+        self._lock = threading.Lock()
+        self._n_victims = ffi.new("size_t *")
+        self._grow_victims(1)
+
+    def _grow_victims(self, size: int) -> None:
+        """(Re)allocate the reusable output buffers and their C views."""
+        self._victims = np.empty(size, dtype=np.uint32)
+        self._slots = np.empty(size, dtype=np.int64)
+        self._victims_c = ffi.from_buffer("uint32_t[]", self._victims)
+        self._slots_c = ffi.from_buffer("int64_t[]", self._slots)
+
+    # ------------------------------------------------------------ validation
+
+    def _budget_message(self, budget: int) -> str:
+        if self._sinks and self._recent_window:
+            limit = f"recent_window + sinks ({self._recent_window} + {self._sinks})"
+        elif self._sinks:
+            limit = f"sinks ({self._sinks})"
+        else:
+            limit = f"recent_window ({self._recent_window})"
+        return f"budget must be greater than {limit}, got {budget}"
+
+    def _check_budget(self, budget: Any) -> int:
+        if budget is None:
+            return self._budget
+        budget = check_int("budget", budget, 1)
+        if self._recent_window + self._sinks >= budget:
+            raise InvalidInputError(self._budget_message(budget))
+        return budget
+
+    def _check_position(self, pos: Any) -> int:
+        pos = check_int("pos", pos, 0, UINT32_MAX)
+        last = lib.sh_policy_last_position(self._ptr)
+        if pos <= last:
+            raise InvalidInputError(
+                f"pos must be greater than every position admitted ({last}), got {pos}"
+            )
+        return pos
+
+    def _attention(self, attn: Any) -> tuple[int, Any, np.ndarray | None]:
+        """(dtype code, C pointer, array kept alive) for one decode step's weights."""
+        if attn is None or not self._reads_attention:
+            return lib.SH_DTYPE_NONE, ffi.NULL, None
+        arr = as_weights(attn)
+        n = lib.sh_policy_count(self._ptr)
+        h = self._heads
+        shape = arr.shape
+        if not (shape == (h, n) or (h == 1 and shape == (n,))):
+            want = f"({n},) or (1, {n})" if h == 1 else f"({h}, {n})"
+            raise InvalidInputError(
+                f"attn must have shape {want} (one weight per held position), got {shape}"
+            )
+        return _DTYPE_CODES[arr.dtype], ffi.from_buffer(arr), arr
+
+    # ------------------------------------------------------------ decode loop
+
+    def _call(self, flags: int, pos: int, attn: Any, budget: int, return_indices: bool) -> Any:
+        """Validate, then run one sh_policy_step; must hold the lock."""
+        if flags & lib.SH_STEP_ADMIT:
+            pos = self._check_position(pos)
+        if flags & lib.SH_STEP_EVICT:
+            budget = self._check_budget(budget)
+        dtype, ptr, keep = self._attention(attn) if flags & lib.SH_STEP_ADMIT else (lib.SH_DTYPE_NONE, ffi.NULL, None)
+        h = self._heads
+        held = lib.sh_policy_count(self._ptr) + (1 if flags & lib.SH_STEP_ADMIT else 0)
+        k = held - budget if (flags & lib.SH_STEP_EVICT) and held > budget and self._kind != lib.SH_FULL else 0
+        if h * k > self._victims.size:
+            self._grow_victims(max(h * k, 2 * self._victims.size))
+        victims, slots = self._victims, self._slots
+        rc = lib.sh_policy_step(
+            self._ptr, flags, pos, dtype, ptr, h, 0 if keep is None else keep.shape[-1], budget,
+            self._victims_c, self._slots_c if return_indices else ffi.NULL,
+            victims.size, self._n_victims,
+        )
+        check(rc, type(self).__name__)
+        k = self._n_victims[0]
+        if not flags & lib.SH_STEP_EVICT:
+            return None
+        if h == 1:
+            out = victims[:k].tolist()
+            return (out, slots[:k].tolist()) if return_indices else out
+        out = victims[: h * k].reshape(h, k).copy()
+        return (out, slots[: h * k].reshape(h, k).copy()) if return_indices else out
+
+    def on_decode_step(self, pos: int, attn: Any) -> None:
+        """Record the new token's attention over the held positions, then admit ``pos``.
+
+        Parameters
+        ----------
+        pos : int
+            The new token's position: an integer in ``[0, 2**32 - 1]`` greater than
+            every position admitted so far.
+        attn : array_like or None
+            The new token's attention weights over the held positions, index-aligned
+            with :attr:`kept` and not renormalised: shape ``(n,)`` (or ``(1, n)``)
+            for one head, ``(heads, n)`` otherwise. Any real dtype; float32 and
+            float64 C-contiguous arrays are read in place. ``None`` admits ``pos``
+            without changing any score.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``pos`` is not an integer, or the weights are not real numbers.
+        InvalidInputError
+            ``pos`` is out of range or not above every admitted position; ``attn``
+            has the wrong shape; a weight is NaN, infinite or negative.
+        """
+        with self._lock:
+            self._call(lib.SH_STEP_ADMIT, pos, attn, 0, False)
+
+    def evict(self, budget: int | None = None, return_indices: bool = False) -> Any:
+        """Evict down to ``budget`` positions per head and return the victims.
+
+        Parameters
+        ----------
+        budget : int, optional
+            Positions to keep; defaults to the configured budget. It may exceed the
+            configured one and does not stick. It is validated (``>= 1`` and greater
+            than the protected ``recent_window`` / ``sinks``) even when nothing needs
+            evicting.
+        return_indices : bool, default False
+            Also return each victim's slot index in :attr:`kept` before the
+            eviction, so a cache can gather its keys and values without a search.
+
+        Returns
+        -------
+        list[int] or numpy.ndarray
+            One head: the victims in ascending position order (``[]`` when the
+            policy holds at most ``budget``). Several heads: a ``(heads, k)``
+            ``uint32`` array, each row ascending. With ``return_indices``, a pair
+            ``(victims, slots)`` of the same shapes (slots ``int64`` when an array).
+
+        Raises
+        ------
+        InvalidTypeError, InvalidInputError
+            For a budget that is not an integer or is out of range.
+        """
+        with self._lock:
+            return self._call(lib.SH_STEP_EVICT, 0, None, budget, return_indices)
+
+    def step(self, pos: int, attn: Any, budget: int | None = None, return_indices: bool = False) -> Any:
+        """:meth:`on_decode_step` then :meth:`evict`, validated together and run as one
+        C call: either both happen or, on an error, neither does. Returns what
+        :meth:`evict` returns."""
+        with self._lock:
+            return self._call(lib.SH_STEP_ADMIT | lib.SH_STEP_EVICT, pos, attn, budget, return_indices)
+
+    def prefill(self, attn: Any) -> None:
+        """Consume a prompt's attention in one call, on a fresh policy.
+
+        Parameters
+        ----------
+        attn : array_like
+            The prompt's causal attention, shape ``(P, P)`` for one head or
+            ``(heads, P, P)``: row ``i`` holds token ``i``'s weights over positions
+            ``0..i``. Applied exactly as ``on_decode_step(i, attn[..., i, :i])`` for
+            ``i = 1..P-1``; the diagonal (a token's weight on itself) and the upper
+            triangle are never read. Nothing is evicted: call :meth:`evict` after.
+
+        Raises
+        ------
+        InvalidInputError
+            The policy has admitted a position since construction or
+            :meth:`reset`; ``attn`` is not square per head; a read weight is NaN,
+            infinite or negative; ``P - 1`` exceeds ``2**32 - 1``.
+        InvalidTypeError
+            The weights are not real numbers.
+        """
+        with self._lock:
+            if lib.sh_policy_count(self._ptr) != 1 or lib.sh_policy_last_position(self._ptr) != 0:
+                raise InvalidInputError("prefill needs a fresh policy (holding only position 0)")
+            arr = as_weights(attn)
+            h = self._heads
+            if arr.ndim == 2 and h == 1:
+                arr = arr.reshape(1, *arr.shape)
+            if arr.ndim != 3 or arr.shape[0] != h or arr.shape[1] != arr.shape[2] or arr.shape[1] < 1:
+                want = "(P, P) or (1, P, P)" if h == 1 else f"({h}, P, P)"
+                raise InvalidInputError(f"prefill attn must have shape {want}, got {np.shape(attn)}")
+            if arr.shape[1] - 1 > UINT32_MAX:
+                raise InvalidInputError("prompt too long for uint32 positions")
+            dtype = _DTYPE_CODES[arr.dtype] if self._reads_attention else lib.SH_DTYPE_NONE
+            check(lib.sh_policy_prefill(self._ptr, dtype, ffi.from_buffer(arr), h, arr.shape[1]),
+                  type(self).__name__)
+
+    # ------------------------------------------------------------ inspection
+
+    def kept_count(self) -> int:
+        """Positions held (per head; every head holds the same count)."""
+        return int(lib.sh_policy_count(self._ptr))
+
+    def _export(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(positions, scores) as ``(heads, n)`` arrays, copied under the lock."""
+        with self._lock:
+            n = lib.sh_policy_count(self._ptr)
+            positions = np.empty((self._heads, n), dtype=np.uint32)
+            scores = None
+            votes_ptr = scores_ptr = ffi.NULL
+            if self._score_name == "votes":
+                scores = np.empty((self._heads, n), dtype=np.uint32)
+                votes_ptr = ffi.from_buffer("uint32_t[]", scores)
+            elif self._score_name == "scores":
+                scores = np.empty((self._heads, n), dtype=np.float64)
+                scores_ptr = ffi.from_buffer("double[]", scores)
+            check(lib.sh_policy_export(self._ptr, ffi.from_buffer("uint32_t[]", positions),
+                                       votes_ptr, scores_ptr, positions.size))
+            return positions, scores
+
+    def _shaped(self, arr: np.ndarray) -> np.ndarray:
+        return arr[0] if self._heads == 1 else arr
+
+    @property
+    def kept(self) -> np.ndarray:
+        """Held positions, ascending: a ``uint32`` copy of shape ``(n,)`` for one head,
+        ``(heads, n)`` otherwise."""
+        return self._shaped(self._export()[0])
+
+    @property
+    def heads(self) -> int:
+        """Independent rows (KV heads, or flattened sequences x heads)."""
+        return self._heads
+
+    @property
+    def budget(self) -> int:
+        """The configured budget (positions kept per head after :meth:`evict`)."""
+        return self._budget
+
+    def memory_bytes(self) -> int:
+        """Bytes of policy state: ``64 + capacity * heads * bytes_per_slot``."""
+        return int(lib.sh_policy_memory_bytes(self._ptr))
+
+    def reset(self) -> None:
+        """Back to holding ``{0}`` with nothing remembered, for a new sequence."""
+        with self._lock:
+            check(lib.sh_policy_reset(self._ptr))
+
+    def _check_head(self, head: Any) -> int:
+        return check_int("head", head, 0, self._heads - 1)
+
+    @staticmethod
+    def _lookup_position(pos: Any) -> int | None:
+        """``pos`` as an int, or None when no held position can equal it."""
+        if isinstance(pos, bool) or not isinstance(pos, numbers.Integral):
+            raise InvalidTypeError(f"pos must be an integer, not {type(pos).__name__}")
+        pos = int(pos)
+        return pos if 0 <= pos <= UINT32_MAX else None
+
+    # ------------------------------------------------------------ state
+
+    def _params(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The policy as plain data (ints, floats, lists, str), loadable by
+        :meth:`from_state_dict` of either backend; versioned."""
+        positions, scores = self._export()
+        state: dict[str, Any] = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "policy": self.name,
+            "params": self._params(),
+            "kept": positions.tolist(),
+            "last_position": int(lib.sh_policy_last_position(self._ptr)),
+        }
+        if self._score_name is not None:
+            state[self._score_name] = scores.tolist()
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> NativePolicy:
+        """Rebuild a policy from :meth:`state_dict` output (of either backend).
+
+        Raises
+        ------
+        InvalidInputError
+            Wrong format, version or policy name; rows of unequal length; positions
+            not strictly ascending or above ``last_position``; scores out of range.
+        InvalidTypeError
+            A field of the wrong kind.
+        """
+        params, kept, scores, last = parse_state(state, cls.name, cls._score_name)
+        policy = cls(**params)
+        h, n = kept.shape
+        if h != policy._heads:
+            raise InvalidInputError(f"state has {h} rows of positions, params say heads={policy._heads}")
+        votes_ptr = scores_ptr = ffi.NULL
+        if cls._score_name == "votes":
+            votes_ptr = ffi.from_buffer("uint32_t[]", scores)
+        elif cls._score_name == "scores":
+            scores_ptr = ffi.from_buffer("double[]", scores)
+        check(lib.sh_policy_import(policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept),
+                                   votes_ptr, scores_ptr, last), cls.__name__)
+        return policy
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return (type(self).from_state_dict, (self.state_dict(),))
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in self._params().items())
+        return f"{type(self).__name__}({params}, held={self.kept_count()})"

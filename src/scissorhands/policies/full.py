@@ -1,0 +1,43 @@
+"""Full: the baseline that never evicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scissorhands._native import lib
+from scissorhands.errors import UINT32_MAX, check_int
+from scissorhands.policies._base import NativePolicy
+
+
+class Full(NativePolicy):
+    """The full cache: holds every position, never evicts (the baseline).
+
+    Parameters
+    ----------
+    budget : int, optional
+        Accepted for the shared constructor shape (validated, ``>= 1``) and never
+        enforced; :meth:`evict` always returns no victims.
+    rng : object, optional
+        Accepted and ignored.
+    heads : int, default 1
+        Independent rows held in one object.
+
+    Notes
+    -----
+    4 bytes per slot; storage doubles as positions arrive.
+    """
+
+    name = "full"
+    _kind = lib.SH_FULL
+
+    def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:
+        self._configured = None if budget is None else check_int("budget", budget, 1)
+        super().__init__(budget=UINT32_MAX, heads=heads)
+
+    def _params(self) -> dict[str, Any]:
+        return {"budget": self._configured, "heads": self._heads}
+
+    @property
+    def budget(self) -> int | None:  # type: ignore[override]
+        """The budget given at construction (never enforced), or None."""
+        return self._configured

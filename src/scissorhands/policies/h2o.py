@@ -1,0 +1,82 @@
+"""H2O: evict the positions with the least cumulative attention."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from scissorhands._native import lib
+from scissorhands.policies._base import NativePolicy
+
+
+class H2O(NativePolicy):
+    """Heavy-Hitter Oracle eviction (Zhang et al., NeurIPS 2023, arXiv 2306.14048).
+
+    Each decode step adds every held position's attention weight to its score,
+    accumulated in float64 (saturating at the largest finite double). Over budget,
+    the lowest-scored positions outside the recent window are evicted; equal scores
+    evict the lower position.
+
+    Parameters
+    ----------
+    budget : int, default 512
+        Positions kept per head after :meth:`evict`, in ``[1, 2**32 - 1]``.
+    recent_window : int, default 32
+        The most recent positions never evicted; ``0 <= recent_window < budget``.
+    rng : object, optional
+        Accepted and ignored (the policy is deterministic).
+    heads : int, default 1
+        Independent rows (KV heads) held in one object, ``[1, 65536]``.
+
+    Raises
+    ------
+    InvalidTypeError
+        A parameter is not an integer.
+    InvalidInputError
+        ``budget < 1``, ``recent_window < 0`` or ``recent_window >= budget``.
+
+    Notes
+    -----
+    13 bytes per slot: 4 position + 8 float64 score + 1 selection scratch.
+    """
+
+    name = "h2o"
+    _kind = lib.SH_H2O
+    _score_name = "scores"
+    _reads_attention = True
+
+    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1) -> None:
+        super().__init__(budget=budget, recent_window=recent_window, heads=heads)
+
+    def _params(self) -> dict[str, int]:
+        return {"budget": self._budget, "recent_window": self._recent_window, "heads": self._heads}
+
+    @property
+    def recent_window(self) -> int:
+        """The most recent positions that are never evicted."""
+        return self._recent_window
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Cumulative attention, index-aligned with :attr:`kept`: ``float64``,
+        ``(n,)`` or ``(heads, n)``."""
+        return self._shaped(self._export()[1])
+
+    def score_of(self, pos: int, head: int = 0) -> float:
+        """The cumulative score of ``pos`` in ``head``'s row, or ``-1.0`` when it is
+        not held (also for ``pos < 0`` or ``pos > 2**32 - 1``).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``pos`` or ``head`` is not an integer.
+        InvalidInputError
+            ``head`` is outside ``[0, heads)``.
+        """
+        head = self._check_head(head)
+        pos = self._lookup_position(pos)
+        if pos is None:
+            return -1.0
+        with self._lock:
+            return float(lib.sh_policy_score_of(self._ptr, head, pos))

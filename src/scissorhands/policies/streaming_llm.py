@@ -1,0 +1,57 @@
+"""StreamingLLM: attention sinks plus a sliding window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scissorhands._native import lib
+from scissorhands.policies._base import NativePolicy
+
+
+class StreamingLLM(NativePolicy):
+    """Attention sinks + recency (Xiao et al., ICLR 2024, arXiv 2309.17453).
+
+    The first ``sinks`` positions admitted are never evicted; past them the oldest
+    positions go first. Attention is ignored entirely (not even validated).
+
+    Parameters
+    ----------
+    budget : int, default 512
+        Positions kept per head after :meth:`evict`, in ``[1, 2**32 - 1]``.
+    sinks : int, default 4
+        Leading positions pinned; ``0 <= sinks < budget`` (0 is a plain sliding
+        window).
+    rng : object, optional
+        Accepted and ignored.
+    heads : int, default 1
+        Independent rows held in one object, ``[1, 65536]``.
+
+    Raises
+    ------
+    InvalidTypeError
+        A parameter is not an integer.
+    InvalidInputError
+        ``budget < 1``, ``sinks < 0`` or ``sinks >= budget``.
+
+    Notes
+    -----
+    4 bytes per slot (the position).
+    """
+
+    name = "streaming-llm"
+    _kind = lib.SH_STREAMING_LLM
+
+    def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
+        super().__init__(budget=budget, sinks=sinks, heads=heads)
+
+    def _params(self) -> dict[str, int]:
+        return {"budget": self._budget, "sinks": self._sinks, "heads": self._heads}
+
+    @property
+    def sinks(self) -> int:
+        """Leading positions that are never evicted."""
+        return self._sinks
+
+    def sink_count(self) -> int:
+        """Sinks held: ``min(sinks, kept_count())``."""
+        return min(self._sinks, self.kept_count())
