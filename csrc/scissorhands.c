@@ -381,60 +381,97 @@ static void radix_select(const sh_policy *p, size_t h, size_t lo, size_t hi, siz
     *mask_out = mask;
 }
 
-/* Evicts the k least-scored slots of [lo, hi) from row h (ties: the lower slot),
-   writing victims ascending and compacting the row in one pass. */
-static void evict_row_by_score(sh_policy *p, size_t h, size_t lo, size_t hi, size_t k,
-                               uint32_t *victims, int64_t *slots)
+/* The first slot of [lo, hi) holding the least key (hi > lo). Two passes, each a
+   plain loop over one array, which the compiler vectorises. */
+static size_t first_minimum(const sh_policy *p, size_t h, size_t lo, size_t hi)
+{
+    size_t i;
+    if (p->kind == SH_SCISSORHANDS) {
+        const uint32_t *v = row_votes(p, h);
+        uint32_t least = UINT32_MAX;
+        for (i = lo; i < hi; i++)
+            least = v[i] < least ? v[i] : least;
+        for (i = lo; v[i] != least; i++)
+            ;
+    } else {
+        const double *s = row_scores(p, h);
+        double least = DBL_MAX;
+        for (i = lo; i < hi; i++)
+            least = s[i] < least ? s[i] : least;
+        for (i = lo; s[i] != least; i++)
+            ;
+    }
+    return i;
+}
+
+/* Removes the slots marked 1 in mark[lo, hi) from row h, keeping the order of the
+   rest: one memmove per run of survivors. With hi == lo + 1 the single slot lo goes
+   and mark is not read. */
+static void compact_row(sh_policy *p, size_t h, size_t lo, size_t hi, const uint8_t *mark)
 {
     uint32_t *pos = row_positions(p, h);
     size_t vb = value_bytes(p->kind);
     char *vals = (char *)p->values + h * p->capacity * vb;
     size_t n = p->count;
-    uint64_t prefix, mask;
-    size_t need;
+    if (hi == lo + 1) {
+        memmove(pos + lo, pos + lo + 1, (n - lo - 1) * sizeof *pos);
+        memmove(vals + lo * vb, vals + (lo + 1) * vb, (n - lo - 1) * vb);
+        return;
+    }
+    size_t w = lo, i = lo;
+    while (i < n) {
+        if (i < hi && mark[i]) {
+            i++;
+            continue;
+        }
+        size_t run = i + 1;
+        while (run < hi && !mark[run])
+            run++;
+        if (run >= hi)
+            run = n;
+        if (w != i) {
+            memmove(pos + w, pos + i, (run - i) * sizeof *pos);
+            memmove(vals + w * vb, vals + i * vb, (run - i) * vb);
+        }
+        w += run - i;
+        i = run;
+    }
+}
+
+/* Evicts the k least-scored slots of [lo, hi) from row h (ties: the lower slot),
+   writing the victims ascending (and their slots), then compacting the row. */
+static void evict_row_by_score(sh_policy *p, size_t h, size_t lo, size_t hi, size_t k,
+                               uint32_t *victims, int64_t *slots)
+{
+    const uint32_t *pos = row_positions(p, h);
+    uint8_t *mark = p->scratch + h * p->capacity;
     if (k == 1) {
         /* The steady state: one victim, the first minimum. */
-        size_t best = lo;
-        uint64_t best_key = key_at(p, h, lo);
-        for (size_t i = lo + 1; i < hi; i++) {
-            uint64_t key = key_at(p, h, i);
-            if (key < best_key) {
-                best_key = key;
-                best = i;
-            }
-        }
-        prefix = best_key;
-        mask = UINT64_MAX;
-        need = 1;
-        lo = best; /* nothing below best is taken */
-    } else {
-        radix_select(p, h, lo, hi, k, &prefix, &mask, &need);
+        size_t i = first_minimum(p, h, lo, hi);
+        victims[0] = pos[i];
+        if (slots != NULL)
+            slots[0] = (int64_t)i;
+        compact_row(p, h, i, i + 1, mark);
+        return;
     }
-    size_t w = 0, j = 0;
-    for (size_t i = 0; i < n; i++) {
-        int victim = 0;
-        if (i >= lo && i < hi && j < k) {
-            uint64_t masked = key_at(p, h, i) & mask;
-            if (masked < prefix) {
-                victim = 1;
-            } else if (masked == prefix && need > 0) {
-                victim = 1;
-                need--;
-            }
-        }
+    uint64_t prefix, mask;
+    size_t need;
+    radix_select(p, h, lo, hi, k, &prefix, &mask, &need);
+    size_t j = 0;
+    for (size_t i = lo; i < hi; i++) {
+        uint64_t masked = key_at(p, h, i) & mask;
+        int victim = masked < prefix || (masked == prefix && need > 0);
+        if (victim && masked == prefix)
+            need--;
+        mark[i] = (uint8_t)victim;
         if (victim) {
             victims[j] = pos[i];
             if (slots != NULL)
                 slots[j] = (int64_t)i;
             j++;
-        } else {
-            if (w != i) {
-                pos[w] = pos[i];
-                memcpy(vals + w * vb, vals + i * vb, vb);
-            }
-            w++;
         }
     }
+    compact_row(p, h, lo, hi, mark);
 }
 
 /* Checks budget against the protected prefix and suffix of this policy. */

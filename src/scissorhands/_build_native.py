@@ -37,7 +37,7 @@ ffibuilder.set_source(
     # Relative to the project root, where setuptools runs this hook.
     sources=[f"csrc/{name}" for name in SOURCES],
     include_dirs=["csrc"],
-    extra_compile_args=["-O2", "-std=c11"] + shlex.split(os.environ.get("SCISSORHANDS_CFLAGS", "")),
+    extra_compile_args=["-O3", "-std=c11"] + shlex.split(os.environ.get("SCISSORHANDS_CFLAGS", "")),
     extra_link_args=shlex.split(os.environ.get("SCISSORHANDS_LDFLAGS", "")),
 )
 

@@ -52,7 +52,10 @@ def check_int(name: str, value: Any, low: int = 0, high: int = UINT32_MAX) -> in
     InvalidInputError
         ``value`` is outside ``[low, high]``.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is int:  # the common case, without the ABC check
+        if low <= value <= high:
+            return value
+    elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidTypeError(f"{name} must be an integer, not {type(value).__name__}")
     value = int(value)
     if value < low or value > high:

@@ -25,6 +25,13 @@ from scissorhands.errors import (
 MAX_HEADS = 65536
 
 _DTYPE_CODES = {np.dtype(np.float32): lib.SH_DTYPE_F32, np.dtype(np.float64): lib.SH_DTYPE_F64}
+_ADMIT = lib.SH_STEP_ADMIT
+_EVICT = lib.SH_STEP_EVICT
+_NONE = lib.SH_DTYPE_NONE
+_NULL = ffi.NULL
+_step = lib.sh_policy_step
+_from_buffer = ffi.from_buffer
+_unpack = ffi.unpack
 
 
 def _contains_bool(seq: Any) -> bool:
@@ -89,6 +96,7 @@ class NativePolicy:
     #: Name of the per-slot score property (``"votes"``, ``"scores"``) or None.
     _score_name: ClassVar[str | None] = None
     _reads_attention: ClassVar[bool] = False
+    _evicts: ClassVar[bool] = True
 
     def __init__(self, *, budget: int, heads: int, recent_window: int = 0, sinks: int = 0) -> None:
         self._budget = check_int("budget", budget, 1)
@@ -107,6 +115,9 @@ class NativePolicy:
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
         self._lock = threading.Lock()
+        # Mirrors of the C object's count and last position, read on the hot path.
+        self._n = 1
+        self._last = 0
         self._n_victims = ffi.new("size_t *")
         self._grow_victims(1)
 
@@ -137,20 +148,25 @@ class NativePolicy:
         return budget
 
     def _check_position(self, pos: Any) -> int:
-        pos = check_int("pos", pos, 0, UINT32_MAX)
-        last = lib.sh_policy_last_position(self._ptr)
-        if pos <= last:
+        if type(pos) is not int:
+            pos = check_int("pos", pos, 0, UINT32_MAX)
+        if not self._last < pos <= UINT32_MAX:
+            check_int("pos", pos, 0, UINT32_MAX)
             raise InvalidInputError(
-                f"pos must be greater than every position admitted ({last}), got {pos}"
+                f"pos must be greater than every position admitted ({self._last}), got {pos}"
             )
         return pos
 
-    def _attention(self, attn: Any) -> tuple[int, Any, np.ndarray | None]:
-        """(dtype code, C pointer, array kept alive) for one decode step's weights."""
+    def _attention(self, attn: Any) -> tuple[int, Any, int]:
+        """(dtype code, C pointer keeping the array alive, row length) for one
+        decode step's weights; must hold the lock."""
         if attn is None or not self._reads_attention:
-            return lib.SH_DTYPE_NONE, ffi.NULL, None
-        arr = as_weights(attn)
-        n = lib.sh_policy_count(self._ptr)
+            return _NONE, _NULL, 0
+        if type(attn) is np.ndarray and attn.dtype in _DTYPE_CODES and attn.flags.c_contiguous:
+            arr = attn
+        else:
+            arr = as_weights(attn)
+        n = self._n
         h = self._heads
         shape = arr.shape
         if not (shape == (h, n) or (h == 1 and shape == (n,))):
@@ -158,37 +174,40 @@ class NativePolicy:
             raise InvalidInputError(
                 f"attn must have shape {want} (one weight per held position), got {shape}"
             )
-        return _DTYPE_CODES[arr.dtype], ffi.from_buffer(arr), arr
+        return _DTYPE_CODES[arr.dtype], _from_buffer(arr), n
 
     # ------------------------------------------------------------ decode loop
 
-    def _call(self, flags: int, pos: int, attn: Any, budget: int, return_indices: bool) -> Any:
-        """Validate, then run one sh_policy_step; must hold the lock."""
-        if flags & lib.SH_STEP_ADMIT:
+    def _call(self, flags: int, pos: Any, attn: Any, budget: Any, return_indices: bool) -> Any:
+        """Validate in the documented order, then run one sh_policy_step; must hold
+        the lock. Python mirrors of the count and last position are updated only
+        after the C call succeeds."""
+        admit = flags & _ADMIT
+        if admit:
             pos = self._check_position(pos)
-        if flags & lib.SH_STEP_EVICT:
-            budget = self._check_budget(budget)
-        dtype, ptr, keep = self._attention(attn) if flags & lib.SH_STEP_ADMIT else (lib.SH_DTYPE_NONE, ffi.NULL, None)
+        if flags & _EVICT:
+            budget = self._budget if budget is None else self._check_budget(budget)
+        dtype, ptr, width = self._attention(attn) if admit else (_NONE, _NULL, 0)
         h = self._heads
-        held = lib.sh_policy_count(self._ptr) + (1 if flags & lib.SH_STEP_ADMIT else 0)
-        k = held - budget if (flags & lib.SH_STEP_EVICT) and held > budget and self._kind != lib.SH_FULL else 0
+        held = self._n + admit
+        k = held - budget if flags & _EVICT and held > budget and self._evicts else 0
         if h * k > self._victims.size:
             self._grow_victims(max(h * k, 2 * self._victims.size))
-        victims, slots = self._victims, self._slots
-        rc = lib.sh_policy_step(
-            self._ptr, flags, pos, dtype, ptr, h, 0 if keep is None else keep.shape[-1], budget,
-            self._victims_c, self._slots_c if return_indices else ffi.NULL,
-            victims.size, self._n_victims,
-        )
-        check(rc, type(self).__name__)
+        rc = _step(self._ptr, flags, pos, dtype, ptr, h, width, budget, self._victims_c,
+                   self._slots_c if return_indices else _NULL, self._victims.size, self._n_victims)
+        if rc:
+            check(rc, type(self).__name__)
         k = self._n_victims[0]
-        if not flags & lib.SH_STEP_EVICT:
+        self._n = held - k
+        if admit:
+            self._last = pos
+        if not flags & _EVICT:
             return None
         if h == 1:
-            out = victims[:k].tolist()
-            return (out, slots[:k].tolist()) if return_indices else out
-        out = victims[: h * k].reshape(h, k).copy()
-        return (out, slots[: h * k].reshape(h, k).copy()) if return_indices else out
+            out = _unpack(self._victims_c, k)
+            return (out, _unpack(self._slots_c, k)) if return_indices else out
+        out = self._victims[: h * k].reshape(h, k).copy()
+        return (out, self._slots[: h * k].reshape(h, k).copy()) if return_indices else out
 
     def on_decode_step(self, pos: int, attn: Any) -> None:
         """Record the new token's attention over the held positions, then admit ``pos``.
@@ -214,7 +233,7 @@ class NativePolicy:
             has the wrong shape; a weight is NaN, infinite or negative.
         """
         with self._lock:
-            self._call(lib.SH_STEP_ADMIT, pos, attn, 0, False)
+            self._call(_ADMIT, pos, attn, 0, False)
 
     def evict(self, budget: int | None = None, return_indices: bool = False) -> Any:
         """Evict down to ``budget`` positions per head and return the victims.
@@ -244,14 +263,14 @@ class NativePolicy:
             For a budget that is not an integer or is out of range.
         """
         with self._lock:
-            return self._call(lib.SH_STEP_EVICT, 0, None, budget, return_indices)
+            return self._call(_EVICT, 0, None, budget, return_indices)
 
     def step(self, pos: int, attn: Any, budget: int | None = None, return_indices: bool = False) -> Any:
         """:meth:`on_decode_step` then :meth:`evict`, validated together and run as one
         C call: either both happen or, on an error, neither does. Returns what
         :meth:`evict` returns."""
         with self._lock:
-            return self._call(lib.SH_STEP_ADMIT | lib.SH_STEP_EVICT, pos, attn, budget, return_indices)
+            return self._call(_ADMIT | _EVICT, pos, attn, budget, return_indices)
 
     def prefill(self, attn: Any) -> None:
         """Consume a prompt's attention in one call, on a fresh policy.
@@ -275,7 +294,7 @@ class NativePolicy:
             The weights are not real numbers.
         """
         with self._lock:
-            if lib.sh_policy_count(self._ptr) != 1 or lib.sh_policy_last_position(self._ptr) != 0:
+            if self._n != 1 or self._last != 0:
                 raise InvalidInputError("prefill needs a fresh policy (holding only position 0)")
             arr = as_weights(attn)
             h = self._heads
@@ -289,17 +308,19 @@ class NativePolicy:
             dtype = _DTYPE_CODES[arr.dtype] if self._reads_attention else lib.SH_DTYPE_NONE
             check(lib.sh_policy_prefill(self._ptr, dtype, ffi.from_buffer(arr), h, arr.shape[1]),
                   type(self).__name__)
+            self._n = arr.shape[1]
+            self._last = arr.shape[1] - 1
 
     # ------------------------------------------------------------ inspection
 
     def kept_count(self) -> int:
         """Positions held (per head; every head holds the same count)."""
-        return int(lib.sh_policy_count(self._ptr))
+        return self._n
 
     def _export(self) -> tuple[np.ndarray, np.ndarray | None]:
         """(positions, scores) as ``(heads, n)`` arrays, copied under the lock."""
         with self._lock:
-            n = lib.sh_policy_count(self._ptr)
+            n = self._n
             positions = np.empty((self._heads, n), dtype=np.uint32)
             scores = None
             votes_ptr = scores_ptr = ffi.NULL
@@ -340,6 +361,8 @@ class NativePolicy:
         """Back to holding ``{0}`` with nothing remembered, for a new sequence."""
         with self._lock:
             check(lib.sh_policy_reset(self._ptr))
+            self._n = 1
+            self._last = 0
 
     def _check_head(self, head: Any) -> int:
         return check_int("head", head, 0, self._heads - 1)
@@ -367,7 +390,7 @@ class NativePolicy:
             "policy": self.name,
             "params": self._params(),
             "kept": positions.tolist(),
-            "last_position": int(lib.sh_policy_last_position(self._ptr)),
+            "last_position": self._last,
         }
         if self._score_name is not None:
             state[self._score_name] = scores.tolist()
@@ -397,6 +420,8 @@ class NativePolicy:
             scores_ptr = ffi.from_buffer("double[]", scores)
         check(lib.sh_policy_import(policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept),
                                    votes_ptr, scores_ptr, last), cls.__name__)
+        policy._n = n
+        policy._last = last
         return policy
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:

@@ -29,6 +29,7 @@ class Full(NativePolicy):
 
     name = "full"
     _kind = lib.SH_FULL
+    _evicts = False
 
     def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:
         self._configured = None if budget is None else check_int("budget", budget, 1)
