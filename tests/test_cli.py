@@ -1,0 +1,179 @@
+"""``python -m scissorhands``: the replay table, JSON, plot, exit codes and the eval/record arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from scissorhands.cli import build_parser, main
+from scissorhands.traces import save_recorded_trace
+
+FAST = ["--no-progress", "--budgets", "256"]
+
+
+def test_replay_prints_published_numbers(capsys):
+    """The default subcommand prints an aligned table with Scissorhands' published figures."""
+    assert main(["--policies", "scissorhands,full", *FAST]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("decode-4096 (seed 7): 4095 decode steps, native backend")
+    row = next(line for line in out.splitlines() if line.startswith("scissorhands"))
+    assert row.split()[-6:-2] == ["256", "0.641318", "0.882339", "3840"]
+    lines = out.splitlines()
+    assert len(lines[1]) == len(lines[2].rstrip())  # header as wide as the rule
+    assert main(["replay", "--policies", "scissorhands,full", *FAST]) == 0
+    again = capsys.readouterr().out.splitlines()
+    assert again[:3] == lines[:3] and again[3].split()[:-2] == lines[3].split()[:-2]
+
+
+def test_json_shape(tmp_path, capsys):
+    """--json writes format/version/backend/trace/budgets/results rows with the metrics."""
+    path = tmp_path / "r.json"
+    argv = ["--policies", "full,streaming-llm,scissorhands", "--recent-window", "32", "64",
+            "--backend", "reference", "--json", str(path), *FAST]
+    assert main(argv) == 0
+    capsys.readouterr()
+    data = json.loads(path.read_text())
+    assert (data["format"], data["version"], data["backend"]) == ("scissorhands.replay", 1, "reference")
+    assert data["trace"] == {"name": "decode-4096", "kind": "synthetic", "seed": 7,
+                             "num_positions": 4096, "steps": 4095, "streams": 1}
+    assert data["budgets"] == [256]
+    keys = [(r["policy"], r["params"], r["budget"]) for r in data["results"]]
+    assert keys == [("full", {}, None), ("streaming-llm", {"sinks": 4}, 256),
+                    ("scissorhands", {"recent_window": 32}, 256),
+                    ("scissorhands", {"recent_window": 64}, 256)]
+    row = data["results"][2]
+    assert set(row) == {"policy", "params", "budget", "retained_mass", "heavy_hitter_recall",
+                        "eviction_calls", "steps", "policy_seconds"}
+    assert (row["retained_mass"], row["heavy_hitter_recall"]) == (0.641318, 0.882339)
+
+
+def test_plot_written(tmp_path, capsys):
+    """--plot draws a PNG (two panels: retained mass and recall against budget)."""
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "r.png"
+    argv = ["--policies", "full,h2o,scissorhands", "--budgets", "256", "512", "--no-progress",
+            "--plot", str(path)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):
+    """Without matplotlib, --plot fails up front with exit 1 and says how to install it."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["--plot", str(tmp_path / "x.png"), *FAST]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "scissorhands: error: --plot needs matplotlib: pip install 'scissorhands[plot]'"
+
+
+def test_unknown_policy_is_a_usage_error(capsys):
+    """An unknown policy name exits 2 with the list of valid names."""
+    assert main(["--policies", "scissorhands,lru"]) == 2
+    assert "unknown policy 'lru'; choose from full, streaming-llm, h2o, scissorhands" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--budgets", "0"], ["--budgets", "x"], ["--backend", "gpu"],
+                                  ["--recent-window", "-1"], ["nonsense"]])
+def test_bad_arguments_exit_2(argv, capsys):
+    """Malformed arguments are argparse usage errors (exit 2)."""
+    assert main(argv) == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_invalid_configuration_exits_1_on_one_line(capsys):
+    """A budget not above the recent window exits 1 with a one-line message, no traceback."""
+    assert main(["--policies", "scissorhands", "--budgets", "16", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("scissorhands: error: scissorhands (recent window 32) at budget 16:")
+
+
+def test_missing_trace_file_exits_1(tmp_path, capsys):
+    """A --trace path that does not exist exits 1 with the OS's message."""
+    assert main(["--trace", str(tmp_path / "none.npz"), "--no-progress"]) == 1
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_recorded_trace_mean_and_worst(tmp_path, capsys):
+    """With --trace every (layer, KV head) stream is replayed; rows give the mean and the worst."""
+    rng = np.random.default_rng(0)
+    steps = []
+    for t in range(1, 100):
+        w = rng.random((3, t)) ** 8
+        steps.append(w / w.sum(axis=1, keepdims=True))
+    trace = tmp_path / "t.npz"
+    save_recorded_trace(trace, steps, layers=[0, 1, 1], heads=[0, 0, 1], prompt_tokens=8, model="tiny")
+    out_json = tmp_path / "t.json"
+    assert main(["--trace", str(trace), "--policies", "h2o,full", "--recent-window", "8",
+                 "--no-progress", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("t.npz: 3 streams (layers 0-1, KV heads 0-1), 99 decode steps")
+    assert "mass worst" in out
+    data = json.loads(out_json.read_text())
+    assert data["budgets"] == [12, 25, 50]  # N/8, N/4, N/2 of N = 100 positions
+    row = data["results"][0]
+    assert len(row["streams"]) == 3 and row["policy"] == "h2o"
+    masses = [s["retained_mass"] for s in row["streams"]]
+    assert row["worst_retained_mass"] == min(masses)
+    assert abs(row["retained_mass"] - sum(masses) / 3) < 1e-6
+    worst = row["worst_retained_mass_stream"]
+    assert masses[[(s["layer"], s["head"]) for s in row["streams"]].index((worst["layer"], worst["head"]))] == min(masses)
+
+
+def test_eval_and_record_namespaces():
+    """eval and record parse into the attribute names scissorhands.evaluate reads."""
+    parser = build_parser()
+    ev = parser.parse_args(["eval"])
+    assert vars(ev) == {
+        "command": "eval", "no_progress": False, "policies": ["full", "streaming-llm", "h2o", "scissorhands"],
+        "budgets": None, "recent_window": [32], "sinks": [4], "backend": "native", "json": None,
+        "plot": None, "tokens": 512, "prompt_tokens": 64, "text": None, "model": None,
+        "head_mode": "per-head",
+    }
+    ev = parser.parse_args(["eval", "--tokens", "2048", "--budgets", "409", "204", "--recent-window",
+                            "32", "204", "--sinks", "4", "0", "--head-mode", "mean", "--text", "t.txt"])
+    assert (ev.tokens, ev.budgets, ev.recent_window, ev.sinks, ev.head_mode, ev.text) == (
+        2048, [409, 204], [32, 204], [4, 0], "mean", "t.txt")
+    rec = parser.parse_args(["record", "--layers", "0", "5", "29", "--out", "x.npz"])
+    assert vars(rec) == {
+        "command": "record", "no_progress": False, "tokens": 512, "prompt_tokens": 64, "text": None,
+        "model": None, "layers": [0, 5, 29], "out": "x.npz",
+    }
+
+
+def test_eval_and_record_dispatch(monkeypatch):
+    """eval and record call scissorhands.evaluate.run_eval / run_record and return their status."""
+    calls = []
+    fake = types.ModuleType("scissorhands.evaluate")
+    fake.run_eval = lambda args: calls.append(("eval", args.tokens)) or 0
+    fake.run_record = lambda args: calls.append(("record", args.out)) or 3
+    monkeypatch.setitem(sys.modules, "scissorhands.evaluate", fake)
+    assert main(["eval", "--tokens", "64", "--no-progress"]) == 0
+    assert main(["record", "--out", "o.npz"]) == 3
+    assert calls == [("eval", 64), ("record", "o.npz")]
+
+
+def test_help_exits_0(capsys):
+    """--help at the top level and per subcommand exits 0."""
+    for argv in (["--help"], ["replay", "--help"], ["eval", "--help"], ["record", "--help"]):
+        assert main(argv) == 0
+    assert "{replay,eval,record}" in capsys.readouterr().out
+
+
+def test_python_dash_m(tmp_path):
+    """python -m scissorhands runs as a program and exits with main's status."""
+    done = subprocess.run(
+        [sys.executable, "-m", "scissorhands", "--policies", "streaming-llm", "--budgets", "512",
+         "--no-progress"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "0.786153" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "scissorhands", "--policies", "lru"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
