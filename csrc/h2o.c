@@ -7,8 +7,6 @@
  * on the scores' bit patterns, which order like the scores for finite values >= 0.
  */
 #include <float.h>
-#include <string.h>
-
 #include "sh_internal.h"
 
 /* Adds w to *score, saturating at DBL_MAX so that a score never becomes infinite. */
@@ -30,12 +28,4 @@ void sh_h2o_accumulate_f64(double *scores, const double *attn, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         accumulate_one(&scores[i], attn[i]);
-}
-
-/* The IEEE-754 bits of scores[i] as an unsigned integer (memcpy: no aliasing). */
-uint64_t sh_h2o_key(const double *scores, size_t i)
-{
-    uint64_t bits;
-    memcpy(&bits, &scores[i], sizeof bits);
-    return bits;
 }

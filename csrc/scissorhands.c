@@ -268,13 +268,28 @@ static int weights_valid(int32_t dtype, const void *attn, size_t n)
     return dtype == SH_DTYPE_F32 ? weights_valid_f32(attn, n) : weights_valid_f64(attn, n);
 }
 
-/* One vote for every weight strictly above 1 / n, compared in double on the value
-   as given; votes saturate at UINT32_MAX. */
+/* The largest float t with (double)t <= share, so that for any float a,
+   (double)a > share exactly when a > t: the float32 comparison then needs no
+   widening. share > 0. */
+static float float_threshold(double share)
+{
+    float t = (float)share;
+    if ((double)t > share) {
+        uint32_t bits;
+        memcpy(&bits, &t, sizeof bits);
+        bits -= 1; /* t > share > 0: the next float towards zero */
+        memcpy(&t, &bits, sizeof t);
+    }
+    return t;
+}
+
+/* One vote for every weight strictly above 1 / n, compared as if in double on the
+   value as given; votes saturate at UINT32_MAX. */
 static void vote_f32(uint32_t *votes, const float *attn, size_t n)
 {
-    double share = 1.0 / (double)n;
+    float t = float_threshold(1.0 / (double)n);
     for (size_t i = 0; i < n; i++)
-        votes[i] += (uint32_t)(((double)attn[i] > share) & (votes[i] != UINT32_MAX));
+        votes[i] += (uint32_t)((attn[i] > t) & (votes[i] != UINT32_MAX));
 }
 
 static void vote_f64(uint32_t *votes, const double *attn, size_t n)

@@ -7,6 +7,8 @@
 #ifndef SH_INTERNAL_H
 #define SH_INTERNAL_H
 
+#include <string.h>
+
 #include "scissorhands.h"
 
 /* Row h of an array with `capacity` slots per row starts at h * capacity. */
@@ -28,8 +30,14 @@ struct sh_policy {
 void sh_h2o_accumulate_f32(double *scores, const float *attn, size_t n);
 void sh_h2o_accumulate_f64(double *scores, const double *attn, size_t n);
 
-/* The bit pattern of a finite score >= 0: orders exactly as the scores do. */
-uint64_t sh_h2o_key(const double *scores, size_t i);
+/* The bit pattern of a finite score >= 0, which orders exactly as the scores do
+   (memcpy: no aliasing). Inline: the selection calls it once per slot. */
+static inline uint64_t sh_h2o_key(const double *scores, size_t i)
+{
+    uint64_t bits;
+    memcpy(&bits, &scores[i], sizeof bits);
+    return bits;
+}
 
 /* StreamingLLM: the k oldest positions after the sinks leave the row (streaming_llm.c).
    Writes them (ascending) to victims and their slots to slots (if not NULL), and

@@ -29,6 +29,7 @@ _ADMIT = lib.SH_STEP_ADMIT
 _EVICT = lib.SH_STEP_EVICT
 _NONE = lib.SH_DTYPE_NONE
 _NULL = ffi.NULL
+_ERR_LENGTH = lib.SH_ERR_LENGTH
 _step = lib.sh_policy_step
 _from_buffer = ffi.from_buffer
 _unpack = ffi.unpack
@@ -125,6 +126,7 @@ class NativePolicy:
         """(Re)allocate the reusable output buffers and their C views."""
         self._victims = np.empty(size, dtype=np.uint32)
         self._slots = np.empty(size, dtype=np.int64)
+        self._victims_size = size
         self._victims_c = ffi.from_buffer("uint32_t[]", self._victims)
         self._slots_c = ffi.from_buffer("int64_t[]", self._slots)
 
@@ -157,45 +159,51 @@ class NativePolicy:
             )
         return pos
 
-    def _attention(self, attn: Any) -> tuple[int, Any, int]:
-        """(dtype code, C pointer keeping the array alive, row length) for one
-        decode step's weights; must hold the lock."""
-        if attn is None or not self._reads_attention:
-            return _NONE, _NULL, 0
-        if type(attn) is np.ndarray and attn.dtype in _DTYPE_CODES and attn.flags.c_contiguous:
-            arr = attn
-        else:
-            arr = as_weights(attn)
-        n = self._n
-        h = self._heads
-        shape = arr.shape
-        if not (shape == (h, n) or (h == 1 and shape == (n,))):
-            want = f"({n},) or (1, {n})" if h == 1 else f"({h}, {n})"
-            raise InvalidInputError(
-                f"attn must have shape {want} (one weight per held position), got {shape}"
-            )
-        return _DTYPE_CODES[arr.dtype], _from_buffer(arr), n
+    def _shape_error(self, shape: tuple[int, ...]) -> InvalidInputError:
+        n, h = self._n, self._heads
+        want = f"({n},) or (1, {n})" if h == 1 else f"({h}, {n})"
+        return InvalidInputError(
+            f"attn must have shape {want} (one weight per held position), got {shape}"
+        )
 
     # ------------------------------------------------------------ decode loop
 
     def _call(self, flags: int, pos: Any, attn: Any, budget: Any, return_indices: bool) -> Any:
         """Validate in the documented order, then run one sh_policy_step; must hold
-        the lock. Python mirrors of the count and last position are updated only
-        after the C call succeeds."""
+        the lock. The common case (int position, C-contiguous float32/float64 array)
+        is checked inline; the row length is checked by C, before any weight. Python
+        mirrors of the count and last position change only after C succeeds."""
         admit = flags & _ADMIT
-        if admit:
+        if admit and not (type(pos) is int and self._last < pos <= UINT32_MAX):
             pos = self._check_position(pos)
         if flags & _EVICT:
             budget = self._budget if budget is None else self._check_budget(budget)
-        dtype, ptr, width = self._attention(attn) if admit else (_NONE, _NULL, 0)
         h = self._heads
+        if not admit or attn is None or not self._reads_attention:
+            dtype, ptr, width = _NONE, _NULL, 0
+        else:
+            if not (type(attn) is np.ndarray and attn.flags.c_contiguous
+                    and (dtype := _DTYPE_CODES.get(attn.dtype))):
+                attn = as_weights(attn)
+                dtype = _DTYPE_CODES[attn.dtype]
+            shape = attn.shape
+            if len(shape) == 2 and shape[0] == h:
+                width = shape[1]
+            elif len(shape) == 1 and h == 1:
+                width = shape[0]
+            else:
+                raise self._shape_error(shape)
+            ptr = _from_buffer(attn)
         held = self._n + admit
         k = held - budget if flags & _EVICT and held > budget and self._evicts else 0
-        if h * k > self._victims.size:
-            self._grow_victims(max(h * k, 2 * self._victims.size))
-        rc = _step(self._ptr, flags, pos, dtype, ptr, h, width, budget, self._victims_c,
-                   self._slots_c if return_indices else _NULL, self._victims.size, self._n_victims)
+        if h * k > self._victims_size:
+            self._grow_victims(max(h * k, 2 * self._victims_size))
+        vc = self._victims_c
+        rc = _step(self._ptr, flags, pos, dtype, ptr, h, width, budget, vc,
+                   self._slots_c if return_indices else _NULL, self._victims_size, self._n_victims)
         if rc:
+            if rc == _ERR_LENGTH:
+                raise self._shape_error(attn.shape)
             check(rc, type(self).__name__)
         k = self._n_victims[0]
         self._n = held - k
@@ -204,7 +212,7 @@ class NativePolicy:
         if not flags & _EVICT:
             return None
         if h == 1:
-            out = _unpack(self._victims_c, k)
+            out = [vc[0]] if k == 1 else _unpack(vc, k)
             return (out, _unpack(self._slots_c, k)) if return_indices else out
         out = self._victims[: h * k].reshape(h, k).copy()
         return (out, self._slots[: h * k].reshape(h, k).copy()) if return_indices else out
@@ -232,8 +240,12 @@ class NativePolicy:
             ``pos`` is out of range or not above every admitted position; ``attn``
             has the wrong shape; a weight is NaN, infinite or negative.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             self._call(_ADMIT, pos, attn, 0, False)
+        finally:
+            lock.release()
 
     def evict(self, budget: int | None = None, return_indices: bool = False) -> Any:
         """Evict down to ``budget`` positions per head and return the victims.
@@ -262,15 +274,23 @@ class NativePolicy:
         InvalidTypeError, InvalidInputError
             For a budget that is not an integer or is out of range.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             return self._call(_EVICT, 0, None, budget, return_indices)
+        finally:
+            lock.release()
 
     def step(self, pos: int, attn: Any, budget: int | None = None, return_indices: bool = False) -> Any:
         """:meth:`on_decode_step` then :meth:`evict`, validated together and run as one
         C call: either both happen or, on an error, neither does. Returns what
         :meth:`evict` returns."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             return self._call(_ADMIT | _EVICT, pos, attn, budget, return_indices)
+        finally:
+            lock.release()
 
     def prefill(self, attn: Any) -> None:
         """Consume a prompt's attention in one call, on a fresh policy.
