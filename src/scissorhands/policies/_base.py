@@ -72,6 +72,11 @@ def as_weights(attn: Any) -> np.ndarray:
             raise InvalidInputError(f"attention weights are not a rectangular array: {exc}") from None
     kind = arr.dtype.kind
     if kind == "O":
+        for item in arr.flat:
+            if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Real):
+                raise InvalidTypeError(
+                    f"attention weights must be real numbers, found {type(item).__name__}"
+                )
         try:
             arr = arr.astype(np.float64)
         except OverflowError:
@@ -98,6 +103,8 @@ class NativePolicy:
     _score_name: ClassVar[str | None] = None
     _reads_attention: ClassVar[bool] = False
     _evicts: ClassVar[bool] = True
+    #: Constructor parameters recorded in ``state_dict()["params"]``.
+    _param_names: ClassVar[tuple[str, ...]]
 
     def __init__(self, *, budget: int, heads: int, recent_window: int = 0, sinks: int = 0) -> None:
         self._budget = check_int("budget", budget, 1)
@@ -316,20 +323,31 @@ class NativePolicy:
         with self._lock:
             if self._n != 1 or self._last != 0:
                 raise InvalidInputError("prefill needs a fresh policy (holding only position 0)")
-            arr = as_weights(attn)
             h = self._heads
-            if arr.ndim == 2 and h == 1:
-                arr = arr.reshape(1, *arr.shape)
-            if arr.ndim != 3 or arr.shape[0] != h or arr.shape[1] != arr.shape[2] or arr.shape[1] < 1:
+            arr = None
+            if self._reads_attention:
+                arr = as_weights(attn)
+                shape = arr.shape
+            else:  # attention is never read: only the prompt length matters
+                try:
+                    shape = np.shape(attn)
+                except (TypeError, ValueError):
+                    raise InvalidInputError("prefill attn must be a rectangular (P, P) array") from None
+            if len(shape) == 2 and h == 1:
+                shape = (1, *shape)
+            if len(shape) != 3 or shape[0] != h or shape[1] != shape[2] or shape[1] < 1:
                 want = "(P, P) or (1, P, P)" if h == 1 else f"({h}, P, P)"
                 raise InvalidInputError(f"prefill attn must have shape {want}, got {np.shape(attn)}")
-            if arr.shape[1] - 1 > UINT32_MAX:
+            prompt_len = shape[1]
+            if prompt_len - 1 > UINT32_MAX:
                 raise InvalidInputError("prompt too long for uint32 positions")
-            dtype = _DTYPE_CODES[arr.dtype] if self._reads_attention else lib.SH_DTYPE_NONE
-            check(lib.sh_policy_prefill(self._ptr, dtype, ffi.from_buffer(arr), h, arr.shape[1]),
-                  type(self).__name__)
-            self._n = arr.shape[1]
-            self._last = arr.shape[1] - 1
+            if arr is not None:
+                rc = lib.sh_policy_prefill(self._ptr, _DTYPE_CODES[arr.dtype], _from_buffer(arr), h, prompt_len)
+            else:
+                rc = lib.sh_policy_prefill(self._ptr, _NONE, _NULL, h, prompt_len)
+            check(rc, type(self).__name__)
+            self._n = prompt_len
+            self._last = prompt_len - 1
 
     # ------------------------------------------------------------ inspection
 
@@ -428,7 +446,7 @@ class NativePolicy:
         InvalidTypeError
             A field of the wrong kind.
         """
-        params, kept, scores, last = parse_state(state, cls.name, cls._score_name)
+        params, kept, scores, last = parse_state(state, cls.name, cls._score_name, cls._param_names)
         policy = cls(**params)
         h, n = kept.shape
         if h != policy._heads:

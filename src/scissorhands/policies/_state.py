@@ -44,12 +44,17 @@ def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
 
 
 def parse_state(
-    state: Any, name: str, score_name: str | None
+    state: Any, name: str, score_name: str | None, param_names: tuple[str, ...]
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray | None, int]:
     """Check ``state`` against the ``state_dict()`` format for policy ``name`` and
     return ``(params, kept, scores, last_position)``, arrays ``(heads, n)``."""
     if not isinstance(state, dict):
         raise InvalidTypeError(f"state must be a dict, not {type(state).__name__}")
+    keys = {"format", "version", "policy", "params", "kept", "last_position"}
+    if score_name is not None:
+        keys.add(score_name)
+    if set(state) != keys:
+        raise InvalidInputError(f"state keys must be {sorted(keys)}, got {sorted(state)}")
     if state.get("format") != STATE_FORMAT:
         raise InvalidInputError(f"not a scissorhands policy state (format {state.get('format')!r})")
     if state.get("version") != STATE_VERSION:
@@ -59,6 +64,8 @@ def parse_state(
     params = state.get("params")
     if not isinstance(params, dict):
         raise InvalidTypeError("state['params'] must be a dict")
+    if set(params) != set(param_names):
+        raise InvalidInputError(f"state params must be {sorted(param_names)}, got {sorted(params)}")
     kept = _int_rows(_rows(state, "kept"), "kept")
     scores = None
     if score_name == "votes":

@@ -29,6 +29,7 @@ class Full(NativePolicy):
 
     name = "full"
     _kind = lib.SH_FULL
+    _param_names = ("budget", "heads")
     _evicts = False
 
     def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:

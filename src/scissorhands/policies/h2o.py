@@ -43,6 +43,7 @@ class H2O(NativePolicy):
 
     name = "h2o"
     _kind = lib.SH_H2O
+    _param_names = ("budget", "recent_window", "heads")
     _score_name = "scores"
     _reads_attention = True
 
@@ -74,8 +75,8 @@ class H2O(NativePolicy):
         InvalidInputError
             ``head`` is outside ``[0, heads)``.
         """
-        head = self._check_head(head)
         pos = self._lookup_position(pos)
+        head = self._check_head(head)
         if pos is None:
             return -1.0
         with self._lock:

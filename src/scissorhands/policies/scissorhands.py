@@ -47,6 +47,7 @@ class Scissorhands(NativePolicy):
 
     name = "scissorhands"
     _kind = lib.SH_SCISSORHANDS
+    _param_names = ("budget", "recent_window", "heads")
     _score_name = "votes"
     _reads_attention = True
 
@@ -77,8 +78,8 @@ class Scissorhands(NativePolicy):
         InvalidInputError
             ``head`` is outside ``[0, heads)``.
         """
-        head = self._check_head(head)
         pos = self._lookup_position(pos)
+        head = self._check_head(head)
         if pos is None:
             return -1
         with self._lock:

@@ -40,6 +40,7 @@ class StreamingLLM(NativePolicy):
 
     name = "streaming-llm"
     _kind = lib.SH_STREAMING_LLM
+    _param_names = ("budget", "sinks", "heads")
 
     def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
         super().__init__(budget=budget, sinks=sinks, heads=heads)
