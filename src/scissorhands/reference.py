@@ -1,0 +1,792 @@
+"""Pure-Python reference of the four KV-cache eviction policies: the spec you can read.
+
+This module is the executable statement of what :mod:`scissorhands` computes.  It has
+the public API of the C-backed classes (same names, arguments, return types, errors and
+``state_dict`` format) and is written to be read in one sitting: clarity over speed.
+Every behaviour of the C path is checked against it.
+
+Each policy holds, per KV head, ``kept``: the cached positions in ascending order.  A new
+policy holds position 0.  A decode step shows the policy the new token's attention over
+the kept positions (index-aligned with ``kept``, not renormalised); the policy updates its
+per-position score, then admits the new position.  ``evict(budget)`` drops positions until
+at most ``budget`` remain and returns the victims in ascending order.
+
+* :class:`Scissorhands` counts votes: a position earns one on each step where its weight
+  strictly exceeds the fair share ``1 / len(attn)`` (Liu et al., NeurIPS 2023,
+  arXiv:2305.17118).
+* :class:`H2O` sums the weights in float64 (Zhang et al., NeurIPS 2023, arXiv:2306.14048).
+* :class:`StreamingLLM` keeps the first ``sinks`` positions and the most recent ones,
+  ignoring attention (Xiao et al., ICLR 2024, arXiv:2309.17453).
+* :class:`Full` never evicts: the baseline.
+
+It imports nothing of the package but :mod:`scissorhands.errors`; NumPy only reads array
+input and builds the array properties.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import numbers
+import sys
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .errors import UINT32_MAX, InvalidInputError, InvalidTypeError, check_int
+
+__all__ = ["Scissorhands", "H2O", "StreamingLLM", "Full", "POLICIES"]
+
+#: ``state_dict()["format"]`` and ``["version"]``.
+STATE_FORMAT = "scissorhands.policy"
+STATE_VERSION = 1
+#: Largest ``heads``.
+MAX_HEADS = 65536
+#: ``memory_bytes()`` counts this much for the object itself, plus the slots.
+HEADER_BYTES = 64
+#: Initial capacity per head is ``min(budget + 1, INITIAL_CAPACITY_LIMIT)``.
+INITIAL_CAPACITY_LIMIT = 4096
+#: Initial capacity per head of :class:`Full`, which has no budget to size it.
+FULL_INITIAL_CAPACITY = 64
+#: H2O scores saturate here (the largest finite double).
+DBL_MAX = sys.float_info.max
+
+
+# --------------------------------------------------------------------------------------
+# Reading attention weights.  Stages (4) type, (5) rank and length, (6) values of the
+# validation order in docs/architecture.md.  Nothing here touches a policy.
+# --------------------------------------------------------------------------------------
+
+
+def _is_real(x: Any) -> bool:
+    """True for a real number (Python or NumPy int/float), False for bool and the rest."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_array_dtype(arr: np.ndarray) -> None:
+    """Stage (4) for an array: real dtypes pass, object arrays need real elements."""
+    if arr.dtype.kind in "fiu":
+        return
+    if arr.dtype.kind == "O" and all(_is_real(x) for x in arr.flat):
+        return
+    raise InvalidTypeError(f"attn must hold real numbers, not dtype {arr.dtype}")
+
+
+def _check_nested(seq: list | tuple) -> None:
+    """Stage (4) for a list or tuple: every leaf a real number (bool, str, complex refused)."""
+    for item in seq:
+        if isinstance(item, (list, tuple)):
+            _check_nested(item)
+        elif isinstance(item, np.ndarray):
+            _check_array_dtype(item)
+        elif not _is_real(item):
+            raise InvalidTypeError(f"attn must hold real numbers, not {type(item).__name__}")
+
+
+def _read_array(attn: Any) -> np.ndarray:
+    """Return ``attn`` as an array of real numbers, refusing what is not (stage 4).
+
+    The array is float/int typed, or object typed with real scalar elements (lists are
+    read that way so that no value is rounded before stage 6).  Its shape is not checked,
+    except that a ragged nest of lists is refused as a shape error.
+    """
+    if isinstance(attn, (list, tuple)):
+        _check_nested(attn)
+        try:
+            arr = np.array(attn, dtype=object)
+        except ValueError:  # ragged in a way NumPy cannot even box
+            raise InvalidInputError("attn is ragged: rows of different lengths") from None
+        if any(not _is_real(x) for x in arr.flat):  # a row left boxed: ragged
+            raise InvalidInputError("attn is ragged: rows of different lengths")
+        return arr
+    if isinstance(attn, np.ndarray):
+        arr = attn
+    elif hasattr(attn, "__array__"):  # torch CPU tensors and the like
+        arr = np.asarray(attn)
+    elif _is_real(attn):
+        return np.asarray(attn)  # a scalar: rank 0, refused at stage 5
+    else:
+        raise InvalidTypeError(f"attn must be an array of real numbers, not {type(attn).__name__}")
+    _check_array_dtype(arr)
+    return arr
+
+
+def _widen(values: Any) -> list[float]:
+    """Stage (6): the weights as Python floats, refusing NaN, inf, negative and overflow.
+
+    float64 stays as is, float32 and float16 widen exactly, integers round to the nearest
+    double; an integer too large for a double is out of range.
+    """
+    out = []
+    for x in values:
+        try:
+            w = float(x)
+        except OverflowError:
+            raise InvalidInputError("an attention weight is too large for a double") from None
+        if math.isnan(w) or math.isinf(w) or w < 0.0:
+            raise InvalidInputError(f"attention weights must be finite and >= 0, got {w}")
+        out.append(w)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The shared machinery.
+# --------------------------------------------------------------------------------------
+
+
+class _Policy:
+    """What every policy shares: kept rows, admission, validation, growth, state.
+
+    A subclass sets the class attributes below and overrides :meth:`_update` (how the
+    attention changes the per-position scores) and :meth:`_victim_slots` (which slots an
+    eviction drops).
+    """
+
+    #: Registry name, also ``state_dict()["policy"]``.
+    name: ClassVar[str]
+    #: Bytes per slot reported by :meth:`memory_bytes`.
+    bytes_per_slot: ClassVar[int]
+    #: Constructor parameters saved in ``state_dict()["params"]``, in repr order.
+    _param_names: ClassVar[tuple[str, ...]]
+    #: Key of the per-position scores in the state dict (None: the policy keeps none).
+    _score_key: ClassVar[str | None] = None
+    #: Whether on_decode_step reads ``attn`` at all.
+    _reads_attention: ClassVar[bool] = False
+
+    budget: int | None
+    heads: int
+    _kept: list[list[int]]
+    _scores: list[list[Any]]
+    _last: int
+    _capacity: int
+
+    def _setup(self, heads: Any) -> None:
+        """Validate ``heads`` and start holding ``{0}`` in every row."""
+        self.heads = check_int("heads", heads, 1, MAX_HEADS)
+        self._capacity = self._initial_capacity()
+        self.reset()
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def _initial_capacity(self) -> int:
+        return min(self.budget + 1, INITIAL_CAPACITY_LIMIT)  # type: ignore[operator]
+
+    def _capacity_limit(self) -> int | None:
+        """Growth doubles but stops once at ``budget + 1`` (None: doubling only)."""
+        return self.budget + 1 if self.budget is not None else None
+
+    def _min_budget(self) -> int:
+        """Smallest budget an eviction accepts (above the protected positions)."""
+        return 1
+
+    def _new_score(self) -> Any:
+        return 0
+
+    def _update(self, scores: list[Any], weights: list[float]) -> None:
+        """Apply one step's weights (validated, aligned with the row) to ``scores``."""
+
+    def _victim_slots(self, head: int, count: int) -> list[int]:
+        """The ``count`` slots of row ``head`` to evict (``count`` < kept count)."""
+        raise NotImplementedError
+
+    # -- validation ---------------------------------------------------------------------
+
+    def _check_pos(self, pos: Any) -> int:
+        """Stages (1) and (2): an integer in ``[0, 2**32-1]`` above every admitted one."""
+        pos = check_int("pos", pos, 0, UINT32_MAX)
+        if pos <= self._last:
+            raise InvalidInputError(
+                f"pos must be greater than every position admitted ({self._last}), got {pos}"
+            )
+        return pos
+
+    def _check_budget(self, budget: Any) -> int | None:
+        """Stage (3): the per-call budget, or the configured one when None."""
+        if budget is None:
+            return self.budget
+        return check_int("budget", budget, self._min_budget(), UINT32_MAX)
+
+    def _read_step(self, attn: Any) -> list[list[float]] | None:
+        """Stages (4) to (6): one step's weights as ``heads`` rows, or None for no update."""
+        if attn is None or not self._reads_attention:
+            return None
+        arr = _read_array(attn)
+        n = self.kept_count()
+        if arr.shape != (self.heads, n) and not (self.heads == 1 and arr.shape == (n,)):
+            want = f"({n},) or (1, {n})" if self.heads == 1 else f"({self.heads}, {n})"
+            raise InvalidInputError(f"attn must have shape {want}, got {arr.shape}")
+        return [_widen(row) for row in arr.reshape(self.heads, n)]
+
+    def _read_prompt(self, attn: Any) -> tuple[int, list[list[list[float]]] | None]:
+        """``prefill``'s prompt length ``P`` and each row's weights for steps 1..P-1.
+
+        A policy that ignores attention reads only the shape.
+        """
+        if self._reads_attention:
+            arr = _read_array(attn)
+            shape = arr.shape
+        else:
+            try:
+                shape = tuple(np.shape(attn))
+            except ValueError:
+                raise InvalidInputError("attn is ragged: rows of different lengths") from None
+        p = shape[-1] if shape else 0
+        allowed = [(self.heads, p, p)] + ([(p, p)] if self.heads == 1 else [])
+        if p < 1 or shape not in allowed:
+            raise InvalidInputError(
+                f"prefill attn must have shape (P, P) or ({self.heads}, P, P), got {shape}"
+            )
+        if not self._reads_attention:
+            return p, None
+        grid = arr.reshape(self.heads, p, p)
+        rows = [[_widen(grid[h, i, :i]) for i in range(1, p)] for h in range(self.heads)]
+        return p, rows
+
+    # -- mutation (only after everything is validated) -----------------------------------
+
+    def _grow_to(self, slots: int) -> None:
+        """Grow the capacity, one doubling at a time, until ``slots`` fit in a row.
+
+        Below ``budget + 1`` a doubling stops at ``budget + 1``; from there on it doubles.
+        """
+        while self._capacity < slots:
+            limit = self._capacity_limit()
+            if limit is not None and self._capacity < limit:
+                self._capacity = min(2 * self._capacity, limit)
+            else:
+                self._capacity = 2 * self._capacity
+
+    def _admit(self, pos: int, weights: list[list[float]] | None) -> None:
+        """Update the scores of each row, then append ``pos`` to every row."""
+        self._grow_to(self.kept_count() + 1)
+        for h in range(self.heads):
+            if weights is not None:
+                self._update(self._scores[h], weights[h])
+            self._kept[h].append(pos)
+            if self._score_key is not None:
+                self._scores[h].append(self._new_score())
+        self._last = pos
+
+    def _evict(self, budget: int | None) -> tuple[list[list[int]], list[list[int]]]:
+        """Drop ``n - budget`` slots from every row; victims and their slots, ascending."""
+        n = self.kept_count()
+        victims: list[list[int]] = [[] for _ in range(self.heads)]
+        slots: list[list[int]] = [[] for _ in range(self.heads)]
+        if budget is None or n <= budget:
+            return victims, slots
+        for h in range(self.heads):
+            chosen = sorted(self._victim_slots(h, n - budget))
+            slots[h] = chosen
+            victims[h] = [self._kept[h][s] for s in chosen]
+            gone = set(chosen)
+            self._kept[h] = [p for s, p in enumerate(self._kept[h]) if s not in gone]
+            if self._score_key is not None:
+                self._scores[h] = [v for s, v in enumerate(self._scores[h]) if s not in gone]
+        return victims, slots
+
+    def _result(self, victims: list[list[int]], slots: list[list[int]], return_indices: bool) -> Any:
+        """Shape the victims as the API returns them (list for one head, array for more)."""
+        if self.heads == 1:
+            return (victims[0], slots[0]) if return_indices else victims[0]
+        k = len(victims[0])
+        v = np.array(victims, dtype=np.uint32).reshape(self.heads, k)
+        if not return_indices:
+            return v
+        return v, np.array(slots, dtype=np.int64).reshape(self.heads, k)
+
+    # -- public API -----------------------------------------------------------------------
+
+    def on_decode_step(self, pos: int, attn: Any) -> None:
+        """Apply one decode step: update the scores from ``attn``, then admit ``pos``.
+
+        Parameters
+        ----------
+        pos : int
+            The new token's position, greater than every position admitted so far and at
+            most ``2**32 - 1``.  Python or NumPy integer; bool and float are refused.
+        attn : array_like or None
+            The new token's attention weights over the kept positions, index-aligned with
+            ``kept`` and not renormalised: shape ``(n,)`` when ``heads == 1`` (``(1, n)``
+            also accepted), ``(heads, n)`` otherwise, ``n = kept_count()``.  A list or
+            tuple of real numbers or any real-valued array (float32 is widened exactly,
+            other dtypes converted to float64), or an object with ``__array__``.  None
+            changes no score but still admits ``pos``.  Policies that ignore attention
+            (:class:`StreamingLLM`, :class:`Full`) never read it.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``pos`` is not an integer; ``attn`` does not hold real numbers.
+        InvalidInputError
+            ``pos`` out of range or not increasing; ``attn`` of the wrong rank or length;
+            a weight that is NaN, infinite or negative.  The policy is left unchanged.
+        """
+        pos = self._check_pos(pos)
+        weights = self._read_step(attn)
+        self._admit(pos, weights)
+
+    def evict(self, budget: int | None = None, return_indices: bool = False) -> Any:
+        """Evict until at most ``budget`` positions are held in every row.
+
+        Parameters
+        ----------
+        budget : int or None, default None
+            Positions to keep; None means the configured budget.  A per-call budget may
+            exceed the configured one and does not replace it.
+        return_indices : bool, default False
+            Also return each victim's slot (index in ``kept`` before the eviction).
+
+        Returns
+        -------
+        list[int] or numpy.ndarray or tuple
+            ``heads == 1``: the victims as a list, ascending.  ``heads > 1``: a
+            ``(heads, k)`` uint32 array, each row ascending.  With ``return_indices`` a
+            pair ``(victims, slots)`` of lists, or of ``(heads, k)`` arrays (slots int64).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``budget`` is not an integer.
+        InvalidInputError
+            ``budget < 1``, or not above the recent window (or the sinks); checked even
+            when nothing needs evicting.
+        """
+        budget = self._check_budget(budget)
+        return self._result(*self._evict(budget), return_indices)
+
+    def step(self, pos: int, attn: Any, budget: int | None = None, return_indices: bool = False) -> Any:
+        """``on_decode_step(pos, attn)`` then ``evict(budget)``, validated as one call.
+
+        Everything (``pos``, then ``budget``, then ``attn``) is checked before anything
+        changes; see :meth:`on_decode_step` and :meth:`evict` for the arguments, the
+        return value and the errors.
+        """
+        pos = self._check_pos(pos)
+        budget = self._check_budget(budget)
+        weights = self._read_step(attn)
+        self._admit(pos, weights)
+        return self._result(*self._evict(budget), return_indices)
+
+    def prefill(self, attn: Any) -> None:
+        """Consume a prompt's attention as the decode steps admitting positions 1..P-1.
+
+        Parameters
+        ----------
+        attn : array_like
+            Lower-triangular prompt attention, shape ``(P, P)`` or ``(heads, P, P)``,
+            ``P >= 1``: row ``i`` holds token ``i``'s weights over positions ``0..i``.
+            Row ``i >= 1`` is applied as ``on_decode_step(i, attn[..., i, :i])``; the
+            diagonal and the upper triangle are never read.  Policies that ignore
+            attention read only its shape.  Nothing is evicted.
+
+        Raises
+        ------
+        InvalidInputError
+            The policy is not fresh (a position was admitted since construction or
+            :meth:`reset`); a bad shape; a NaN, infinite or negative weight in the
+            lower triangle.
+        InvalidTypeError
+            ``attn`` does not hold real numbers.
+        """
+        if self._last != 0:
+            raise InvalidInputError("prefill needs a fresh policy (holding {0}); call reset()")
+        p, rows = self._read_prompt(attn)
+        for i in range(1, p):
+            self._admit(i, None if rows is None else [rows[h][i - 1] for h in range(self.heads)])
+
+    def kept_count(self) -> int:
+        """Number of positions held per head (every head holds the same number)."""
+        return len(self._kept[0])
+
+    @property
+    def kept(self) -> np.ndarray:
+        """Held positions, uint32, ascending: shape ``(n,)``, or ``(heads, n)`` if heads > 1."""
+        return self._as_array(self._kept, np.uint32)
+
+    def _as_array(self, rows: list[list[Any]], dtype: Any) -> np.ndarray:
+        arr = np.array(rows, dtype=dtype).reshape(self.heads, self.kept_count())
+        return arr[0] if self.heads == 1 else arr
+
+    def _slot_of(self, pos: Any, head: Any) -> int | None:
+        """Slot of ``pos`` in row ``head``, or None when it is not held."""
+        if isinstance(pos, (bool, np.bool_)) or not isinstance(pos, numbers.Integral):
+            raise InvalidTypeError(f"pos must be an integer, not {type(pos).__name__}")
+        head = check_int("head", head, 0, self.heads - 1)
+        row = self._kept[head]
+        i = bisect.bisect_left(row, int(pos))
+        return i if i < len(row) and row[i] == pos else None
+
+    def memory_bytes(self) -> int:
+        """``64 + capacity * heads * bytes_per_slot``, the C object's footprint.
+
+        Capacity per head starts at ``min(budget + 1, 4096)`` and, when a position is
+        admitted into a full row, grows to ``min(2 * capacity, budget + 1)`` while below
+        ``budget + 1``, else doubles; ``reset()`` keeps it.
+        """
+        return HEADER_BYTES + self._capacity * self.heads * self.bytes_per_slot
+
+    def reset(self) -> None:
+        """Go back to holding ``{0}`` with nothing remembered (capacity is kept)."""
+        self._kept = [[0] for _ in range(self.heads)]
+        self._scores = [[self._new_score()] for _ in range(self.heads)] if self._score_key else []
+        self._last = 0
+
+    def _params(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._param_names}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as plain data (JSON-ready), loadable by either backend.
+
+        Returns
+        -------
+        dict
+            ``{"format": "scissorhands.policy", "version": 1, "policy": name, "params":
+            {...}, "kept": [[int]*n]*heads, "last_position": int}`` plus ``"votes"``
+            (Scissorhands) or ``"scores"`` (H2O), shaped like ``"kept"``.
+        """
+        state: dict[str, Any] = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "policy": self.name,
+            "params": self._params(),
+            "kept": [list(row) for row in self._kept],
+        }
+        if self._score_key is not None:
+            state[self._score_key] = [list(row) for row in self._scores]
+        state["last_position"] = self._last
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> Any:
+        """Rebuild a policy from :meth:`state_dict` output (of either backend).
+
+        Every field is validated; capacity grows from its initial value, one doubling at
+        a time, until the state fits.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``state`` or a field has the wrong kind (not a dict, not a list, a non-integer
+            position or vote, a non-real score).
+        InvalidInputError
+            Wrong format, version or policy name; missing or unknown keys; parameters out
+            of range; rows not ``heads`` long or of different lengths or empty; positions
+            not strictly ascending, out of range or above ``last_position``; votes out of
+            range; scores NaN, infinite or negative.
+        """
+        if not isinstance(state, Mapping):
+            raise InvalidTypeError(f"state must be a dict, not {type(state).__name__}")
+        keys = {"format", "version", "policy", "params", "kept", "last_position"}
+        if cls._score_key is not None:
+            keys.add(cls._score_key)
+        if set(state) != keys:
+            raise InvalidInputError(f"state keys must be {sorted(keys)}, got {sorted(state)}")
+        if state["format"] != STATE_FORMAT:
+            raise InvalidInputError(f"state format must be {STATE_FORMAT!r}")
+        check_int("version", state["version"], STATE_VERSION, STATE_VERSION)
+        if state["policy"] != cls.name:
+            raise InvalidInputError(f"state is for policy {state['policy']!r}, not {cls.name!r}")
+        params = state["params"]
+        if not isinstance(params, Mapping):
+            raise InvalidTypeError("state params must be a dict")
+        if set(params) != set(cls._param_names):
+            raise InvalidInputError(f"state params must be {sorted(cls._param_names)}")
+        policy = cls(**params)
+        kept = _read_rows(state["kept"], policy.heads, None, "kept")
+        n = len(kept[0])
+        for row in kept:
+            row[:] = [check_int("kept position", p) for p in row]
+            if any(a >= b for a, b in zip(row, row[1:])):
+                raise InvalidInputError("kept positions must be strictly ascending")
+        last = check_int("last_position", state["last_position"])
+        if any(row[-1] > last for row in kept):
+            raise InvalidInputError("a kept position is above last_position")
+        if cls._score_key is not None:
+            scores = _read_rows(state[cls._score_key], policy.heads, n, cls._score_key)
+            policy._scores = [[policy._load_score(v) for v in row] for row in scores]
+        policy._kept = kept
+        policy._last = last
+        policy._grow_to(n)
+        return policy
+
+    def _load_score(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and copy.deepcopy go through the state dict.
+        return (type(self).from_state_dict, (self.state_dict(),))
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in self._params().items())
+        return f"{type(self).__name__}({params}, held={self.kept_count()})"
+
+
+def _read_rows(value: Any, heads: int, n: int | None, name: str) -> list[list[Any]]:
+    """A state field as ``heads`` non-empty lists of equal length (``n`` if given)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in value):
+        raise InvalidTypeError(f"state {name} must be a list of lists")
+    rows = [list(r) for r in value]
+    if len(rows) != heads:
+        raise InvalidInputError(f"state {name} must have {heads} rows, got {len(rows)}")
+    want = len(rows[0]) if n is None else n
+    if want < 1 or any(len(r) != want for r in rows):
+        raise InvalidInputError(f"state {name} rows must be non-empty and all {want} long")
+    return rows
+
+
+class _HeavyHitters(_Policy):
+    """Score-based eviction with a recent window, shared by Scissorhands and H2O.
+
+    The evictable prefix is ``kept[: n - recent_window]``; its lowest-scored slots go
+    first, equal scores evicting the lower position.
+    """
+
+    _param_names = ("budget", "recent_window", "heads")
+    _reads_attention = True
+
+    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1) -> None:
+        self.budget = check_int("budget", budget, 1, UINT32_MAX)
+        self.recent_window = check_int("recent_window", recent_window, 0, self.budget - 1)
+        self._setup(heads)
+
+    def _min_budget(self) -> int:
+        return self.recent_window + 1
+
+    def _victim_slots(self, head: int, count: int) -> list[int]:
+        scores = self._scores[head]
+        prefix = range(len(scores) - self.recent_window)
+        # kept is ascending, so ordering ties by slot orders them by position.
+        return sorted(prefix, key=lambda s: (scores[s], s))[:count]
+
+
+class Scissorhands(_HeavyHitters):
+    """Scissorhands: evict the positions that were important on the fewest steps.
+
+    A position earns one vote on each decode step where its attention weight strictly
+    exceeds the fair share ``1.0 / len(attn)`` (compared in double on the value as given:
+    a float32 weight is widened exactly).  Votes are uint32 and saturate at ``2**32 - 1``.
+    Eviction drops the least-voted positions outside the recent window, ties to the
+    lower position.
+
+    Parameters
+    ----------
+    budget : int, default 512
+        Positions to keep per head, in ``[1, 2**32 - 1]``.
+    recent_window : int, default 32
+        The most recent positions, never evicted; in ``[0, budget - 1]``.
+    rng : any, default None
+        Accepted and ignored (the policy is deterministic).
+    heads : int, default 1
+        Independent rows (KV heads), in ``[1, 65536]``.
+
+    Raises
+    ------
+    InvalidTypeError
+        A parameter is not an integer (bool and float refused).
+    InvalidInputError
+        A parameter is out of range.
+
+    References
+    ----------
+    Z. Liu et al., "Scissorhands: Exploiting the Persistence of Importance Hypothesis for
+    LLM KV Cache Compression at Test Time", NeurIPS 2023, arXiv:2305.17118.
+    """
+
+    name = "scissorhands"
+    bytes_per_slot = 9  # uint32 position + uint32 votes + 1 byte eviction scratch
+    _score_key = "votes"
+
+    def _update(self, scores: list[Any], weights: list[float]) -> None:
+        share = 1.0 / len(weights)
+        for i, w in enumerate(weights):
+            if w > share and scores[i] < UINT32_MAX:
+                scores[i] += 1
+
+    def _load_score(self, value: Any) -> int:
+        return check_int("vote", value)
+
+    @property
+    def votes(self) -> np.ndarray:
+        """Votes aligned with :attr:`kept`, uint32, shape ``(n,)`` or ``(heads, n)``."""
+        return self._as_array(self._scores, np.uint32)
+
+    def votes_of(self, pos: int, head: int = 0) -> int:
+        """Votes of ``pos`` in row ``head``, or -1 when it is not held.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``pos`` or ``head`` is not an integer.
+        InvalidInputError
+            ``head`` is outside ``[0, heads)``.
+        """
+        slot = self._slot_of(pos, head)
+        return -1 if slot is None else self._scores[head][slot]
+
+
+class H2O(_HeavyHitters):
+    """H2O (heavy-hitter oracle): evict the lowest cumulative attention.
+
+    Each position's score is the sum, in float64, of every weight it has received
+    (float32 weights widened exactly before adding), saturating at the largest finite
+    double so that a score stays finite (weights near 1e308 would otherwise overflow).
+    Eviction drops the lowest scores outside the recent window, ties to the lower
+    position.
+
+    Parameters
+    ----------
+    budget : int, default 512
+        Positions to keep per head, in ``[1, 2**32 - 1]``.
+    recent_window : int, default 32
+        The most recent positions, never evicted; in ``[0, budget - 1]``.
+    rng : any, default None
+        Accepted and ignored.
+    heads : int, default 1
+        Independent rows (KV heads), in ``[1, 65536]``.
+
+    Raises
+    ------
+    InvalidTypeError
+        A parameter is not an integer.
+    InvalidInputError
+        A parameter is out of range.
+
+    References
+    ----------
+    Z. Zhang et al., "H2O: Heavy-Hitter Oracle for Efficient Generative Inference of
+    Large Language Models", NeurIPS 2023, arXiv:2306.14048.
+    """
+
+    name = "h2o"
+    bytes_per_slot = 13  # uint32 position + float64 score + 1 byte eviction scratch
+    _score_key = "scores"
+
+    def _new_score(self) -> float:
+        return 0.0
+
+    def _update(self, scores: list[Any], weights: list[float]) -> None:
+        for i, w in enumerate(weights):
+            scores[i] = min(scores[i] + w, DBL_MAX)  # +inf would not survive state_dict()
+
+    def _load_score(self, value: Any) -> float:
+        if not _is_real(value):
+            raise InvalidTypeError(f"scores must be real numbers, not {type(value).__name__}")
+        v = float(value)
+        if not math.isfinite(v) or v < 0.0:
+            raise InvalidInputError(f"scores must be finite and >= 0, got {v}")
+        return v
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Scores aligned with :attr:`kept`, float64, shape ``(n,)`` or ``(heads, n)``."""
+        return self._as_array(self._scores, np.float64)
+
+    def score_of(self, pos: int, head: int = 0) -> float:
+        """Cumulative score of ``pos`` in row ``head``, or -1.0 when it is not held.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``pos`` or ``head`` is not an integer.
+        InvalidInputError
+            ``head`` is outside ``[0, heads)``.
+        """
+        slot = self._slot_of(pos, head)
+        return -1.0 if slot is None else self._scores[head][slot]
+
+
+class StreamingLLM(_Policy):
+    """StreamingLLM: keep the attention sinks and a sliding window of recent positions.
+
+    The first ``sinks`` positions admitted are never evicted; otherwise the oldest go
+    first.  Attention is ignored entirely (never read, never validated).  ``sinks=0`` is
+    a plain sliding window.
+
+    Parameters
+    ----------
+    budget : int, default 512
+        Positions to keep per head, in ``[1, 2**32 - 1]``.
+    sinks : int, default 4
+        Leading positions never evicted, in ``[0, budget - 1]``.
+    rng : any, default None
+        Accepted and ignored.
+    heads : int, default 1
+        Rows, in ``[1, 65536]`` (all identical, since attention is ignored).
+
+    Raises
+    ------
+    InvalidTypeError
+        A parameter is not an integer.
+    InvalidInputError
+        A parameter is out of range.
+
+    References
+    ----------
+    G. Xiao et al., "Efficient Streaming Language Models with Attention Sinks",
+    ICLR 2024, arXiv:2309.17453.
+    """
+
+    name = "streaming-llm"
+    bytes_per_slot = 4  # uint32 position
+    _param_names = ("budget", "sinks", "heads")
+
+    def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
+        self.budget = check_int("budget", budget, 1, UINT32_MAX)
+        self.sinks = check_int("sinks", sinks, 0, self.budget - 1)
+        self._setup(heads)
+
+    def _min_budget(self) -> int:
+        return self.sinks + 1
+
+    def _victim_slots(self, head: int, count: int) -> list[int]:
+        return list(range(self.sinks, self.sinks + count))
+
+    def sink_count(self) -> int:
+        """Sinks held: ``min(sinks, kept_count())``."""
+        return min(self.sinks, self.kept_count())
+
+
+class Full(_Policy):
+    """Full cache: never evicts (the baseline every policy is compared with).
+
+    Parameters
+    ----------
+    budget : int or None, default None
+        Validated (``[1, 2**32 - 1]``) and recorded, never used.
+    rng : any, default None
+        Accepted and ignored.
+    heads : int, default 1
+        Rows, in ``[1, 65536]``.
+
+    Notes
+    -----
+    Capacity starts at 64 per head and doubles when full; ``evict`` validates its budget
+    and returns nothing.  Attention is never read.
+    """
+
+    name = "full"
+    bytes_per_slot = 4  # uint32 position
+    _param_names = ("budget", "heads")
+
+    def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:
+        self.budget = None if budget is None else check_int("budget", budget, 1, UINT32_MAX)
+        self._setup(heads)
+
+    def _initial_capacity(self) -> int:
+        return FULL_INITIAL_CAPACITY
+
+    def _capacity_limit(self) -> int | None:
+        return None
+
+    def _evict(self, budget: int | None) -> tuple[list[list[int]], list[list[int]]]:
+        return [[] for _ in range(self.heads)], [[] for _ in range(self.heads)]
+
+
+#: Registry: name -> class, the same names as the C-backed package.
+POLICIES: dict[str, type[_Policy]] = {
+    "full": Full,
+    "streaming-llm": StreamingLLM,
+    "h2o": H2O,
+    "scissorhands": Scissorhands,
+}

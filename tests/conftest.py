@@ -1,0 +1,115 @@
+"""Fixtures shared by the test suite: the two backends, vector loaders, hypothesis profiles.
+
+Every behaviour is checked on both backends: ``native`` (the C-backed classes exported by
+the ``scissorhands`` package) and ``reference`` (``scissorhands.reference``, pure Python).
+A native layer that cannot be imported fails its tests: a missing build is a defect.
+
+Hypothesis profiles are chosen with ``HYPOTHESIS_PROFILE``: ``default`` (modest, for a
+developer's run), ``ci`` (more examples, derandomised) and ``long`` (a soak).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+VECTORS_DIR = ROOT / "vectors"
+SHARED_CONFORMANCE = ROOT.parent / "shared" / "conformance"
+
+BACKENDS = ("native", "reference")
+POLICY_NAMES = ("full", "streaming-llm", "h2o", "scissorhands")
+
+_common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("default", max_examples=40, **_common)
+settings.register_profile("ci", max_examples=200, derandomize=True, print_blob=True, **_common)
+settings.register_profile("long", max_examples=3000, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def load_backend(name: str) -> SimpleNamespace:
+    """The module-like object of one backend: the four classes, ``POLICIES``, ``name``.
+
+    The native backend is the top-level ``scissorhands`` package.  If it cannot be
+    imported, the test fails (never skips): a missing build is a defect.
+    """
+    try:
+        module: ModuleType = (importlib.import_module("scissorhands") if name == "native"
+                              else importlib.import_module("scissorhands.reference"))
+    except ImportError as exc:
+        pytest.fail(f"the {name} backend cannot be imported ({exc}); build it with "
+                    "`pip install -e . --no-build-isolation --no-deps`")
+    return SimpleNamespace(
+        name=name,
+        module=module,
+        Scissorhands=module.Scissorhands,
+        H2O=module.H2O,
+        StreamingLLM=module.StreamingLLM,
+        Full=module.Full,
+        POLICIES=module.POLICIES,
+    )
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> SimpleNamespace:
+    """Each backend in turn (the C path, then the reference)."""
+    return load_backend(request.param)
+
+
+@pytest.fixture
+def native() -> SimpleNamespace:
+    """The C-backed backend (for tests comparing the two)."""
+    return load_backend("native")
+
+
+@pytest.fixture
+def ref() -> SimpleNamespace:
+    """The pure-Python reference backend."""
+    return load_backend("reference")
+
+
+def load_conformance(file_name: str) -> dict[str, Any]:
+    """One of the seed system's vector files from ``<repo>/../shared/conformance/``.
+
+    Skips (the whole calling module, at collection) when that directory is absent, as in
+    a checkout without the shared tree.
+    """
+    if not SHARED_CONFORMANCE.is_dir():
+        pytest.skip(f"shared conformance vectors not found at {SHARED_CONFORMANCE}",
+                    allow_module_level=True)
+    with open(SHARED_CONFORMANCE / file_name, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def load_vectors() -> dict[str, dict[str, Any]]:
+    """The project's own vectors, ``vectors/*.json`` keyed by file name.
+
+    Raises if there are none: an empty glob would otherwise make the vector tests pass
+    by testing nothing.
+    """
+    paths = sorted(VECTORS_DIR.glob("*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no vectors found in {VECTORS_DIR}/*.json")
+    out = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            out[path.name] = json.load(f)
+    return out
+
+
+def load_generator() -> ModuleType:
+    """``vectors/generate.py`` as a module (the vector interpreter and the generator)."""
+    spec = importlib.util.spec_from_file_location("scissorhands_vectors_generate",
+                                                  VECTORS_DIR / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

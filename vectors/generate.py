@@ -1,0 +1,798 @@
+"""Generate the known-answer vectors in this directory from the pure-Python reference.
+
+    python vectors/generate.py          # rewrite vectors/*.json
+    python vectors/generate.py --check  # exit 1 if a committed file would change
+
+Each scenario below is written by hand together with the answer it must give: every
+step that returns something carries a hand-written ``expect`` (or ``raises``), and the
+generator refuses to write a file when :mod:`scissorhands.reference` disagrees with a
+hand-written answer.  The files therefore hold two independent statements of the
+semantics that agree.  The format is described in ``vectors/README.md``.
+
+The same module also holds the interpreter the tests use to replay a vector
+(:func:`make_policy`, :func:`call`), so the generator and the tests read the format in
+exactly one way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "scissorhands-vectors"
+VERSION = 1
+HERE = Path(__file__).resolve().parent
+U32 = 2**32 - 1
+IIE = "InvalidInputError"
+ITE = "InvalidTypeError"
+
+# --------------------------------------------------------------------------------------
+# The interpreter: how a vector step is applied to a policy (shared with the tests).
+# --------------------------------------------------------------------------------------
+
+#: Index of the attention argument in ``args``, for the calls that take one.
+ATTN_ARG = {"on_decode_step": 1, "step": 1, "prefill": 0}
+
+
+def make_policy(module: Any, policy: str, case: dict[str, Any]) -> Any:
+    """Build the case's starting policy: ``Cls(**params)`` or ``Cls.from_state_dict(state)``."""
+    cls = module.POLICIES[policy]
+    if "state" in case:
+        return cls.from_state_dict(json.loads(json.dumps(case["state"])))
+    return cls(**case["params"])
+
+
+def arguments(step: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The step's positional and keyword arguments; ``dtype`` makes the attention an array."""
+    args = list(step.get("args", []))
+    if "dtype" in step:
+        i = ATTN_ARG[step["call"]]
+        args[i] = np.asarray(args[i], dtype=step["dtype"])
+    return args, dict(step.get("kwargs", {}))
+
+
+def plain(value: Any) -> Any:
+    """A call's result as JSON-comparable data (arrays and tuples become lists)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def call(policy: Any, step: dict[str, Any]) -> Any:
+    """Apply one step (a method call, or a property read) and return its plain result."""
+    args, kwargs = arguments(step)
+    attr = getattr(policy, step["call"])
+    return plain(attr(*args, **kwargs) if callable(attr) else attr)
+
+
+# --------------------------------------------------------------------------------------
+# Writing scenarios.
+# --------------------------------------------------------------------------------------
+
+_NONE_CALLS = {"on_decode_step", "prefill", "reset"}
+
+
+def s(call_name: str, *args: Any, expect: Any = ..., raises: str | None = None,
+      dtype: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """One step.  ``expect`` is the hand-written answer (None for the calls returning None)."""
+    step: dict[str, Any] = {"call": call_name, "args": list(args)}
+    if kwargs:
+        step["kwargs"] = kwargs
+    if dtype is not None:
+        step["dtype"] = dtype
+        i = ATTN_ARG[call_name]
+        # Write the float32 values exactly (as their widening to double) so that
+        # np.asarray(values, dtype="float32") reproduces them bit for bit.
+        step["args"][i] = np.asarray(args[i], dtype=dtype).astype(np.float64).tolist()
+    if raises is not None:
+        step["raises"] = raises
+    elif expect is not ...:
+        step["expect"] = expect
+    elif call_name in _NONE_CALLS:
+        step["expect"] = None
+    else:
+        raise ValueError(f"step {call_name}{args} needs a hand-written expect or raises")
+    return step
+
+
+def on(pos: Any, attn: Any = None, **kw: Any) -> dict[str, Any]:
+    """``on_decode_step(pos, attn)``."""
+    return s("on_decode_step", pos, attn, **kw)
+
+
+def case(name: str, note: str, steps: list[dict[str, Any]], raises: str | None = None,
+         state: dict[str, Any] | None = None, **params: Any) -> dict[str, Any]:
+    """A case: a name, why its answers are right, a starting policy and its steps."""
+    c: dict[str, Any] = {"name": name, "note": note}
+    if state is not None:
+        c["state"] = state
+    else:
+        c["params"] = params
+    if raises is not None:
+        c["raises"] = raises
+    c["steps"] = steps
+    return c
+
+
+def state(policy: str, params: dict[str, Any], kept: list[list[int]], last: int,
+          **scores: list[list[Any]]) -> dict[str, Any]:
+    """A ``state_dict()`` literal."""
+    d: dict[str, Any] = {"format": "scissorhands.policy", "version": 1, "policy": policy,
+                         "params": params, "kept": kept}
+    d.update(scores)
+    d["last_position"] = last
+    return d
+
+
+def f32(x: float) -> float:
+    """``x`` rounded to float32 and widened back to double, exactly."""
+    return float(np.float32(x))
+
+
+# --------------------------------------------------------------------------------------
+# Scenarios shared by the two attention-driven policies (Scissorhands, H2O).
+# --------------------------------------------------------------------------------------
+
+
+def _heavy_hitter_errors(accessor: str, missing: Any) -> list[dict[str, Any]]:
+    """Every bad call a Scissorhands/H2O policy refuses, holding {0, 1}, budget 3, window 1."""
+    return [
+        on(1, [1.0]),
+        on(1, [1.0, 0.0], raises=IIE),               # not above the last position
+        on(0, None, raises=IIE),
+        on(-1, None, raises=IIE),
+        on(2**32, None, raises=IIE),
+        on(True, [0.5, 0.5], raises=ITE),
+        on(2.0, [0.5, 0.5], raises=ITE),
+        on("2", [0.5, 0.5], raises=ITE),
+        on(1, "garbage", raises=IIE),                 # the position is checked first
+        on(2, [0.5], raises=IIE),                     # too short
+        on(2, [0.5, 0.25, 0.25], raises=IIE),         # too long
+        on(2, [[0.5, 0.5], [0.5, 0.5]], raises=IIE),  # two rows for one head
+        on(2, [[[0.5, 0.5]]], raises=IIE),            # rank 3
+        on(2, 0.5, raises=IIE),                       # rank 0
+        on(2, [True, 0.5], raises=ITE),
+        on(2, ["0.5", 0.5], raises=ITE),
+        on(2, "ab", raises=ITE),
+        on(2, ["a"], raises=ITE),                     # the type is checked before the length
+        on(2, [0.5, -0.25], raises=IIE),
+        on(2, [-0.25], raises=IIE),
+        s("evict", 0, raises=IIE),
+        s("evict", 1, raises=IIE),                    # = recent_window, with nothing to evict
+        s("evict", True, raises=ITE),
+        s("evict", 2.0, raises=ITE),
+        s("evict", 2**32, raises=IIE),
+        s("step", 2, [0.5, 0.5], 1, raises=IIE),
+        s("step", 2, [True], 1, raises=IIE),          # the budget is checked before the weights
+        s("step", 2, [0.5], 2, raises=IIE),           # a bad step admits nothing
+        s("step", 1, [0.5, 0.5], 2, raises=IIE),
+        s("prefill", [[1.0]], raises=IIE),            # not fresh
+        s(accessor, 1.0, raises=ITE),
+        s(accessor, True, raises=ITE),
+        s(accessor, "0", raises=ITE),
+        s(accessor, 0, 1, raises=IIE),                # head out of range
+        s(accessor, 0, -1, raises=IIE),
+        s(accessor, 0, True, raises=ITE),
+        s(accessor, -1, expect=missing),
+        s(accessor, 2**32, expect=missing),
+        s(accessor, 2**32 - 1, expect=missing),
+        s(accessor, 2, expect=missing),               # never admitted
+        s("kept", expect=[0, 1]),
+        on(2, [[0.5, 0.5]]),                          # (1, n) is accepted for one head
+        s("kept", expect=[0, 1, 2]),
+    ]
+
+
+def _constructor_errors(window: str) -> list[dict[str, Any]]:
+    """Bad constructor parameters, for a policy whose protected count is ``window``."""
+    bad = [
+        ("budget 0 is refused", IIE, {"budget": 0, window: 0}),
+        ("budget above 2**32-1 is refused", IIE, {"budget": 2**32, window: 0}),
+        ("a bool budget is refused", ITE, {"budget": True, window: 0}),
+        ("a float budget is refused", ITE, {"budget": 4.0, window: 0}),
+        (f"{window} equal to the budget is refused", IIE, {"budget": 4, window: 4}),
+        (f"a negative {window} is refused", IIE, {"budget": 4, window: -1}),
+        (f"a float {window} is refused", ITE, {"budget": 4, window: 1.0}),
+        ("heads 0 is refused", IIE, {"budget": 4, window: 1, "heads": 0}),
+        ("heads above 65536 is refused", IIE, {"budget": 4, window: 1, "heads": 65537}),
+        ("a bool heads is refused", ITE, {"budget": 4, window: 1, "heads": True}),
+    ]
+    return [case(f"constructor: {name}", "Construction validates every integer parameter.",
+                 [], raises=err, **params) for name, err, params in bad]
+
+
+def _state_errors(policy: str, params: dict[str, Any], key: str | None, good: Any,
+                  bad_score: Any) -> list[dict[str, Any]]:
+    """Bad state dicts ``from_state_dict`` refuses (``good``/``bad_score``: a score value)."""
+    def st(kept: Any, last: Any = 5, scores: Any = None, **over: Any) -> dict[str, Any]:
+        extra = {} if key is None else {key: scores if scores is not None
+                                        else [[good] * len(r) for r in kept]}
+        d = state(policy, dict(params), kept, last, **extra)
+        d.update(over)
+        return d
+
+    heads2 = dict(params, heads=2)
+    bad: list[tuple[str, str, dict[str, Any]]] = [
+        ("positions not ascending", IIE, st([[0, 3, 2]])),
+        ("a repeated position", IIE, st([[0, 2, 2]])),
+        ("a position above last_position", IIE, st([[0, 2, 6]])),
+        ("a negative position", IIE, st([[-1, 2]])),
+        ("a float position", ITE, st([[0, 2.0]])),
+        ("an empty row", IIE, st([[]])),
+        ("rows not a list of lists", ITE, st([0, 2], scores=[[good, good]])),
+        ("more rows than heads", IIE, st([[0], [0]])),
+        ("rows of different lengths", IIE, dict(st([[0, 1], [0]]), params=heads2)),
+        ("a bool last_position", ITE, st([[0, 2]], last=True)),
+        ("the wrong format", IIE, st([[0, 2]], format="scissorhands.other")),
+        ("an unknown version", IIE, st([[0, 2]], version=2)),
+        ("another policy's name", IIE, st([[0, 2]], policy="full" if policy != "full" else "h2o")),
+        ("an unknown parameter", IIE, st([[0, 2]], params=dict(params, window=3))),
+        ("a missing parameter", IIE,
+         st([[0, 2]], params={k: v for k, v in params.items() if k != "heads"})),
+        ("an out-of-range parameter", IIE, st([[0, 2]], params=dict(params, budget=0))),
+    ]
+    if key is not None:
+        bad += [
+            (f"{key} of the wrong length", IIE, st([[0, 2]], scores=[[good]])),
+            (f"a {key} value out of range", IIE, st([[0, 2]], scores=[[good, bad_score]])),
+            (f"a string in {key}", ITE, st([[0, 2]], scores=[[good, "1"]])),
+            (f"a bool in {key}", ITE, st([[0, 2]], scores=[[good, True]])),
+        ]
+        missing = st([[0, 2]])
+        del missing[key]
+        bad.append((f"{key} missing", IIE, missing))
+    return [case(f"from_state_dict: {name}", "Loading validates every field of the state.",
+                 [], raises=err, state=d) for name, err, d in bad]
+
+
+# --------------------------------------------------------------------------------------
+# Scissorhands.
+# --------------------------------------------------------------------------------------
+
+
+def scissorhands_cases() -> list[dict[str, Any]]:
+    """Scissorhands: a vote when a weight strictly exceeds 1/len(attn); fewest votes go."""
+    up = math.nextafter(0.25, 1.0)
+    down = math.nextafter(0.25, 0.0)
+    spike = [on(1, [1.0]), on(2, [0.0625, 0.9375]), on(3, [0.375, 0.125, 0.5]),
+             on(4, [0.3125, 0.0625, 0.3125, 0.3125])]
+    twin_steps = [
+        (on(1, [1.0]), s("evict", expect=[])),
+        (on(2, [0.75, 0.25]), s("evict", expect=[])),
+        (on(3, [0.5, 0.25, 0.25]), s("evict", expect=[1])),
+        (on(4, [0.25, 0.5, 0.25]), s("evict", expect=[[3], [2]], return_indices=True)),
+        (on(5, [0.25, 0.25, 0.5]), s("evict", 4, expect=[])),
+    ]
+    as_steps = [
+        s("step", 1, [1.0], expect=[]),
+        s("step", 2, [0.75, 0.25], expect=[]),
+        s("step", 3, [0.5, 0.25, 0.25], expect=[1]),
+        s("step", 4, [0.25, 0.5, 0.25], expect=[[3], [2]], return_indices=True),
+        s("step", 5, [0.25, 0.25, 0.5], 4, expect=[]),
+    ]
+    twin_tail = [s("votes", expect=[2, 1, 1, 0]), s("kept", expect=[0, 2, 4, 5]),
+                 s("evict", expect=[2]), s("kept", expect=[0, 4, 5])]
+    twin_note = ("Votes: step 3 (share 1/3) votes 0 -> [2,0,0,0], evict drops 1 (0 votes, tie "
+                 "with 2, lower wins); step 4 votes 2 -> [2,1,0,0], evict drops 3 (slot 2); "
+                 "step 5 votes 4 under a per-call budget of 4 (nothing to evict); the "
+                 "configured budget 3 then drops 2 (tie with 4 at one vote).")
+    prompt = [[-1.0, -1.0, -1.0, -1.0],
+              [1.0, -1.0, -1.0, -1.0],
+              [0.75, 0.25, -1.0, -1.0],
+              [0.5, 0.25, 0.25, -1.0]]
+    return [
+        case("first step: position 0 holds all the attention and earns no vote",
+             "kept = {0}, attn = [1.0], share = 1/1 = 1.0; 1.0 > 1.0 is false.",
+             [on(1, [1.0]), s("votes_of", 0, expect=0), s("votes_of", 1, expect=0),
+              s("votes", expect=[0, 0]), s("kept", expect=[0, 1]), s("kept_count", expect=2)],
+             budget=4, recent_window=1),
+        case("boundary: exactly the fair share earns no vote, one ulp above earns one",
+             "[0.5, 0.5] at share 0.5 and 0.25 at share 1/4 vote no one; nextafter(0.25, 1) "
+             "votes, nextafter(0.25, 0) does not.",
+             [on(1, [1.0]), on(2, [0.5, 0.5]), s("votes", expect=[0, 0, 0]),
+              on(3, [0.25, 0.25, 0.5]), s("votes", expect=[0, 0, 1, 0]),
+              on(4, [up, 0.25, down, 0.25]), s("votes", expect=[1, 0, 1, 0, 0])],
+             budget=4, recent_window=1),
+        case("float32: weights of 1/3 widen above the fair share, so everyone votes",
+             "float32(1/3) = 0.3333333432674408 > 1.0/3 = 0.3333333333333333 in double.",
+             [on(1, [1.0], dtype="float32"), on(2, [0.5, 0.5], dtype="float32"),
+              on(3, [1 / 3] * 3, dtype="float32"), s("votes", expect=[1, 1, 1, 0])],
+             budget=4, recent_window=1),
+        case("float64: weights of 1/3 equal the fair share, so no one votes",
+             "The double nearest 1/3 is exactly 1.0/3; the comparison is strict.",
+             [on(1, [1.0]), on(2, [0.5, 0.5]), on(3, [1 / 3] * 3),
+              s("votes", expect=[0, 0, 0, 0])],
+             budget=4, recent_window=1),
+        case("tiebreak: equal votes evict the lower position",
+             "Votes [1,1,0,0] (0 votes at step 2, 1 at step 3); evict(2) drops 2 of the "
+             "prefix {0,1,2}: position 2 (0 votes), then 0 before 1 (1 vote each).",
+             [on(1, [1.0]), on(2, [0.625, 0.375]), on(3, [0.25, 0.5, 0.25]),
+              s("votes", expect=[1, 1, 0, 0]), s("evict", 2, expect=[0, 2]),
+              s("kept", expect=[1, 3]), s("votes", expect=[1, 0])]
+             , budget=3, recent_window=1),
+        case("several victims come back ascending, with their slots before the eviction",
+             "Prefix slots 0..4 hold votes [5,2,0,1,4]; the three fewest are positions 5 "
+             "(0), 7 (1), 2 (2), chosen in that order and returned as [2,5,7] at slots [1,2,3].",
+             [s("evict", expect=[[2, 5, 7], [1, 2, 3]], return_indices=True),
+              s("kept", expect=[0, 8, 9]), s("votes", expect=[5, 4, 0])],
+             state=state("scissorhands", {"budget": 3, "recent_window": 1, "heads": 1},
+                         [[0, 2, 5, 7, 8, 9]], 9, votes=[[5, 2, 0, 1, 4, 0]])),
+        case("null attention changes no vote but admits the position",
+             "None is not read as zeros or anything else: votes stay [1,0,0] and 3, 4 join; "
+             "step 5 (share 1/5) votes 0; evict(3) drops the three lowest zero-vote positions.",
+             [on(1, [1.0]), on(2, [0.75, 0.25]), on(3, None), s("votes", expect=[1, 0, 0, 0]),
+              s("kept", expect=[0, 1, 2, 3]), on(4, None),
+              on(5, [0.5, 0.125, 0.125, 0.125, 0.125]), s("votes", expect=[2, 0, 0, 0, 0, 0]),
+              s("evict", 3, expect=[1, 2, 3])],
+             budget=3, recent_window=1),
+        case("the recent window protects a position with the fewest votes of all",
+             "Votes [2,1,0,0]; with recent_window 2 only {0,1} may go, so 1 goes although "
+             "2 and 3 have fewer votes.",
+             [on(1, [1.0]), on(2, [0.75, 0.25]), on(3, [0.375, 0.5, 0.125]),
+              s("votes", expect=[2, 1, 0, 0]), s("evict", expect=[1]),
+              s("kept", expect=[0, 2, 3]), s("votes", expect=[2, 0, 0])],
+             budget=3, recent_window=2),
+        case("early spike: one large weight buys a single vote, so the spike goes (H2O keeps it)",
+             "Position 1 takes 0.9375 once, then little: votes [2,1,2,1,0]; 1 and 3 tie at one "
+             "vote and the lower goes. H2O on the same steps evicts 3 (lowest sum 0.3125).",
+             spike + [s("votes", expect=[2, 1, 2, 1, 0]), s("evict", expect=[1])],
+             budget=4, recent_window=1),
+        case("votes saturate at 2**32-1 instead of wrapping",
+             "Position 0 starts at 2**32-2 and votes twice (0.75 > 1/2, 0.5 > 1/3).",
+             [on(2, [0.75, 0.25]), s("votes_of", 0, expect=U32),
+              on(3, [0.5, 0.25, 0.25]), s("votes_of", 0, expect=U32),
+              s("votes", expect=[U32, 0, 0, 0]),
+              s("state_dict", expect=state("scissorhands",
+                                           {"budget": 4, "recent_window": 1, "heads": 1},
+                                           [[0, 1, 2, 3]], 3, votes=[[U32, 0, 0, 0]]))],
+             state=state("scissorhands", {"budget": 4, "recent_window": 1, "heads": 1},
+                         [[0, 1]], 1, votes=[[U32 - 1, 0]])),
+        case("batched eviction grows the capacity by doubling past budget + 1",
+             "Capacity starts at budget + 1 = 3 (64 + 3*9 = 91 bytes); admitting into a full "
+             "row doubles it: 6 (118), then 12 (172). Neither evict nor reset shrinks it.",
+             [s("memory_bytes", expect=91), on(1), on(2), s("memory_bytes", expect=91),
+              on(3), s("memory_bytes", expect=118), on(4), on(5), s("memory_bytes", expect=118),
+              on(6), s("memory_bytes", expect=172), s("kept_count", expect=7),
+              s("evict", expect=[0, 1, 2, 3, 4]), s("memory_bytes", expect=172),
+              s("reset"), s("kept", expect=[0]), s("memory_bytes", expect=172)],
+             budget=2, recent_window=0),
+        case("step is on_decode_step then evict in one call", twin_note,
+             as_steps + twin_tail, budget=3, recent_window=1),
+        case("on_decode_step then evict gives what step gives", twin_note,
+             [x for pair in twin_steps for x in pair] + twin_tail, budget=3, recent_window=1),
+        case("a per-call budget may exceed the configured one and does not stick",
+             "evict(5) with 5 held returns nothing; evict() then uses the configured 3.",
+             [on(1), on(2), on(3), on(4), s("evict", 5, expect=[]), s("evict", 4, expect=[0]),
+              s("evict", expect=[1]), s("kept", expect=[2, 3, 4])],
+             budget=3, recent_window=1),
+        case("errors: each bad call raises its class and leaves the policy unchanged",
+             "Validation order: position type, position range/order, budget, attention type, "
+             "attention shape, weight values. (1, n) attention is accepted for one head.",
+             _heavy_hitter_errors("votes_of", -1) + [s("votes", expect=[0, 0, 0])],
+             budget=3, recent_window=1),
+        case("defaults: budget 512, recent window 32, one head",
+             "Capacity 513 slots of 9 bytes plus the 64-byte header.",
+             [s("memory_bytes", expect=64 + 513 * 9), s("kept", expect=[0]),
+              s("votes", expect=[0]),
+              s("state_dict", expect=state("scissorhands",
+                                           {"budget": 512, "recent_window": 32, "heads": 1},
+                                           [[0]], 0, votes=[[0]]))]),
+        case("multi-head: each row votes and evicts on its own weights",
+             "Row 0 votes position 0 twice, row 1 votes position 1 twice; evict drops the "
+             "lowest of each prefix {0,1,2}: row 0 -> 1 (tie with 2), row 1 -> 0 (tie with 2).",
+             [on(1, [[1.0], [1.0]]), on(2, [[0.75, 0.25], [0.25, 0.75]]),
+              on(3, [[0.5, 0.25, 0.25], [0.25, 0.5, 0.25]], dtype="float32"),
+              s("votes", expect=[[2, 0, 0, 0], [0, 2, 0, 0]]),
+              s("votes_of", 1, 1, expect=2), s("votes_of", 1, head=0, expect=0),
+              s("votes_of", 0, 2, raises=IIE),
+              on(4, [1.0, 0.0, 0.0, 0.0], raises=IIE),
+              on(4, [[1.0, 0.0, 0.0, 0.0]], raises=IIE),
+              s("evict", expect=[[[1], [0]], [[1], [0]]], return_indices=True),
+              s("kept", expect=[[0, 2, 3], [1, 2, 3]]), s("votes_of", 1, 0, expect=-1),
+              s("evict", expect=[[], []]),
+              s("step", 4, None, 2, expect=[[2, 3], [2, 3]]),
+              s("kept", expect=[[0, 4], [1, 4]]), s("memory_bytes", expect=64 + 4 * 2 * 9),
+              s("state_dict", expect=state("scissorhands",
+                                           {"budget": 3, "recent_window": 1, "heads": 2},
+                                           [[0, 4], [1, 4]], 4, votes=[[2, 0], [2, 0]]))],
+             budget=3, recent_window=1, heads=2),
+        case("prefill is the decode steps 1..P-1; diagonal and upper triangle unread",
+             "Rows 1..3 vote position 0 at rows 2 and 3 -> [2,0,0,0]; the -1.0 entries on and "
+             "above the diagonal are never read. A second prefill needs a reset; P = 1 admits "
+             "nothing and leaves the policy fresh.",
+             [s("prefill", prompt, expect=None), s("votes", expect=[2, 0, 0, 0]),
+              s("kept", expect=[0, 1, 2, 3]), s("prefill", [[1.0]], raises=IIE),
+              on(4, [0.25, 0.25, 0.25, 0.25]), s("evict", expect=[1]), s("reset"),
+              s("prefill", [[5.0]]), s("kept", expect=[0]),
+              s("prefill", [[[0.0, 0.0], [0.5, 0.0]]], dtype="float32"),
+              s("votes", expect=[0, 0]), s("kept", expect=[0, 1])],
+             budget=4, recent_window=1),
+        case("prefill refuses a bad prompt and changes nothing",
+             "Shapes must be (P, P) or (heads, P, P) with P >= 1; a negative weight in the "
+             "lower triangle is refused.",
+             [s("prefill", [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], raises=IIE),
+              s("prefill", [], raises=IIE),
+              s("prefill", [1.0, 0.0], raises=IIE),
+              s("prefill", [[[0.0]], [[0.0]]], raises=IIE),
+              s("prefill", [[0.0, 0.0], [-1.0, 0.0]], raises=IIE),
+              s("prefill", [[0.0, 0.0], [True, 0.0]], raises=ITE),
+              s("kept", expect=[0])],
+             budget=4, recent_window=1),
+        case("prefill with several heads reads each head's triangle",
+             "Head 0 prompt votes position 0 at row 2; head 1 votes position 1 at row 2.",
+             [s("prefill", [[[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.75, 0.25, 0.0]],
+                            [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.25, 0.75, 0.0]]]),
+              s("votes", expect=[[1, 0, 0], [0, 1, 0]]),
+              s("prefill", [[0.0]], raises=IIE)],
+             budget=4, recent_window=1, heads=2),
+    ] + _constructor_errors("recent_window") + [
+        case("constructor: the default recent window 32 needs a budget above 32",
+             "recent_window defaults to 32, so budget=32 is refused.", [], raises=IIE,
+             budget=32),
+    ] + _state_errors("scissorhands", {"budget": 4, "recent_window": 1, "heads": 1},
+                      "votes", 0, 2**32)
+
+
+# --------------------------------------------------------------------------------------
+# H2O.
+# --------------------------------------------------------------------------------------
+
+
+def h2o_cases() -> list[dict[str, Any]]:
+    """H2O: each position sums its weights in float64; the lowest sum goes."""
+    spike = [on(1, [1.0]), on(2, [0.0625, 0.9375]), on(3, [0.375, 0.125, 0.5]),
+             on(4, [0.3125, 0.0625, 0.3125, 0.3125])]
+    twin_note = ("Scores after step 3: [2.0, 0.25, 0.25, 0]; evict drops 1 (tie with 2, "
+                 "lower wins). Step 4 -> [2.25, 0.75, 0.25, 0]: drops 3 (slot 2). Step 5 with "
+                 "budget 4 drops nothing -> [2.5, 1.0, 0.5, 0]; evict() then drops 4 (0.5).")
+    twin = [
+        (on(1, [1.0]), s("evict", expect=[])),
+        (on(2, [0.75, 0.25]), s("evict", expect=[])),
+        (on(3, [0.25, 0.0, 0.25]), s("evict", expect=[1])),
+        (on(4, [0.25, 0.5, 0.25]), s("evict", expect=[[3], [2]], return_indices=True)),
+        (on(5, [0.25, 0.25, 0.5]), s("evict", 4, expect=[])),
+    ]
+    as_steps = [
+        s("step", 1, [1.0], expect=[]),
+        s("step", 2, [0.75, 0.25], expect=[]),
+        s("step", 3, [0.25, 0.0, 0.25], expect=[1]),
+        s("step", 4, [0.25, 0.5, 0.25], expect=[[3], [2]], return_indices=True),
+        s("step", 5, [0.25, 0.25, 0.5], 4, expect=[]),
+    ]
+    twin_tail = [s("scores", expect=[2.5, 1.0, 0.5, 0.0]), s("kept", expect=[0, 2, 4, 5]),
+                 s("evict", expect=[4]), s("kept", expect=[0, 2, 5])]
+    prompt = [[-1.0, -1.0, -1.0], [1.0, -1.0, -1.0], [0.75, 0.25, -1.0]]
+    tiny = 2.0**-30
+    return [
+        case("first step: position 0 scores the whole weight",
+             "Unlike a vote, a sum counts the first step: score(0) = 1.0.",
+             [on(1, [1.0]), s("score_of", 0, expect=1.0), s("score_of", 1, expect=0.0),
+              s("scores", expect=[1.0, 0.0]), s("kept_count", expect=2)],
+             budget=4, recent_window=1),
+        case("float32 weights are widened exactly before the float64 sum",
+             "score(0) = 1.0 + float32(0.1) = 1.0 + 0.10000000149011612 in double.",
+             [on(1, [1.0], dtype="float32"), on(2, [0.1, 0.9], dtype="float32"),
+              s("score_of", 0, expect=1.0 + f32(0.1)), s("score_of", 1, expect=f32(0.9))],
+             budget=4, recent_window=1),
+        case("scores accumulate in float64: 1 + 2**-30 keeps its low bit",
+             "In float32 1 + 2**-30 rounds back to 1; in float64 it is exact, twice.",
+             [on(1, [1.0]), on(2, [tiny, 0.0], dtype="float32"),
+              s("score_of", 0, expect=1.0 + tiny), on(3, [tiny, 0.0, 0.0], dtype="float32"),
+              s("score_of", 0, expect=1.0 + 2 * tiny)],
+             budget=4, recent_window=1),
+        case("tiebreak: equal scores evict the lower position; victims ascending",
+             "Scores [0.75,0.75,0.5,0] then evict(3) drops 2; step 4 gives [1,1,0.5,0] and "
+             "evict(2) drops 3 (0.5), then 0 before 1 (1.0 each).",
+             [on(1, None), on(2, [0.5, 0.5]), on(3, [0.25, 0.25, 0.5]),
+              s("scores", expect=[0.75, 0.75, 0.5, 0.0]), s("evict", 3, expect=[2]),
+              on(4, [0.25, 0.25, 0.5]), s("scores", expect=[1.0, 1.0, 0.5, 0.0]),
+              s("evict", 2, expect=[0, 3]), s("kept", expect=[1, 4])],
+             budget=3, recent_window=1),
+        case("several victims come back ascending, with their slots before the eviction",
+             "Prefix scores [5,2,0,1,4]: the three lowest are positions 5, 7, 2, returned as "
+             "[2,5,7] at slots [1,2,3].",
+             [s("evict", expect=[[2, 5, 7], [1, 2, 3]], return_indices=True),
+              s("kept", expect=[0, 8, 9]), s("scores", expect=[5.0, 4.0, 0.0])],
+             state=state("h2o", {"budget": 3, "recent_window": 1, "heads": 1},
+                         [[0, 2, 5, 7, 8, 9]], 9, scores=[[5.0, 2.0, 0.0, 1.0, 4.0, 0.0]])),
+        case("null attention changes no score but admits the position",
+             "Scores stay [1.0, 0.0] through a None step; position 2 joins with 0.0.",
+             [on(1, [1.0]), on(2, None), s("scores", expect=[1.0, 0.0, 0.0]),
+              s("kept", expect=[0, 1, 2]), on(3, [0.25, 0.25, 0.5]),
+              s("scores", expect=[1.25, 0.25, 0.5, 0.0]), s("evict", expect=[1])],
+             budget=3, recent_window=1),
+        case("the recent window protects a position with the lowest score of all",
+             "Scores [2.125, 0.75, 0.125, 0]; only {0,1} may go, so 1 goes.",
+             [on(1, [1.0]), on(2, [0.75, 0.25]), on(3, [0.375, 0.5, 0.125]),
+              s("scores", expect=[2.125, 0.75, 0.125, 0.0]), s("evict", expect=[1]),
+              s("kept", expect=[0, 2, 3])],
+             budget=3, recent_window=2),
+        case("early spike: one large weight defends its position (Scissorhands evicts it)",
+             "Sums [1.75, 1.125, 0.8125, 0.3125, 0]: position 1's 0.9375 spike keeps it; 3 "
+             "goes. Scissorhands on the same steps evicts 1.",
+             spike + [s("scores", expect=[1.75, 1.125, 0.8125, 0.3125, 0.0]),
+                      s("evict", expect=[3])],
+             budget=4, recent_window=1),
+        case("batched eviction grows the capacity by doubling past budget + 1",
+             "13 bytes a slot: 64 + 3*13 = 103, then 6 slots (142), then 12 (220).",
+             [s("memory_bytes", expect=103), on(1), on(2), s("memory_bytes", expect=103),
+              on(3), s("memory_bytes", expect=142), on(4), on(5), on(6),
+              s("memory_bytes", expect=220), s("evict", expect=[0, 1, 2, 3, 4]),
+              s("reset"), s("memory_bytes", expect=220)],
+             budget=2, recent_window=0),
+        case("step is on_decode_step then evict in one call", twin_note,
+             as_steps + twin_tail, budget=3, recent_window=1),
+        case("on_decode_step then evict gives what step gives", twin_note,
+             [x for pair in twin for x in pair] + twin_tail, budget=3, recent_window=1),
+        case("errors: each bad call raises its class and leaves the policy unchanged",
+             "Same validation order as Scissorhands; score_of answers -1.0 when not held.",
+             _heavy_hitter_errors("score_of", -1.0) + [s("scores", expect=[1.5, 0.5, 0.0])],
+             budget=3, recent_window=1),
+        case("multi-head: each row sums and evicts on its own weights",
+             "Row 0 favours position 0, row 1 position 1; evict drops 1 from row 0 and 0 "
+             "from row 1.",
+             [on(1, [[1.0], [0.0]]), on(2, [[0.75, 0.25], [0.25, 0.75]]),
+              s("scores", expect=[[1.75, 0.25, 0.0], [0.25, 0.75, 0.0]]),
+              s("score_of", 1, 1, expect=0.75),
+              s("evict", 2, expect=[[1], [0]]),
+              s("scores", expect=[[1.75, 0.0], [0.75, 0.0]]), s("score_of", 0, 1, expect=-1.0),
+              s("memory_bytes", expect=64 + 4 * 2 * 13)],
+             budget=3, recent_window=1, heads=2),
+        case("prefill is the decode steps 1..P-1; diagonal and upper triangle unread",
+             "Row 1 adds 1.0 to position 0, row 2 adds 0.75 and 0.25.",
+             [s("prefill", prompt, dtype="float32"), s("scores", expect=[1.75, 0.25, 0.0]),
+              s("prefill", prompt, raises=IIE)],
+             budget=4, recent_window=1),
+    ] + _constructor_errors("recent_window") + _state_errors(
+        "h2o", {"budget": 4, "recent_window": 1, "heads": 1}, "scores", 0.5, -0.5)
+
+
+# --------------------------------------------------------------------------------------
+# StreamingLLM.
+# --------------------------------------------------------------------------------------
+
+
+def streaming_cases() -> list[dict[str, Any]]:
+    """StreamingLLM: the first `sinks` positions stay, otherwise the oldest go."""
+    return [
+        case("the sinks stay and the oldest non-sink goes",
+             "Sinks {0,1}; holding 0..4 with budget 4 drops 2, then 3.",
+             [on(1), on(2), on(3), on(4), s("sink_count", expect=2), s("evict", expect=[2]),
+              on(5), s("evict", expect=[3]), s("kept", expect=[0, 1, 4, 5])],
+             budget=4, sinks=2),
+        case("sink_count is min(sinks, held)",
+             "Holding 1, 2, 3, 4, 5 positions with sinks = 4.",
+             [s("sink_count", expect=1), on(1), s("sink_count", expect=2), on(2), on(3),
+              s("sink_count", expect=4), on(4), s("sink_count", expect=4)],
+             budget=6, sinks=4),
+        case("sinks = 0 is a plain sliding window",
+             "Budget 3: 0 goes when 3 arrives, 1 when 4 arrives.",
+             [on(1), on(2), on(3), s("sink_count", expect=0), s("evict", expect=[0]),
+              s("step", 4, None, expect=[1]), s("kept", expect=[2, 3, 4])],
+             budget=3, sinks=0),
+        case("attention is ignored and never validated",
+             "Garbage, bools, negatives, wrong lengths and ranks are all accepted unread.",
+             [on(1, "garbage"), on(2, [True]), on(3, [-1.0, 5]), on(4, [[1.0]]),
+              s("step", 5, [1.0, 2.0], expect=[1]), s("kept", expect=[0, 2, 3, 4, 5])],
+             budget=5, sinks=1),
+        case("several victims come back ascending, with their slots",
+             "Kept [0,3,4,5,6,7,8] after a first eviction; evict(3) drops slots 1..4.",
+             [on(1), on(2), on(3), s("evict", 2, expect=[1, 2]),
+              on(4), on(5), on(6), on(7), on(8),
+              s("evict", 3, expect=[[3, 4, 5, 6], [1, 2, 3, 4]], return_indices=True),
+              s("kept", expect=[0, 7, 8])],
+             budget=5, sinks=1),
+        case("a budget at or below the sinks is refused, even with nothing to evict",
+             "sinks = 2: evict(2) and evict(1) raise; evict(3) and a larger per-call budget "
+             "work and do not stick.",
+             [s("evict", 2, raises=IIE), s("evict", 1, raises=IIE), s("evict", 0, raises=IIE),
+              s("evict", 3, expect=[]), on(1), on(2), on(3), on(4),
+              s("evict", 5, expect=[]), s("evict", expect=[2]), s("evict", 3, expect=[3]),
+              s("step", 5, None, 2, raises=IIE), s("kept", expect=[0, 1, 4])],
+             budget=4, sinks=2),
+        case("batched eviction grows the capacity by doubling past budget + 1",
+             "4 bytes a slot: 64 + 3*4 = 76, then 6 slots (88), then 12 (112).",
+             [s("memory_bytes", expect=76), on(1), on(2), on(3), s("memory_bytes", expect=88),
+              on(4), on(5), on(6), s("memory_bytes", expect=112),
+              s("evict", expect=[0, 1, 2, 3, 4]), s("kept", expect=[5, 6])],
+             budget=2, sinks=0),
+        case("errors: positions and budgets are validated, attention is not",
+             "Position order and type, budget type and range; state unchanged after each.",
+             [on(1, None), on(1, None, raises=IIE), on(0, "x", raises=IIE),
+              on(True, None, raises=ITE), on(2.0, None, raises=ITE), on(2**32, None, raises=IIE),
+              s("evict", True, raises=ITE), s("evict", 2**32, raises=IIE),
+              s("step", 2, None, 1.5, raises=ITE), s("prefill", [[0.0]], raises=IIE),
+              s("kept", expect=[0, 1]), s("sink_count", expect=2)],
+             budget=4, sinks=4 - 1),
+        case("multi-head: every row holds the same positions",
+             "Attention is ignored, so the rows agree; evict returns a (heads, k) array.",
+             [on(1), on(2), on(3), s("evict", expect=[[1], [1]]),
+              s("evict", expect=[[[], []], [[], []]], return_indices=True),
+              s("step", 4, [[1.0]], expect=[[2], [2]]),
+              s("kept", expect=[[0, 3, 4], [0, 3, 4]]), s("memory_bytes", expect=64 + 4 * 2 * 4),
+              s("state_dict", expect=state("streaming-llm", {"budget": 3, "sinks": 1, "heads": 2},
+                                           [[0, 3, 4], [0, 3, 4]], 4))],
+             budget=3, sinks=1, heads=2),
+        case("prefill admits 1..P-1 and reads only the shape",
+             "The values (negative here) are never read; nothing is evicted.",
+             [s("prefill", [[0.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [-1.0, -1.0, 0.0]]),
+              s("kept", expect=[0, 1, 2]), s("prefill", [[0.0]], raises=IIE),
+              s("reset"), s("prefill", [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], raises=IIE),
+              s("kept", expect=[0])],
+             budget=2, sinks=1),
+        case("defaults: budget 512, four sinks",
+             "Capacity 513 slots of 4 bytes plus the header.",
+             [s("memory_bytes", expect=64 + 513 * 4),
+              s("state_dict", expect=state("streaming-llm", {"budget": 512, "sinks": 4, "heads": 1},
+                                           [[0]], 0))]),
+    ] + _constructor_errors("sinks") + _state_errors(
+        "streaming-llm", {"budget": 4, "sinks": 1, "heads": 1}, None, None, None)
+
+
+# --------------------------------------------------------------------------------------
+# Full.
+# --------------------------------------------------------------------------------------
+
+
+def full_cases() -> list[dict[str, Any]]:
+    """Full: never evicts."""
+    return [
+        case("never evicts, whatever the budget",
+             "evict() and evict(1) return nothing; the budget is still validated.",
+             [on(1), on(2), on(3, [0.5]), s("evict", expect=[]), s("evict", 1, expect=[]),
+              s("step", 4, "ignored", 1, expect=[]), s("kept_count", expect=5),
+              s("evict", 0, raises=IIE), s("evict", True, raises=ITE),
+              s("evict", expect=[[], []], return_indices=True),
+              s("kept", expect=[0, 1, 2, 3, 4]),
+              s("state_dict", expect=state("full", {"budget": None, "heads": 1},
+                                           [[0, 1, 2, 3, 4]], 4))]),
+        case("a configured budget is recorded and never used",
+             "Full(budget=2) holds everything it is given.",
+             [on(1), on(2), on(3), s("evict", expect=[]), s("kept", expect=[0, 1, 2, 3]),
+              s("state_dict", expect=state("full", {"budget": 2, "heads": 1},
+                                           [[0, 1, 2, 3]], 3))],
+             budget=2),
+        case("capacity starts at 64 slots and doubles",
+             "64 + 64*4 = 320 bytes while 64 positions are held; the 65th doubles it (576).",
+             [s("memory_bytes", expect=320), on(64), s("memory_bytes", expect=576),
+              s("kept_count", expect=65)],
+             state=state("full", {"budget": None, "heads": 1}, [list(range(64))], 63)),
+        case("a loaded state larger than 64 starts at the first doubling that fits",
+             "65 positions need 128 slots: 64 + 128*4 = 576.",
+             [s("memory_bytes", expect=576)],
+             state=state("full", {"budget": None, "heads": 1}, [list(range(65))], 64)),
+        case("multi-head: every row holds everything",
+             "evict returns an empty (heads, 0) array.",
+             [on(1, [[1.0]]), s("evict", expect=[[], []]), s("kept", expect=[[0, 1], [0, 1]]),
+              s("memory_bytes", expect=64 + 64 * 2 * 4)],
+             heads=2),
+        case("errors: positions and budgets are validated, attention is not",
+             "State unchanged after each.",
+             [on(1, "x"), on(1, None, raises=IIE), on(True, None, raises=ITE),
+              s("evict", 2**32, raises=IIE), s("kept", expect=[0, 1])]),
+        case("prefill admits 1..P-1 and reads only the shape",
+             "Three rows admit 1 and 2.",
+             [s("prefill", [[0.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [-1.0, -1.0, 0.0]]),
+              s("kept", expect=[0, 1, 2])]),
+        case("constructor: budget 0 is refused", "Full validates its budget.", [],
+             raises=IIE, budget=0),
+        case("constructor: a float budget is refused", "Full validates its budget.", [],
+             raises=ITE, budget=4.0),
+        case("constructor: heads 0 is refused", "Full validates heads.", [],
+             raises=IIE, heads=0),
+    ] + _state_errors("full", {"budget": None, "heads": 1}, None, None, None)
+
+
+SCENARIOS = {
+    "scissorhands": scissorhands_cases,
+    "h2o": h2o_cases,
+    "streaming-llm": streaming_cases,
+    "full": full_cases,
+}
+
+
+# --------------------------------------------------------------------------------------
+# Checking the hand-written answers against the reference, and writing.
+# --------------------------------------------------------------------------------------
+
+
+class VectorError(AssertionError):
+    """The reference disagrees with a hand-written answer."""
+
+
+def check_case(module: Any, errors: Any, policy: str, c: dict[str, Any]) -> None:
+    """Replay one case on ``module``'s classes; raise VectorError on any disagreement."""
+    where = f"{policy}: {c['name']}"
+    if "raises" in c:
+        try:
+            make_policy(module, policy, c)
+        except getattr(errors, c["raises"]):
+            return
+        raise VectorError(f"{where}: construction did not raise {c['raises']}")
+    p = make_policy(module, policy, c)
+    for i, step in enumerate(c["steps"]):
+        if "raises" in step:
+            before = p.state_dict()
+            try:
+                call(p, step)
+            except getattr(errors, step["raises"]):
+                if p.state_dict() != before:
+                    raise VectorError(f"{where}: step {i} {step} changed the state") from None
+                continue
+            raise VectorError(f"{where}: step {i} {step} did not raise {step['raises']}")
+        got = call(p, step)
+        if got != step["expect"]:
+            raise VectorError(f"{where}: step {i} {step}: got {got!r}")
+
+
+def build() -> dict[str, str]:
+    """Every vector file's text, keyed by file name, after checking it on the reference."""
+    from scissorhands import errors, reference
+
+    files = {}
+    for policy, scenarios in SCENARIOS.items():
+        cases = scenarios()
+        names = [c["name"] for c in cases]
+        if len(set(names)) != len(names):
+            raise VectorError(f"{policy}: case names are not unique")
+        for c in cases:
+            check_case(reference, errors, policy, c)
+        doc = {"format": FORMAT, "version": VERSION, "policy": policy,
+               "generator": "vectors/generate.py", "cases": cases}
+        files[f"{policy}.json"] = dump(doc)
+    return files
+
+
+def dump(doc: dict[str, Any]) -> str:
+    """The vector file's text: one line per field and per step, so diffs stay readable."""
+    def one(value: Any) -> str:
+        return json.dumps(value, allow_nan=False)
+
+    head = [f" {one(k)}: {one(v)}" for k, v in doc.items() if k != "cases"]
+    cases = []
+    for c in doc["cases"]:
+        fields = [f"   {one(k)}: {one(v)}" for k, v in c.items() if k != "steps"]
+        steps = ",\n".join(f"    {one(step)}" for step in c["steps"])
+        fields.append('   "steps": [' + (f"\n{steps}\n   ]" if steps else "]"))
+        cases.append("  {\n" + ",\n".join(fields) + "\n  }")
+    body = ",\n".join(head + [' "cases": [\n' + ",\n".join(cases) + "\n ]"])
+    text = "{\n" + body + "\n}\n"
+    if json.loads(text) != json.loads(json.dumps(doc)):  # the layout must change nothing
+        raise VectorError("dump() changed the data")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="do not write; exit 1 if a committed file would change")
+    opts = parser.parse_args(argv)
+    stale = []
+    for name, text in build().items():
+        path = HERE / name
+        if opts.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print("out of date: " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
