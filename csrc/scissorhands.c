@@ -9,6 +9,11 @@
  * and compaction are shared with H2O (h2o.c), StreamingLLM (streaming_llm.c) and
  * Full; only the score update and the victim choice differ.
  *
+ * With a history window of w steps (1..64) each slot also keeps a 64-bit register of
+ * its vote bits: every decode step that carries attention shifts each held slot's
+ * register left by one, adds the new bit and masks to w bits, and the slot's vote
+ * count becomes the register's popcount, so the selection below is unchanged.
+ *
  * Selection is O(count) time with one byte of scratch per slot: a byte-at-a-time
  * radix select finds the k-th smallest key (the scratch byte marks which slots are
  * still candidates), then one pass takes every key below that threshold and the
@@ -23,7 +28,12 @@
 _Static_assert(sizeof(struct sh_policy) <= SH_HEADER_BYTES,
                "the header must fit the bytes memory_bytes() reports for it");
 
-enum { MAX_HEADS = 65536, FULL_INITIAL_CAPACITY = 64, MAX_INITIAL_CAPACITY = 4096 };
+enum {
+    MAX_HEADS = 65536,
+    FULL_INITIAL_CAPACITY = 64,
+    MAX_INITIAL_CAPACITY = 4096,
+    MAX_HISTORY_WINDOW = 64
+};
 
 /* ---------------------------------------------------------------- layout */
 
@@ -54,6 +64,30 @@ static double *row_scores(const sh_policy *p, size_t h)
     return (double *)p->values + h * p->capacity;
 }
 
+static uint64_t *row_history(const sh_policy *p, size_t h)
+{
+    return p->history + h * p->capacity;
+}
+
+/* The register bits a history window of w steps keeps (w in 1..64). */
+static uint64_t history_mask(uint32_t w)
+{
+    return w >= 64 ? UINT64_MAX : ((uint64_t)1 << w) - 1;
+}
+
+/* Bits set in x. */
+static inline uint32_t popcount64(uint64_t x)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return (uint32_t)__builtin_popcountll(x);
+#else
+    x = x - ((x >> 1) & 0x5555555555555555u);
+    x = (x & 0x3333333333333333u) + ((x >> 2) & 0x3333333333333333u);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fu;
+    return (uint32_t)((x * 0x0101010101010101u) >> 56);
+#endif
+}
+
 /* The capacity after one growth step: doubling, but stopping at budget + 1 once on
    the way, so that a policy evicting every step holds exactly budget + 1 slots. */
 static uint64_t next_capacity(uint64_t capacity, uint64_t budget)
@@ -70,6 +104,7 @@ typedef struct storage {
     uint32_t *positions;
     void *values;
     uint8_t *scratch;
+    uint64_t *history;
 } storage;
 
 static void storage_free(storage *s)
@@ -77,26 +112,33 @@ static void storage_free(storage *s)
     free(s->positions);
     free(s->values);
     free(s->scratch);
+    free(s->history);
 }
 
-/* Allocates arrays for heads rows of capacity slots; all or nothing. */
-static int storage_alloc(storage *s, int32_t kind, size_t heads, size_t capacity)
+/* Allocates arrays for heads rows of capacity slots (vote registers too when
+   with_history); all or nothing. */
+static int storage_alloc(storage *s, int32_t kind, int with_history, size_t heads,
+                         size_t capacity)
 {
     size_t slots = heads * capacity;
     size_t vb = value_bytes(kind);
     s->positions = NULL;
     s->values = NULL;
     s->scratch = NULL;
+    s->history = NULL;
     if (capacity != 0 && slots / capacity != heads)
         return SH_ERR_NOMEM;
-    if (slots > SIZE_MAX / sizeof(double))
+    if (slots > SIZE_MAX / sizeof(uint64_t))
         return SH_ERR_NOMEM;
     s->positions = malloc(slots * sizeof(uint32_t));
     if (vb != 0) {
         s->values = malloc(slots * vb);
         s->scratch = malloc(slots);
     }
-    if (s->positions == NULL || (vb != 0 && (s->values == NULL || s->scratch == NULL))) {
+    if (with_history)
+        s->history = malloc(slots * sizeof(uint64_t));
+    if (s->positions == NULL || (vb != 0 && (s->values == NULL || s->scratch == NULL))
+        || (with_history && s->history == NULL)) {
         storage_free(s);
         return SH_ERR_NOMEM;
     }
@@ -117,7 +159,7 @@ static int ensure_capacity(sh_policy *p, uint64_t need)
     if (cap < need)
         return SH_ERR_NOMEM;
     storage s;
-    int rc = storage_alloc(&s, p->kind, p->heads, (size_t)cap);
+    int rc = storage_alloc(&s, p->kind, p->history != NULL, p->heads, (size_t)cap);
     if (rc != SH_OK)
         return rc;
     size_t vb = value_bytes(p->kind);
@@ -126,17 +168,20 @@ static int ensure_capacity(sh_policy *p, uint64_t need)
         if (vb != 0)
             memcpy((char *)s.values + h * cap * vb, (char *)p->values + h * p->capacity * vb,
                    p->count * vb);
+        if (p->history != NULL)
+            memcpy(s.history + h * cap, row_history(p, h), p->count * sizeof(uint64_t));
     }
-    storage old = { p->positions, p->values, p->scratch };
+    storage old = { p->positions, p->values, p->scratch, p->history };
     storage_free(&old);
     p->positions = s.positions;
     p->values = s.values;
     p->scratch = s.scratch;
+    p->history = s.history;
     p->capacity = (uint32_t)cap;
     return SH_OK;
 }
 
-/* Every row back to {0} with a zero score. */
+/* Every row back to {0} with a zero score (and an empty vote register). */
 static void hold_origin(sh_policy *p)
 {
     for (size_t h = 0; h < p->heads; h++) {
@@ -145,6 +190,8 @@ static void hold_origin(sh_policy *p)
             row_votes(p, h)[0] = 0;
         else if (p->kind == SH_H2O)
             row_scores(p, h)[0] = 0.0;
+        if (p->history != NULL)
+            row_history(p, h)[0] = 0;
     }
     p->count = 1;
     p->last_position = 0;
@@ -167,13 +214,17 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
         if (cfg->recent_window != 0 || (kind == SH_FULL && cfg->sinks != 0))
             return SH_ERR_ARG;
     }
+    if (cfg->history_window != 0
+        && (kind != SH_SCISSORHANDS || cfg->history_window > MAX_HISTORY_WINDOW))
+        return SH_ERR_ARG;
     if ((uint64_t)cfg->recent_window + cfg->sinks >= cfg->budget)
         return SH_ERR_BUDGET;
 
     sh_policy *p = calloc(1, sizeof *p);
     if (p == NULL)
         return SH_ERR_NOMEM;
-    p->kind = kind;
+    p->kind = (int16_t)kind;
+    p->history_window = (uint16_t)cfg->history_window;
     p->heads = cfg->heads;
     p->budget = cfg->budget;
     p->recent_window = cfg->recent_window;
@@ -184,13 +235,14 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
     else if (cap > MAX_INITIAL_CAPACITY)
         cap = MAX_INITIAL_CAPACITY;
     storage s;
-    if (storage_alloc(&s, kind, p->heads, (size_t)cap) != SH_OK) {
+    if (storage_alloc(&s, kind, p->history_window != 0, p->heads, (size_t)cap) != SH_OK) {
         free(p);
         return SH_ERR_NOMEM;
     }
     p->positions = s.positions;
     p->values = s.values;
     p->scratch = s.scratch;
+    p->history = s.history;
     p->capacity = (uint32_t)cap;
     hold_origin(p);
     *out = p;
@@ -201,7 +253,7 @@ void sh_policy_free(sh_policy *p)
 {
     if (p == NULL)
         return;
-    storage s = { p->positions, p->values, p->scratch };
+    storage s = { p->positions, p->values, p->scratch, p->history };
     storage_free(&s);
     free(p);
 }
@@ -229,7 +281,8 @@ size_t sh_policy_slot_bytes(const sh_policy *p)
     if (p == NULL)
         return 0;
     size_t vb = value_bytes(p->kind);
-    return sizeof(uint32_t) + vb + (vb != 0 ? 1 : 0);
+    size_t hb = p->history != NULL ? sizeof(uint64_t) : 0;
+    return sizeof(uint32_t) + vb + (vb != 0 ? 1 : 0) + hb;
 }
 
 size_t sh_policy_memory_bytes(const sh_policy *p)
@@ -299,10 +352,41 @@ static void vote_f64(uint32_t *votes, const double *attn, size_t n)
         votes[i] += (uint32_t)((attn[i] > share) & (votes[i] != UINT32_MAX));
 }
 
+/* With a history window: each register shifts in its vote bit (weight strictly
+   above 1 / n, compared as vote_f32 and vote_f64 do), keeps the last w bits, and
+   the vote count becomes its popcount. */
+static void vote_history_f32(uint32_t *votes, uint64_t *history, uint64_t mask,
+                             const float *attn, size_t n)
+{
+    float t = float_threshold(1.0 / (double)n);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = ((history[i] << 1) | (uint64_t)(attn[i] > t)) & mask;
+        history[i] = r;
+        votes[i] = popcount64(r);
+    }
+}
+
+static void vote_history_f64(uint32_t *votes, uint64_t *history, uint64_t mask,
+                             const double *attn, size_t n)
+{
+    double share = 1.0 / (double)n;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = ((history[i] << 1) | (uint64_t)(attn[i] > share)) & mask;
+        history[i] = r;
+        votes[i] = popcount64(r);
+    }
+}
+
 /* Applies one row of weights (n of them, of dtype) to row h's scores. */
 static void update_row(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n)
 {
-    if (p->kind == SH_SCISSORHANDS) {
+    if (p->kind == SH_SCISSORHANDS && p->history != NULL) {
+        uint64_t mask = history_mask(p->history_window);
+        if (dtype == SH_DTYPE_F32)
+            vote_history_f32(row_votes(p, h), row_history(p, h), mask, attn, n);
+        else
+            vote_history_f64(row_votes(p, h), row_history(p, h), mask, attn, n);
+    } else if (p->kind == SH_SCISSORHANDS) {
         if (dtype == SH_DTYPE_F32)
             vote_f32(row_votes(p, h), attn, n);
         else
@@ -320,7 +404,8 @@ static size_t dtype_size(int32_t dtype)
     return dtype == SH_DTYPE_F32 ? sizeof(float) : sizeof(double);
 }
 
-/* Appends pos with a zero score to every row (capacity already ensured). */
+/* Appends pos with a zero score (and an empty vote register) to every row
+   (capacity already ensured). */
 static void admit(sh_policy *p, uint32_t pos)
 {
     size_t c = p->count;
@@ -330,6 +415,8 @@ static void admit(sh_policy *p, uint32_t pos)
             row_votes(p, h)[c] = 0;
         else if (p->kind == SH_H2O)
             row_scores(p, h)[c] = 0.0;
+        if (p->history != NULL)
+            row_history(p, h)[c] = 0;
     }
     p->count++;
     p->last_position = pos;
@@ -420,17 +507,20 @@ static size_t first_minimum(const sh_policy *p, size_t h, size_t lo, size_t hi)
 }
 
 /* Removes the slots marked 1 in mark[lo, hi) from row h, keeping the order of the
-   rest: one memmove per run of survivors. With hi == lo + 1 the single slot lo goes
-   and mark is not read. */
+   rest (vote registers move with their slots): one memmove per array per run of
+   survivors. With hi == lo + 1 the single slot lo goes and mark is not read. */
 static void compact_row(sh_policy *p, size_t h, size_t lo, size_t hi, const uint8_t *mark)
 {
     uint32_t *pos = row_positions(p, h);
     size_t vb = value_bytes(p->kind);
     char *vals = (char *)p->values + h * p->capacity * vb;
+    uint64_t *hist = p->history != NULL ? row_history(p, h) : NULL;
     size_t n = p->count;
     if (hi == lo + 1) {
         memmove(pos + lo, pos + lo + 1, (n - lo - 1) * sizeof *pos);
         memmove(vals + lo * vb, vals + (lo + 1) * vb, (n - lo - 1) * vb);
+        if (hist != NULL)
+            memmove(hist + lo, hist + lo + 1, (n - lo - 1) * sizeof *hist);
         return;
     }
     size_t w = lo, i = lo;
@@ -447,6 +537,8 @@ static void compact_row(sh_policy *p, size_t h, size_t lo, size_t hi, const uint
         if (w != i) {
             memmove(pos + w, pos + i, (run - i) * sizeof *pos);
             memmove(vals + w * vb, vals + i * vb, (run - i) * vb);
+            if (hist != NULL)
+                memmove(hist + w, hist + i, (run - i) * sizeof *hist);
         }
         w += run - i;
         i = run;
@@ -638,11 +730,29 @@ int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
     return SH_OK;
 }
 
-int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
-                     const uint32_t *votes, const double *scores,
-                     uint32_t last_position)
+int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap)
+{
+    if (p == NULL || history == NULL)
+        return SH_ERR_ARG;
+    if (p->history == NULL)
+        return SH_ERR_STATE;
+    size_t n = p->count;
+    if (cap / p->heads < n)
+        return SH_ERR_BUFFER;
+    for (size_t h = 0; h < p->heads; h++)
+        memcpy(history + h * n, row_history(p, h), n * sizeof *history);
+    return SH_OK;
+}
+
+/* sh_policy_import and sh_policy_import_history: history is NULL exactly when the
+   policy keeps no vote registers. */
+static int import_rows(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
+                       const uint32_t *votes, const double *scores, const uint64_t *history,
+                       uint32_t last_position)
 {
     if (p == NULL || positions == NULL)
+        return SH_ERR_ARG;
+    if ((history != NULL) != (p->history != NULL))
         return SH_ERR_ARG;
     if (heads != p->heads)
         return SH_ERR_LENGTH;
@@ -661,6 +771,13 @@ int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *posit
     }
     if (p->kind == SH_H2O && !weights_valid_f64(scores, heads * n))
         return SH_ERR_STATE;
+    if (history != NULL) {
+        uint64_t mask = history_mask(p->history_window);
+        for (size_t i = 0; i < heads * n; i++) {
+            if ((history[i] & ~mask) != 0 || votes[i] != popcount64(history[i]))
+                return SH_ERR_STATE;
+        }
+    }
     int rc = ensure_capacity(p, n);
     if (rc != SH_OK)
         return rc;
@@ -672,10 +789,28 @@ int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *posit
             memcpy(row_votes(p, h), votes + h * n, n * sizeof *votes);
         else if (p->kind == SH_H2O)
             memcpy(row_scores(p, h), scores + h * n, n * sizeof *scores);
+        if (history != NULL)
+            memcpy(row_history(p, h), history + h * n, n * sizeof *history);
     }
     p->count = (uint32_t)n;
     p->last_position = last_position;
     return SH_OK;
+}
+
+int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
+                     const uint32_t *votes, const double *scores,
+                     uint32_t last_position)
+{
+    return import_rows(p, heads, n, positions, votes, scores, NULL, last_position);
+}
+
+int sh_policy_import_history(sh_policy *p, size_t heads, size_t n,
+                             const uint32_t *positions, const uint32_t *votes,
+                             const uint64_t *history, uint32_t last_position)
+{
+    if (history == NULL)
+        return SH_ERR_ARG;
+    return import_rows(p, heads, n, positions, votes, NULL, history, last_position);
 }
 
 int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos)

@@ -10,6 +10,10 @@
  *                                           (Xiao et al., ICLR 2024, arXiv 2309.17453)
  *   SH_FULL          never evicts (the baseline)
  *
+ * Scissorhands and H2O may also pin their first positions (sinks), and Scissorhands
+ * may count only the votes of its last 1..64 decode steps (a history window: one
+ * 64-bit register of vote bits per slot).
+ *
  * Every exported function returns an sh_status and takes explicit lengths; a call
  * that fails leaves the object exactly as it was.  There is no global state: two
  * objects may be used from two threads at once, one object from one thread at a time.
@@ -67,13 +71,17 @@ enum sh_sizes {
 };
 
 /* Construction parameters. recent_window and sinks are the protected suffix and
-   prefix of each row; recent_window + sinks < budget. */
+   prefix of each row (sinks: the first positions held, for StreamingLLM, H2O and
+   Scissorhands); recent_window + sinks < budget. history_window (Scissorhands only;
+   0 = off, else 1..64): votes count only the last history_window decode steps that
+   carried attention, kept exactly as a 64-bit register of vote bits per slot. */
 typedef struct sh_config {
     int32_t kind;
     uint32_t heads;
     uint32_t budget;
     uint32_t recent_window;
     uint32_t sinks;
+    uint32_t history_window;
 } sh_config;
 
 typedef struct sh_policy sh_policy;
@@ -98,7 +106,8 @@ size_t sh_policy_capacity(const sh_policy *p);
 /* SH_HEADER_BYTES + capacity * heads * bytes per slot. */
 size_t sh_policy_memory_bytes(const sh_policy *p);
 
-/* Bytes of state per slot: 9 Scissorhands, 13 H2O, 4 StreamingLLM and Full. */
+/* Bytes of state per slot: 9 Scissorhands (17 with a history window), 13 H2O,
+   4 StreamingLLM and Full. */
 size_t sh_policy_slot_bytes(const sh_policy *p);
 
 /* The largest position ever admitted (0 for a fresh policy). */
@@ -108,7 +117,8 @@ uint32_t sh_policy_last_position(const sh_policy *p);
    - SH_STEP_ADMIT: attn holds heads * n weights (row-major, n = count), read as
      dtype; every weight is checked (finite, >= 0) before any score changes; then
      pos (> every position admitted) joins every row with a zero score.
-     dtype SH_DTYPE_NONE (attn NULL, n ignored) admits without touching scores.
+     dtype SH_DTYPE_NONE (attn NULL, n ignored) admits without touching scores
+     (nor, with a history window, the vote registers: it is not a history step).
    - SH_STEP_EVICT: if count > budget, evicts count - budget positions per row and
      writes them, ascending, to victims[h * k + j] (and their slot indices before
      the eviction to slots[h * k + j] when slots is not NULL); budget is checked
@@ -140,10 +150,23 @@ int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
 
 /* Replaces the state with heads rows of n positions (strictly ascending per row,
    none above last_position) and their scores (votes for Scissorhands, scores for
-   H2O: finite, >= 0). On any error the old state stays. */
+   H2O: finite, >= 0). On any error the old state stays. A Scissorhands policy with
+   a history window needs its registers: use sh_policy_import_history. */
 int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
                      const uint32_t *votes, const double *scores,
                      uint32_t last_position);
+
+/* Copies the vote registers of a Scissorhands policy with a history window out:
+   heads * count entries, row-major; bit j of a register is the vote of the decode
+   step j steps back (bit 0: the latest). SH_ERR_STATE when there is no history. */
+int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap);
+
+/* sh_policy_import for a Scissorhands policy with a history window: also takes the
+   registers (heads * n, none with a bit at or above history_window), and each vote
+   must equal the popcount of its register. On any error the old state stays. */
+int sh_policy_import_history(sh_policy *p, size_t heads, size_t n,
+                             const uint32_t *positions, const uint32_t *votes,
+                             const uint64_t *history, uint32_t last_position);
 
 /* The slot index of pos in row head, or -1 when it is not held (or head is out
    of range). */

@@ -11,9 +11,11 @@
 
 #include "scissorhands.h"
 
-/* Row h of an array with `capacity` slots per row starts at h * capacity. */
+/* Row h of an array with `capacity` slots per row starts at h * capacity. kind and
+   history_window are 16-bit so that the whole header stays within SH_HEADER_BYTES. */
 struct sh_policy {
-    int32_t kind;
+    int16_t kind;
+    uint16_t history_window; /* Scissorhands: steps a vote counts for, 1..64; 0 = forever */
     uint32_t heads;
     uint32_t budget;
     uint32_t recent_window;
@@ -24,6 +26,7 @@ struct sh_policy {
     uint32_t *positions;    /* heads * capacity, ascending within each row */
     void *values;           /* uint32 votes (Scissorhands), double scores (H2O), or NULL */
     uint8_t *scratch;       /* one byte per slot for the selection, or NULL */
+    uint64_t *history;      /* vote bits of the last history_window steps per slot, or NULL */
 };
 
 /* H2O: scores[i] += attn[i] in double, saturating at DBL_MAX (h2o.c). */

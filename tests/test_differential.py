@@ -2,7 +2,8 @@
 
 Each example builds the same policy on both backends and applies one random sequence of
 operations (decode steps, evictions, fused steps, prefill, reset, state round trips
-across backends, accessor queries), valid and invalid.  After every operation both must
+across backends, accessor queries), valid and invalid.  Scissorhands and H2O configurations
+include sinks, and Scissorhands ones a history window.  After every operation both must
 have returned the same value or raised the same class, and hold the same state and
 memory.  Weights are float32 or float64, drawn from a coarse grid (multiples of 1/8, so
 ties and exact fair shares are common) or from the unit interval.
@@ -45,18 +46,36 @@ def outcome(fn, *args, **kwargs):
 # ---------------------------------------------------------------- strategies
 
 
+HISTORY_WINDOWS = st.none() | st.sampled_from([1, 2, 3, 64]) | st.integers(1, 64)
+
+
 @st.composite
 def params_for(draw, policy: str, heads: st.SearchStrategy[int] = st.sampled_from([1, 1, 2, 3])):
-    """Constructor parameters of a small policy."""
+    """Constructor parameters of a small policy (with sinks and a history window
+    where the policy has them, each often left at its default)."""
     budget = draw(st.integers(1, 8))
     params: dict[str, Any] = {"heads": draw(heads)}
     if policy == "full":
         params["budget"] = draw(st.none() | st.just(budget))
+    elif policy == "streaming-llm":
+        params["budget"] = budget
+        params["sinks"] = draw(st.integers(0, budget - 1))
     else:
         params["budget"] = budget
-        params["sinks" if policy == "streaming-llm" else "recent_window"] = draw(
-            st.integers(0, budget - 1))
+        params["recent_window"] = draw(st.integers(0, budget - 1))
+        sinks = draw(st.just(0) | st.integers(0, budget - 1 - params["recent_window"]))
+        if sinks or draw(st.booleans()):
+            params["sinks"] = sinks
+        if policy == "scissorhands":
+            window = draw(HISTORY_WINDOWS)
+            if window is not None or draw(st.booleans()):
+                params["history_window"] = window
     return params
+
+
+def protected(params: dict[str, Any]) -> int:
+    """Positions a policy built with ``params`` never evicts: recent window + sinks."""
+    return params.get("recent_window", 0) + params.get("sinks", 0)
 
 
 @st.composite
@@ -190,7 +209,9 @@ def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30)
             # two checks is pinned in test_semantics instead.
             valid_pos = isinstance(pos, int) and not isinstance(pos, bool)
             head = data.draw(st.integers(-1, heads) if valid_pos else st.integers(0, heads - 1))
-            if policy == "scissorhands":
+            if policy in HEAVY_NAMES and data.draw(st.integers(0, 3)) == 0:
+                pair.call("sink_count")
+            elif policy == "scissorhands":
                 pair.call("votes_of", pos, head)
             elif policy == "h2o":
                 pair.call("score_of", pos, head)
@@ -261,7 +282,7 @@ def test_heads_equal_independent_policies(backend_name, policy, data):
         rows = data.draw(st.lists(st.lists(st.sampled_from(GRID), min_size=n, max_size=n),
                                   min_size=heads, max_size=heads))
         w = np.array(rows, dtype=data.draw(st.sampled_from([np.float32, np.float64])))
-        floor = params.get("recent_window", params.get("sinks", 0)) + 1
+        floor = protected(params) + 1
         budget = data.draw(st.none() | st.integers(floor, 9))
         victims, slots = multi.step(pos, w, budget, return_indices=True)
         for h, s in enumerate(singles):
@@ -270,7 +291,7 @@ def test_heads_equal_independent_policies(backend_name, policy, data):
     state = multi.state_dict()
     for h, s in enumerate(singles):
         single = s.state_dict()
-        for key in ("kept", "votes", "scores"):
+        for key in ("kept", "votes", "scores", "history"):
             if key in state:
                 assert state[key][h] == single[key][0]
         assert state["last_position"] == single["last_position"]
@@ -284,13 +305,31 @@ def test_from_state_dict_agrees_on_mutated_states(policy, data):
     pair = Pair(policy, params)
     for t in range(1, data.draw(st.integers(1, 12))):
         for o in pair.objs:
-            o.on_decode_step(t, np.full((params["heads"], o.kept_count()), 0.5))
+            n = o.kept_count()
+            o.on_decode_step(t, np.full((params["heads"], n), 0.5) if t % 3 else
+                             np.eye(1, n, t % n).repeat(params["heads"], axis=0))
     state = pair.objs[1].state_dict()
-    field = data.draw(st.sampled_from(
-        ["kept", "last_position"] + [k for k in ("votes", "scores") if k in state]))
+    fields = ["kept", "last_position"] + [k for k in ("votes", "scores", "history") if k in state]
+    if policy in HEAVY_NAMES:
+        fields.append("params")
+    field = data.draw(st.sampled_from(fields))
     if field == "last_position":
         state[field] = data.draw(st.sampled_from([-1, 0, 2**32, 1.0, None])
                                  | st.integers(0, state[field] + 2))
+    elif field == "params":
+        # The optional parameters: dropped (an older state), or set to any value.
+        key = data.draw(st.sampled_from(["sinks", "history_window"] if policy == "scissorhands"
+                                        else ["sinks"]))
+        if key in state["params"] and data.draw(st.booleans()):
+            del state["params"][key]
+        else:
+            state["params"][key] = data.draw(
+                st.sampled_from([None, -1, 0, 1, 2, 64, 65, 2.0, True]) | st.integers(0, 8))
+    elif field == "history":
+        h = data.draw(st.integers(0, params["heads"] - 1))
+        i = data.draw(st.integers(0, len(state[field][h]) - 1))
+        bad = st.sampled_from([-1, 2**64, 2**64 - 1, 1.0, True, None]) | st.integers(0, 20)
+        state[field][h][i] = data.draw(bad)
     else:
         h = data.draw(st.integers(0, params["heads"] - 1))
         i = data.draw(st.integers(0, len(state[field][h]) - 1))

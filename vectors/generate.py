@@ -258,6 +258,275 @@ def _state_errors(policy: str, params: dict[str, Any], key: str | None, good: An
 
 
 # --------------------------------------------------------------------------------------
+# The options of the attention-driven policies: sinks (both), history_window (Scissorhands).
+# --------------------------------------------------------------------------------------
+
+
+def _sinks_option_errors(policy: str, key: str, good: Any) -> list[dict[str, Any]]:
+    """Bad ``sinks`` in a constructor or a state of Scissorhands or H2O (recent window 1,
+    budget 4, so sinks may be 0..2); ``good`` is a valid score value."""
+    bad_ctor = [
+        ("a negative sinks is refused", IIE, {"sinks": -1}),
+        ("a float sinks is refused", ITE, {"sinks": 1.0}),
+        ("a bool sinks is refused", ITE, {"sinks": True}),
+        ("recent_window + sinks equal to the budget is refused", IIE, {"sinks": 3}),
+        ("sinks equal to the budget is refused", IIE, {"sinks": 4, "recent_window": 0}),
+    ]
+    out = [case(f"constructor: {name}", "sinks is an integer with recent_window + sinks < budget.",
+                [], raises=err, **{"budget": 4, "recent_window": 1, **params})
+           for name, err, params in bad_ctor]
+    for name, err, sinks in (("sinks making recent_window + sinks reach the budget", IIE, 3),
+                             ("a float sinks", ITE, 1.0)):
+        out.append(case(f"from_state_dict: {name}", "Loading validates the optional parameters too.",
+                        [], raises=err,
+                        state=state(policy, {"budget": 4, "recent_window": 1, "heads": 1, "sinks": sinks},
+                                    [[0, 2]], 5, **{key: [[good, good]]})))
+    return out
+
+
+def _history_errors() -> list[dict[str, Any]]:
+    """Bad history windows and vote registers Scissorhands refuses (window 2: registers 0..3)."""
+    params = {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 2}
+    bad_ctor = [
+        ("history_window 0 is refused", IIE, 0),
+        ("history_window 65 is refused", IIE, 65),
+        ("a negative history_window is refused", IIE, -1),
+        ("a float history_window is refused", ITE, 2.0),
+        ("a bool history_window is refused", ITE, True),
+        ("a string history_window is refused", ITE, "4"),
+    ]
+    out = [case(f"constructor: {name}", "history_window is None or an integer in [1, 64].",
+                [], raises=err, budget=4, recent_window=1, history_window=w)
+           for name, err, w in bad_ctor]
+
+    def st(votes: Any = None, history: Any = None, **over: Any) -> dict[str, Any]:
+        d = state("scissorhands", dict(params), [[0, 2]], 5, votes=votes or [[1, 0]],
+                  history=history or [[1, 0]])
+        d.update(over)
+        return d
+
+    no_history = st()
+    del no_history["history"]
+    no_window = st()
+    del no_window["params"]["history_window"]
+    bad: list[tuple[str, str, dict[str, Any]]] = [
+        ("history missing although history_window is set", IIE, no_history),
+        ("history without a history_window", IIE, no_window),
+        ("a register with a bit at or above the window", IIE, st(history=[[4, 0]])),
+        ("votes that are not the register's number of bits", IIE, st(votes=[[1, 0]], history=[[3, 0]])),
+        ("a negative register", IIE, st(history=[[-1, 0]])),
+        ("a float register", ITE, st(history=[[1.0, 0]])),
+        ("a bool register", ITE, st(history=[[True, 0]])),
+        ("history of the wrong length", IIE, st(history=[[1]])),
+        ("history not a list of lists", ITE, st(history=[1, 0])),
+        ("history_window 0", IIE, st(params=dict(params, history_window=0))),
+        ("history_window 65", IIE, st(params=dict(params, history_window=65))),
+        ("a float history_window", ITE, st(params=dict(params, history_window=2.0))),
+    ]
+    return out + [case(f"from_state_dict: {name}", "Loading checks the registers against the "
+                       "window and the votes.", [], raises=err, state=d) for name, err, d in bad]
+
+
+def _scissorhands_option_cases() -> list[dict[str, Any]]:
+    """Scissorhands with sinks and with a history window."""
+    sink_steps = [on(1, [1.0]), on(2, [0.5, 0.5]), on(3, [0.0, 0.0, 1.0]),
+                  on(4, [0.0, 0.0, 0.5, 0.5]), on(5, [0.0, 0.0, 0.25, 0.25, 0.5]),
+                  s("votes", expect=[0, 0, 3, 2, 1, 0])]
+    burst_steps = [on(1, [1.0]), on(2, [0.25, 0.75]), on(3, [0.0, 1.0, 0.0]),
+                   on(4, [0.5, 0.0, 0.5, 0.0]), on(5, [0.375, 0.0, 0.3125, 0.3125, 0.0])]
+    h3 = {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 3}
+    h64 = {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 64}
+    return [
+        case("sinks: the first positions held stay although they have the fewest votes",
+             "Shares 1, 1/2, 1/3, 1/4, 1/5 give votes [0,0,3,2,1,0]. Sinks {0,1} (0 votes "
+             "each) are pinned, so the evictable slots 2..5 lose the two fewest: 5 (0) and "
+             "4 (1). Without sinks 0 and 1 would go.",
+             sink_steps + [s("sink_count", expect=2), s("evict", expect=[4, 5]),
+                           s("kept", expect=[0, 1, 2, 3]), s("votes", expect=[0, 0, 3, 2]),
+                           s("sink_count", expect=2)],
+             budget=4, recent_window=0, sinks=2),
+        case("sinks = 0: the same steps evict the two least-voted lowest positions",
+             "Votes [0,0,3,2,1,0]; without sinks 0, 1 and 5 tie at 0 votes and the lower "
+             "two go.",
+             sink_steps + [s("sink_count", expect=0), s("evict", expect=[0, 1])],
+             budget=4, recent_window=0, sinks=0),
+        case("sinks and the recent window together: only the slots between them compete",
+             "Votes [0,2,1,1,0]: position 0 (sink) and 4 (recent) are protected although "
+             "they have 0 votes; of {1,2,3} the tie at 1 vote drops 2. step 5 gives "
+             "[0,2,1,1,0] over [0,1,3,4,5]; of {1,3,4} the tie drops 3. evict(3) then "
+             "compares 1 (2 votes) and 4 (1 vote).",
+             [on(1, [1.0]), on(2, [0.25, 0.75]), on(3, [0.0, 0.5, 0.5]),
+              on(4, [0.0, 0.25, 0.25, 0.5]), s("votes", expect=[0, 2, 1, 1, 0]),
+              s("evict", expect=[2]), s("kept", expect=[0, 1, 3, 4]),
+              s("step", 5, [0.0, 0.0, 0.0, 1.0], expect=[3]), s("kept", expect=[0, 1, 4, 5]),
+              s("evict", 2, raises=IIE), s("evict", 3, expect=[4]),
+              s("kept", expect=[0, 1, 5]), s("votes", expect=[0, 2, 0])],
+             budget=4, recent_window=1, sinks=1),
+        case("sinks: a per-call budget must exceed recent_window + sinks",
+             "recent_window 1 + sinks 2 = 3: evict(3), evict(2), evict(0) and a step with "
+             "budget 3 raise even with nothing to evict; evict(4) drops the two lowest "
+             "positions between the sinks {0,1} and the recent 5 (all 0 votes).",
+             [s("evict", 3, raises=IIE), s("evict", 2, raises=IIE), s("evict", 0, raises=IIE),
+              s("step", 1, None, 3, raises=IIE), s("evict", 4, expect=[]), s("kept", expect=[0]),
+              on(1), on(2), on(3), on(4), on(5), s("evict", 4, expect=[2, 3]),
+              s("kept", expect=[0, 1, 4, 5]), s("evict", 10, expect=[]), s("evict", expect=[])],
+             budget=5, recent_window=1, sinks=2),
+        case("sinks: sink_count is min(sinks, held), and sinks are recorded in the state",
+             "Holding 1, 2, 3, 4 positions with sinks = 3.",
+             [s("sink_count", expect=1), on(1), s("sink_count", expect=2), on(2),
+              s("sink_count", expect=3), on(3), s("sink_count", expect=3),
+              s("state_dict", expect=state("scissorhands",
+                                           {"budget": 6, "recent_window": 1, "heads": 1, "sinks": 3},
+                                           [[0, 1, 2, 3]], 3, votes=[[0, 0, 0, 0]]))],
+             budget=6, recent_window=1, sinks=3),
+        case("history_window forgets an early burst: the once-popular position goes",
+             "Window 2. Position 1 votes at steps 2 and 3 (registers [0,3,0,0]), then never: "
+             "step 4 (share 1/4) votes 0 and 2, step 5 (share 1/5) votes 0, 2, 3, so the "
+             "registers are [3,0,3,1,0,0] and the votes [2,0,2,1,0,0]. evict drops 1, 4 "
+             "(0 votes) and 3 (1). Without the window 1 keeps its 2 votes and 0 goes.",
+             burst_steps + [s("votes", expect=[2, 0, 2, 1, 0, 0]), s("votes_of", 1, expect=0),
+                            s("evict", expect=[1, 3, 4]), s("kept", expect=[0, 2, 5]),
+                            s("state_dict", expect=state(
+                                "scissorhands",
+                                {"budget": 3, "recent_window": 1, "heads": 1, "history_window": 2},
+                                [[0, 2, 5]], 5, votes=[[2, 2, 0]], history=[[3, 3, 0]]))],
+             budget=3, recent_window=1, history_window=2),
+        case("history_window None: the same steps keep the early burst's votes",
+             "Votes accumulate forever: [2,2,2,1,0,0]; evict drops 4 (0), 3 (1) and, of the "
+             "three tied at 2, the lowest position 0.",
+             burst_steps + [s("votes", expect=[2, 2, 2, 1, 0, 0]), s("evict", expect=[0, 3, 4])],
+             budget=3, recent_window=1, history_window=None),
+        case("history_window: a step with attn=None is not a step of the history",
+             "Window 2. Position 1 votes at step 2; steps 3 and 4 carry no attention and "
+             "shift nothing, so its vote at step 5 makes register 3 (2 votes). Were they "
+             "history steps the register would be 1. Step 6 (share 1/6) votes 2 and 3: "
+             "registers [0,2,1,1,0,0,0]; evict drops the 0-vote 0, 4, 5.",
+             [on(1, [1.0]), on(2, [0.25, 0.75]), on(3, None), on(4, None),
+              s("votes", expect=[0, 1, 0, 0, 0]),
+              on(5, [0.0, 1.0, 0.0, 0.0, 0.0]), s("votes_of", 1, expect=2),
+              on(6, [0.0, 0.0, 0.5, 0.5, 0.0, 0.0]), s("votes", expect=[0, 1, 1, 1, 0, 0, 0]),
+              s("evict", expect=[0, 4, 5]),
+              s("state_dict", expect=state(
+                  "scissorhands", {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 2},
+                  [[1, 2, 3, 6]], 6, votes=[[1, 1, 1, 0]], history=[[2, 1, 1, 0]]))],
+             budget=4, recent_window=1, history_window=2),
+        case("history_window: a state with registers round-trips and continues",
+             "Window 3, registers [5,4,0] (votes [2,1,0]). Step 3 (share 1/3) votes 1 and 2: "
+             "registers (5<<1)&7=2, (4<<1|1)&7=1, 1 -> votes [1,1,1,0]. Step 4 votes 3: "
+             "[4,2,2,1], one vote each; evict drops the lowest tied position 0. 5 slots of "
+             "17 bytes: 64 + 85.",
+             [s("state_dict", expect=state("scissorhands", h3, [[0, 1, 2]], 2,
+                                           votes=[[2, 1, 0]], history=[[5, 4, 0]])),
+              on(3, [0.0, 0.5, 0.5]),
+              s("state_dict", expect=state("scissorhands", h3, [[0, 1, 2, 3]], 3,
+                                           votes=[[1, 1, 1, 0]], history=[[2, 1, 1, 0]])),
+              on(4, [0.0, 0.0, 0.0, 1.0]), s("votes", expect=[1, 1, 1, 1, 0]),
+              on(5, [0.5], raises=IIE), s("evict", 1, raises=IIE),
+              s("evict", expect=[0]), s("votes", expect=[1, 1, 1, 0]),
+              s("state_dict", expect=state("scissorhands", h3, [[1, 2, 3, 4]], 4,
+                                           votes=[[1, 1, 1, 0]], history=[[2, 2, 1, 0]])),
+              s("memory_bytes", expect=64 + 5 * 17)],
+             state=state("scissorhands", h3, [[0, 1, 2]], 2, votes=[[2, 1, 0]], history=[[5, 4, 0]])),
+        case("history_window 64: the register uses all 64 bits",
+             "A full register (64 votes) shifts in a 0 at step 2 (share 1/2): 2**64-2, 63 "
+             "votes; position 1 votes: register 1.",
+             [on(2, [0.25, 0.75]), s("votes", expect=[63, 1, 0]),
+              s("state_dict", expect=state("scissorhands", h64, [[0, 1, 2]], 2,
+                                           votes=[[63, 1, 0]], history=[[2**64 - 2, 1, 0]]))],
+             state=state("scissorhands", h64, [[0, 1]], 1, votes=[[64, 0]], history=[[2**64 - 1, 0]])),
+        case("a state with explicit default options loads; state_dict omits them",
+             "sinks 0 and history_window None are the defaults, recorded only when set.",
+             [s("state_dict", expect=state("scissorhands", {"budget": 4, "recent_window": 1, "heads": 1},
+                                           [[0, 2]], 2, votes=[[1, 0]]))],
+             state=state("scissorhands", {"budget": 4, "recent_window": 1, "heads": 1, "sinks": 0,
+                                          "history_window": None}, [[0, 2]], 2, votes=[[1, 0]])),
+        case("history_window: 17 bytes per slot, capacity growing as without it",
+             "64 + 3*17 = 115; the fourth position doubles to 6 slots (166), the seventh to "
+             "12 (268); neither evict nor reset shrinks it.",
+             [s("memory_bytes", expect=115), on(1), on(2), s("memory_bytes", expect=115),
+              on(3), s("memory_bytes", expect=166), on(4), on(5), s("memory_bytes", expect=166),
+              on(6), s("memory_bytes", expect=268), s("evict", expect=[0, 1, 2, 3, 4]),
+              s("memory_bytes", expect=268), s("reset"), s("kept", expect=[0]),
+              s("votes", expect=[0]), s("memory_bytes", expect=268)],
+             budget=2, recent_window=0, history_window=4),
+        case("history_window with the default budget: 513 slots of 17 bytes",
+             "The register adds 8 bytes to the 9 of a slot.",
+             [s("memory_bytes", expect=64 + 513 * 17)], history_window=64),
+        case("history_window: prefill is the decode steps 1..P-1",
+             "Window 2: rows 2 and 3 vote position 0 (register 3, votes [2,0,0,0]); step 4 "
+             "(share 1/4) votes 2 and 3 and shifts 0's register to 2: votes [1,0,1,1,0], so "
+             "1 goes.",
+             [s("prefill", [[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.75, 0.25, 0.0, 0.0],
+                            [0.5, 0.25, 0.25, 0.0]]),
+              s("votes", expect=[2, 0, 0, 0]), on(4, [0.0, 0.0, 0.5, 0.5]),
+              s("votes", expect=[1, 0, 1, 1, 0]), s("evict", expect=[1])],
+             budget=4, recent_window=1, history_window=2),
+        case("multi-head: sinks and a one-step history window per row",
+             "Window 1: a vote lasts one step. Step 2 votes 1 in row 0 and 0 in row 1; step 3 "
+             "(share 1/3) votes 2 in both and forgets the rest: votes [0,0,1,0] per row. With "
+             "sink 0 pinned and no recent window, the lowest of {1,2,3} is 1 in both rows.",
+             [on(1, [[1.0], [1.0]]), on(2, [[0.25, 0.75], [0.75, 0.25]]),
+              s("votes", expect=[[0, 1, 0], [1, 0, 0]]),
+              on(3, [[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]]),
+              s("votes", expect=[[0, 0, 1, 0], [0, 0, 1, 0]]),
+              s("evict", expect=[[1], [1]]), s("sink_count", expect=1),
+              s("memory_bytes", expect=64 + 4 * 2 * 17),
+              s("state_dict", expect=state(
+                  "scissorhands",
+                  {"budget": 3, "recent_window": 0, "heads": 2, "sinks": 1, "history_window": 1},
+                  [[0, 2, 3], [0, 2, 3]], 3, votes=[[0, 1, 0], [0, 1, 0]],
+                  history=[[0, 1, 0], [0, 1, 0]]))],
+             budget=3, recent_window=0, heads=2, sinks=1, history_window=1),
+    ] + _sinks_option_errors("scissorhands", "votes", 0) + _history_errors()
+
+
+def _h2o_option_cases() -> list[dict[str, Any]]:
+    """H2O with sinks."""
+    return [
+        case("sinks: the first position held stays although it has the lowest score",
+             "Scores [0, 1.5, 0.5, 0]: without sinks 0 and 3 tie at 0 and 0 goes; with "
+             "sink 0 pinned, 3 goes, then evict(2) drops 2 (0.5 < 1.5); evict(1) is at the "
+             "sinks and raises.",
+             [on(1, [0.0]), on(2, [0.0, 1.0]), on(3, [0.0, 0.5, 0.5]),
+              s("scores", expect=[0.0, 1.5, 0.5, 0.0]), s("sink_count", expect=1),
+              s("evict", expect=[3]), s("kept", expect=[0, 1, 2]),
+              s("evict", 2, expect=[2]), s("evict", 1, raises=IIE), s("kept", expect=[0, 1])],
+             budget=3, recent_window=0, sinks=1),
+        case("sinks and the recent window together: only the slots between them compete",
+             "Scores [0, 1.25, 0.75, 1.0, 0]: 0 (sink) and 4 (recent) are protected at 0.0; "
+             "of {1,2,3} 2 goes. evict(2) is at recent_window + sinks and raises; evict(3) "
+             "compares 1 (1.25) and 3 (1.0).",
+             [on(1, [0.0]), on(2, [0.0, 1.0]), on(3, [0.0, 0.25, 0.75]),
+              on(4, [0.0, 0.0, 0.0, 1.0]), s("scores", expect=[0.0, 1.25, 0.75, 1.0, 0.0]),
+              s("evict", expect=[2]), s("kept", expect=[0, 1, 3, 4]),
+              s("evict", 2, raises=IIE), s("step", 5, None, 2, raises=IIE),
+              s("evict", 3, expect=[3]),
+              s("state_dict", expect=state("h2o", {"budget": 4, "recent_window": 1, "heads": 1,
+                                                   "sinks": 1},
+                                           [[0, 1, 4]], 4, scores=[[0.0, 1.25, 0.0]])),
+              s("memory_bytes", expect=64 + 5 * 13)],
+             budget=4, recent_window=1, sinks=1),
+        case("sinks = 0: the same first steps evict the lowest position",
+             "Scores [0, 1.5, 0.5, 0]: 0 and 3 tie and the lower goes.",
+             [on(1, [0.0]), on(2, [0.0, 1.0]), on(3, [0.0, 0.5, 0.5]),
+              s("sink_count", expect=0), s("evict", expect=[0])],
+             budget=3, recent_window=0, sinks=0),
+        case("a state with sinks loads them; one without loads with sinks 0",
+             "Scores [0.0, 0.5, 0.25]: sink 0 is pinned, so 2 goes.",
+             [s("sink_count", expect=1), s("evict", 2, expect=[2]), s("kept", expect=[0, 1])],
+             state=state("h2o", {"budget": 2, "recent_window": 0, "heads": 1, "sinks": 1},
+                         [[0, 1, 2]], 2, scores=[[0.0, 0.5, 0.25]])),
+        case("a state with explicit sinks 0 loads; state_dict omits it",
+             "sinks is recorded only when set.",
+             [s("sink_count", expect=0),
+              s("state_dict", expect=state("h2o", {"budget": 2, "recent_window": 0, "heads": 1},
+                                           [[0, 1]], 1, scores=[[0.0, 0.5]]))],
+             state=state("h2o", {"budget": 2, "recent_window": 0, "heads": 1, "sinks": 0},
+                         [[0, 1]], 1, scores=[[0.0, 0.5]])),
+    ] + _sinks_option_errors("h2o", "scores", 0.5)
+
+
+# --------------------------------------------------------------------------------------
 # Scissorhands.
 # --------------------------------------------------------------------------------------
 
@@ -442,7 +711,7 @@ def scissorhands_cases() -> list[dict[str, Any]]:
              "recent_window defaults to 32, so budget=32 is refused.", [], raises=IIE,
              budget=32),
     ] + _state_errors("scissorhands", {"budget": 4, "recent_window": 1, "heads": 1},
-                      "votes", 0, 2**32)
+                      "votes", 0, 2**32) + _scissorhands_option_cases()
 
 
 # --------------------------------------------------------------------------------------
@@ -556,7 +825,7 @@ def h2o_cases() -> list[dict[str, Any]]:
               s("prefill", prompt, raises=IIE)],
              budget=4, recent_window=1),
     ] + _constructor_errors("recent_window") + _state_errors(
-        "h2o", {"budget": 4, "recent_window": 1, "heads": 1}, "scores", 0.5, -0.5)
+        "h2o", {"budget": 4, "recent_window": 1, "heads": 1}, "scores", 0.5, -0.5) + _h2o_option_cases()
 
 
 # --------------------------------------------------------------------------------------

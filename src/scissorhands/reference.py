@@ -13,8 +13,9 @@ at most ``budget`` remain and returns the victims in ascending order.
 
 * :class:`Scissorhands` counts votes: a position earns one on each step where its weight
   strictly exceeds the fair share ``1 / len(attn)`` (Liu et al., NeurIPS 2023,
-  arXiv:2305.17118).
+  arXiv:2305.17118); optionally only over the last ``history_window`` steps.
 * :class:`H2O` sums the weights in float64 (Zhang et al., NeurIPS 2023, arXiv:2306.14048).
+  Both may pin their first ``sinks`` positions, as StreamingLLM does.
 * :class:`StreamingLLM` keeps the first ``sinks`` positions and the most recent ones,
   ignoring attention (Xiao et al., ICLR 2024, arXiv:2309.17453).
 * :class:`Full` never evicts: the baseline.
@@ -51,6 +52,8 @@ INITIAL_CAPACITY_LIMIT = 4096
 FULL_INITIAL_CAPACITY = 64
 #: H2O scores saturate here (the largest finite double).
 DBL_MAX = sys.float_info.max
+#: Largest Scissorhands ``history_window`` (the C core keeps the vote bits in 64 bits).
+MAX_HISTORY_WINDOW = 64
 
 
 # --------------------------------------------------------------------------------------
@@ -147,8 +150,12 @@ class _Policy:
     name: ClassVar[str]
     #: Bytes per slot reported by :meth:`memory_bytes`.
     bytes_per_slot: ClassVar[int]
-    #: Constructor parameters saved in ``state_dict()["params"]``, in repr order.
+    #: Constructor parameters always saved in ``state_dict()["params"]``, in repr order.
     _param_names: ClassVar[tuple[str, ...]]
+    #: Options saved in ``state_dict()["params"]`` (after those) only when not at their
+    #: default, name -> default: a default configuration's state is as it was before the
+    #: options existed, and a state without them loads with the defaults.
+    _optional_params: ClassVar[dict[str, Any]] = {}
     #: Key of the per-position scores in the state dict (None: the policy keeps none).
     _score_key: ClassVar[str | None] = None
     #: Whether on_decode_step reads ``attn`` at all.
@@ -158,6 +165,8 @@ class _Policy:
     heads: int
     _kept: list[list[int]]
     _scores: list[list[Any]]
+    #: Per slot, the vote bits of the last ``history_window`` steps (None: not kept).
+    _history: list[list[int]] | None
     _last: int
     _capacity: int
 
@@ -183,8 +192,16 @@ class _Policy:
     def _new_score(self) -> Any:
         return 0
 
-    def _update(self, scores: list[Any], weights: list[float]) -> None:
-        """Apply one step's weights (validated, aligned with the row) to ``scores``."""
+    def _keeps_history(self) -> bool:
+        """Whether each slot keeps a register of its recent vote bits."""
+        return False
+
+    def _slot_bytes(self) -> int:
+        """Bytes per slot counted by :meth:`memory_bytes`."""
+        return self.bytes_per_slot
+
+    def _update(self, head: int, weights: list[float]) -> None:
+        """Apply one step's weights (validated, aligned with the row) to row ``head``."""
 
     def _victim_slots(self, head: int, count: int) -> list[int]:
         """The ``count`` slots of row ``head`` to evict (``count`` < kept count)."""
@@ -262,10 +279,12 @@ class _Policy:
         self._grow_to(self.kept_count() + 1)
         for h in range(self.heads):
             if weights is not None:
-                self._update(self._scores[h], weights[h])
+                self._update(h, weights[h])
             self._kept[h].append(pos)
             if self._score_key is not None:
                 self._scores[h].append(self._new_score())
+            if self._history is not None:
+                self._history[h].append(0)  # a new position has voted on no step yet
         self._last = pos
 
     def _evict(self, budget: int | None) -> tuple[list[list[int]], list[list[int]]]:
@@ -283,6 +302,8 @@ class _Policy:
             self._kept[h] = [p for s, p in enumerate(self._kept[h]) if s not in gone]
             if self._score_key is not None:
                 self._scores[h] = [v for s, v in enumerate(self._scores[h]) if s not in gone]
+            if self._history is not None:
+                self._history[h] = [r for s, r in enumerate(self._history[h]) if s not in gone]
         return victims, slots
 
     def _result(self, victims: list[list[int]], slots: list[list[int]], return_indices: bool) -> Any:
@@ -349,8 +370,8 @@ class _Policy:
         InvalidTypeError
             ``budget`` is not an integer.
         InvalidInputError
-            ``budget < 1``, or not above the recent window (or the sinks); checked even
-            when nothing needs evicting.
+            ``budget < 1``, or not above ``recent_window + sinks`` (the positions never
+            evicted); checked even when nothing needs evicting.
         """
         budget = self._check_budget(budget)
         return self._result(*self._evict(budget), return_indices)
@@ -424,16 +445,21 @@ class _Policy:
         admitted into a full row, grows to ``min(2 * capacity, budget + 1)`` while below
         ``budget + 1``, else doubles; ``reset()`` keeps it.
         """
-        return HEADER_BYTES + self._capacity * self.heads * self.bytes_per_slot
+        return HEADER_BYTES + self._capacity * self.heads * self._slot_bytes()
 
     def reset(self) -> None:
         """Go back to holding ``{0}`` with nothing remembered (capacity is kept)."""
         self._kept = [[0] for _ in range(self.heads)]
         self._scores = [[self._new_score()] for _ in range(self.heads)] if self._score_key else []
+        self._history = [[0] for _ in range(self.heads)] if self._keeps_history() else None
         self._last = 0
 
     def _params(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._param_names}
+        params = {name: getattr(self, name) for name in self._param_names}
+        for name, default in self._optional_params.items():
+            if getattr(self, name) != default:
+                params[name] = getattr(self, name)
+        return params
 
     def state_dict(self) -> dict[str, Any]:
         """The state as plain data (JSON-ready), loadable by either backend.
@@ -443,7 +469,10 @@ class _Policy:
         dict
             ``{"format": "scissorhands.policy", "version": 1, "policy": name, "params":
             {...}, "kept": [[int]*n]*heads, "last_position": int}`` plus ``"votes"``
-            (Scissorhands) or ``"scores"`` (H2O), shaped like ``"kept"``.
+            (Scissorhands) or ``"scores"`` (H2O), shaped like ``"kept"``, and for a
+            Scissorhands policy with a history window ``"history"``: each slot's vote
+            register (bit ``j`` = the vote of the step ``j`` steps back), also shaped
+            like ``"kept"``.
         """
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
@@ -454,6 +483,8 @@ class _Policy:
         }
         if self._score_key is not None:
             state[self._score_key] = [list(row) for row in self._scores]
+        if self._history is not None:
+            state["history"] = [list(row) for row in self._history]
         state["last_position"] = self._last
         return state
 
@@ -462,7 +493,10 @@ class _Policy:
         """Rebuild a policy from :meth:`state_dict` output (of either backend).
 
         Every field is validated; capacity grows from its initial value, one doubling at
-        a time, until the state fits.
+        a time, until the state fits.  ``params`` may lack the optional parameters
+        (``sinks`` of Scissorhands and H2O, ``history_window`` of Scissorhands), as
+        states written before they existed do: they take their defaults.  ``history``
+        is present exactly when ``params`` sets a history window.
 
         Raises
         ------
@@ -473,14 +507,17 @@ class _Policy:
             Wrong format, version or policy name; missing or unknown keys; parameters out
             of range; rows not ``heads`` long or of different lengths or empty; positions
             not strictly ascending, out of range or above ``last_position``; votes out of
-            range; scores NaN, infinite or negative.
+            range; scores NaN, infinite or negative; ``history`` missing or unexpected, a
+            register with a bit at or above the window, or a vote count that is not its
+            register's number of bits.
         """
         if not isinstance(state, Mapping):
             raise InvalidTypeError(f"state must be a dict, not {type(state).__name__}")
         keys = {"format", "version", "policy", "params", "kept", "last_position"}
         if cls._score_key is not None:
             keys.add(cls._score_key)
-        if set(state) != keys:
+        optional_keys = {"history"} if "history_window" in cls._optional_params else set()
+        if not keys <= set(state) <= keys | optional_keys:
             raise InvalidInputError(f"state keys must be {sorted(keys)}, got {sorted(state)}")
         if state["format"] != STATE_FORMAT:
             raise InvalidInputError(f"state format must be {STATE_FORMAT!r}")
@@ -490,8 +527,10 @@ class _Policy:
         params = state["params"]
         if not isinstance(params, Mapping):
             raise InvalidTypeError("state params must be a dict")
-        if set(params) != set(cls._param_names):
-            raise InvalidInputError(f"state params must be {sorted(cls._param_names)}")
+        required, optional = set(cls._param_names), set(cls._optional_params)
+        if not required <= set(params) <= required | optional:
+            raise InvalidInputError(f"state params must be {sorted(required)} "
+                                    f"(optionally {sorted(optional)})")
         policy = cls(**params)
         kept = _read_rows(state["kept"], policy.heads, None, "kept")
         n = len(kept[0])
@@ -505,6 +544,11 @@ class _Policy:
         if cls._score_key is not None:
             scores = _read_rows(state[cls._score_key], policy.heads, n, cls._score_key)
             policy._scores = [[policy._load_score(v) for v in row] for row in scores]
+        if ("history" in state) != policy._keeps_history():
+            raise InvalidInputError("state history must be present exactly when params set "
+                                    "a history_window")
+        if policy._history is not None:
+            policy._history = policy._load_history(_read_rows(state["history"], policy.heads, n, "history"))
         policy._kept = kept
         policy._last = last
         policy._grow_to(n)
@@ -536,28 +580,45 @@ def _read_rows(value: Any, heads: int, n: int | None, name: str) -> list[list[An
 
 
 class _HeavyHitters(_Policy):
-    """Score-based eviction with a recent window, shared by Scissorhands and H2O.
+    """Score-based eviction with sinks and a recent window, shared by Scissorhands and H2O.
 
-    The evictable prefix is ``kept[: n - recent_window]``; its lowest-scored slots go
-    first, equal scores evicting the lower position.
+    The evictable range is ``kept[min(sinks, n) : n - recent_window]``: the first
+    ``sinks`` positions held and the ``recent_window`` newest are never evicted.  Its
+    lowest-scored slots go first, equal scores evicting the lower position.
     """
 
     _param_names = ("budget", "recent_window", "heads")
+    _optional_params: ClassVar[dict[str, Any]] = {"sinks": 0}
     _reads_attention = True
 
-    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1) -> None:
-        self.budget = check_int("budget", budget, 1, UINT32_MAX)
-        self.recent_window = check_int("recent_window", recent_window, 0, self.budget - 1)
+    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
+                 sinks: int = 0) -> None:
+        self._configure(budget, recent_window, sinks)
         self._setup(heads)
 
+    def _configure(self, budget: Any, recent_window: Any, sinks: Any) -> None:
+        """Validate budget, recent_window, sinks and ``recent_window + sinks < budget``."""
+        self.budget = check_int("budget", budget, 1, UINT32_MAX)
+        self.recent_window = check_int("recent_window", recent_window, 0, self.budget - 1)
+        self.sinks = check_int("sinks", sinks, 0, self.budget - 1)
+        if self.recent_window + self.sinks >= self.budget:
+            raise InvalidInputError(
+                f"recent_window + sinks ({self.recent_window} + {self.sinks}) must be below "
+                f"the budget ({self.budget})")
+
     def _min_budget(self) -> int:
-        return self.recent_window + 1
+        return self.recent_window + self.sinks + 1
 
     def _victim_slots(self, head: int, count: int) -> list[int]:
         scores = self._scores[head]
-        prefix = range(len(scores) - self.recent_window)
+        n = len(scores)
+        evictable = range(min(self.sinks, n), n - self.recent_window)
         # kept is ascending, so ordering ties by slot orders them by position.
-        return sorted(prefix, key=lambda s: (scores[s], s))[:count]
+        return sorted(evictable, key=lambda s: (scores[s], s))[:count]
+
+    def sink_count(self) -> int:
+        """Sinks held: ``min(sinks, kept_count())``."""
+        return min(self.sinks, self.kept_count())
 
 
 class Scissorhands(_HeavyHitters):
@@ -566,8 +627,14 @@ class Scissorhands(_HeavyHitters):
     A position earns one vote on each decode step where its attention weight strictly
     exceeds the fair share ``1.0 / len(attn)`` (compared in double on the value as given:
     a float32 weight is widened exactly).  Votes are uint32 and saturate at ``2**32 - 1``.
-    Eviction drops the least-voted positions outside the recent window, ties to the
-    lower position.
+    Eviction drops the least-voted positions outside the sinks and the recent window,
+    ties to the lower position.
+
+    With a ``history_window`` of ``w`` steps a vote counts only while it is among the
+    last ``w`` decode steps that carried attention: each slot keeps a register of its
+    vote bits (bit 0 the latest step); every such step shifts each held slot's register
+    left by one, adds the new bit and keeps the low ``w`` bits, and the slot's vote count
+    is the number of bits set.  A step with ``attn=None`` is not a step of the history.
 
     Parameters
     ----------
@@ -579,11 +646,16 @@ class Scissorhands(_HeavyHitters):
         Accepted and ignored (the policy is deterministic).
     heads : int, default 1
         Independent rows (KV heads), in ``[1, 65536]``.
+    sinks : int, default 0
+        The first positions held, never evicted; ``recent_window + sinks < budget``.
+    history_window : int or None, default None
+        Decode steps a vote counts for, in ``[1, 64]``; None counts them forever.
 
     Raises
     ------
     InvalidTypeError
-        A parameter is not an integer (bool and float refused).
+        A parameter is not an integer (bool and float refused; ``history_window`` may
+        also be None).
     InvalidInputError
         A parameter is out of range.
 
@@ -595,16 +667,51 @@ class Scissorhands(_HeavyHitters):
 
     name = "scissorhands"
     bytes_per_slot = 9  # uint32 position + uint32 votes + 1 byte eviction scratch
+    history_bytes = 8  # + a uint64 register of vote bits, with a history window
+    _optional_params: ClassVar[dict[str, Any]] = {"sinks": 0, "history_window": None}
     _score_key = "votes"
 
-    def _update(self, scores: list[Any], weights: list[float]) -> None:
+    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
+                 sinks: int = 0, history_window: int | None = None) -> None:
+        self._configure(budget, recent_window, sinks)
+        self.history_window = (None if history_window is None else
+                               check_int("history_window", history_window, 1, MAX_HISTORY_WINDOW))
+        self._setup(heads)
+
+    def _keeps_history(self) -> bool:
+        return self.history_window is not None
+
+    def _slot_bytes(self) -> int:
+        return self.bytes_per_slot + (self.history_bytes if self._keeps_history() else 0)
+
+    def _update(self, head: int, weights: list[float]) -> None:
         share = 1.0 / len(weights)
+        votes = self._scores[head]
+        if self._history is None:
+            for i, w in enumerate(weights):
+                if w > share and votes[i] < UINT32_MAX:
+                    votes[i] += 1
+            return
+        keep = (1 << self.history_window) - 1  # type: ignore[operator]
+        registers = self._history[head]
         for i, w in enumerate(weights):
-            if w > share and scores[i] < UINT32_MAX:
-                scores[i] += 1
+            registers[i] = ((registers[i] << 1) | int(w > share)) & keep
+            votes[i] = registers[i].bit_count()
 
     def _load_score(self, value: Any) -> int:
         return check_int("vote", value)
+
+    def _load_history(self, rows: list[list[Any]]) -> list[list[int]]:
+        """A state's vote registers (rows shaped like the votes, already loaded): each an
+        integer below ``2**history_window`` with as many bits set as its slot has votes."""
+        top = (1 << self.history_window) - 1  # type: ignore[operator]
+        registers = [[check_int("history register", v, 0, top) for v in row] for row in rows]
+        for row, votes in zip(registers, self._scores):
+            for register, count in zip(row, votes):
+                if register.bit_count() != count:
+                    raise InvalidInputError(f"votes {count} differ from the {register.bit_count()} "
+                                            f"vote bits of history register {register}")
+        return registers
 
     @property
     def votes(self) -> np.ndarray:
@@ -631,7 +738,7 @@ class H2O(_HeavyHitters):
     Each position's score is the sum, in float64, of every weight it has received
     (float32 weights widened exactly before adding), saturating at the largest finite
     double so that a score stays finite (weights near 1e308 would otherwise overflow).
-    Eviction drops the lowest scores outside the recent window, ties to the lower
+    Eviction drops the lowest scores outside the sinks and the recent window, ties to the lower
     position.
 
     Parameters
@@ -644,6 +751,8 @@ class H2O(_HeavyHitters):
         Accepted and ignored.
     heads : int, default 1
         Independent rows (KV heads), in ``[1, 65536]``.
+    sinks : int, default 0
+        The first positions held, never evicted; ``recent_window + sinks < budget``.
 
     Raises
     ------
@@ -665,7 +774,8 @@ class H2O(_HeavyHitters):
     def _new_score(self) -> float:
         return 0.0
 
-    def _update(self, scores: list[Any], weights: list[float]) -> None:
+    def _update(self, head: int, weights: list[float]) -> None:
+        scores = self._scores[head]
         for i, w in enumerate(weights):
             scores[i] = min(scores[i] + w, DBL_MAX)  # +inf would not survive state_dict()
 

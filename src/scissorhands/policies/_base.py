@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from scissorhands._native import check, ffi, lib
-from scissorhands.policies._state import STATE_FORMAT, STATE_VERSION, parse_state
+from scissorhands.policies._state import STATE_FORMAT, STATE_VERSION, parse_history, parse_state
 from scissorhands.errors import (
     UINT32_MAX,
     InvalidInputError,
@@ -23,6 +23,8 @@ from scissorhands.errors import (
 )
 
 MAX_HEADS = 65536
+#: Largest ``history_window`` (the vote registers are 64-bit).
+MAX_HISTORY_WINDOW = 64
 
 _DTYPE_CODES = {np.dtype(np.float32): lib.SH_DTYPE_F32, np.dtype(np.float64): lib.SH_DTYPE_F64}
 _ADMIT = lib.SH_STEP_ADMIT
@@ -103,22 +105,31 @@ class NativePolicy:
     _score_name: ClassVar[str | None] = None
     _reads_attention: ClassVar[bool] = False
     _evicts: ClassVar[bool] = True
-    #: Constructor parameters recorded in ``state_dict()["params"]``.
+    #: Constructor parameters always recorded in ``state_dict()["params"]``.
     _param_names: ClassVar[tuple[str, ...]]
+    #: Options recorded in ``state_dict()["params"]`` only when not at their default
+    #: (name -> default), so that a state of the default configuration is unchanged
+    #: by their arrival; a state lacking them loads with the default.
+    _optional_params: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, *, budget: int, heads: int, recent_window: int = 0, sinks: int = 0) -> None:
+    def __init__(self, *, budget: int, heads: int, recent_window: int = 0, sinks: int = 0,
+                 history_window: int | None = None) -> None:
+        # The reference's order: budget, recent_window, sinks, their sum, history_window, heads.
         self._budget = check_int("budget", budget, 1)
-        self._heads = check_int("heads", heads, 1, MAX_HEADS)
         self._recent_window = check_int("recent_window", recent_window, 0)
         self._sinks = check_int("sinks", sinks, 0)
         if self._recent_window + self._sinks >= self._budget:
             raise InvalidInputError(self._budget_message(self._budget))
+        self._history_window = (None if history_window is None else
+                                check_int("history_window", history_window, 1, MAX_HISTORY_WINDOW))
+        self._heads = check_int("heads", heads, 1, MAX_HEADS)
         cfg = ffi.new("sh_config *")
         cfg.kind = self._kind
         cfg.heads = self._heads
         cfg.budget = self._budget
         cfg.recent_window = self._recent_window
         cfg.sinks = self._sinks
+        cfg.history_window = self._history_window or 0
         out = ffi.new("sh_policy **")
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
@@ -262,7 +273,7 @@ class NativePolicy:
         budget : int, optional
             Positions to keep; defaults to the configured budget. It may exceed the
             configured one and does not stick. It is validated (``>= 1`` and greater
-            than the protected ``recent_window`` / ``sinks``) even when nothing needs
+            than the protected ``recent_window + sinks``) even when nothing needs
             evicting.
         return_indices : bool, default False
             Also return each victim's slot index in :attr:`kept` before the
@@ -355,8 +366,9 @@ class NativePolicy:
         """Positions held (per head; every head holds the same count)."""
         return self._n
 
-    def _export(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """(positions, scores) as ``(heads, n)`` arrays, copied under the lock."""
+    def _export(self, with_history: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(positions, scores, vote registers) as ``(heads, n)`` arrays, copied under
+        the lock; the registers only when asked for and kept (else None)."""
         with self._lock:
             n = self._n
             positions = np.empty((self._heads, n), dtype=np.uint32)
@@ -370,7 +382,12 @@ class NativePolicy:
                 scores_ptr = ffi.from_buffer("double[]", scores)
             check(lib.sh_policy_export(self._ptr, ffi.from_buffer("uint32_t[]", positions),
                                        votes_ptr, scores_ptr, positions.size))
-            return positions, scores
+            history = None
+            if with_history and self._history_window is not None:
+                history = np.empty((self._heads, n), dtype=np.uint64)
+                check(lib.sh_policy_export_history(self._ptr, ffi.from_buffer("uint64_t[]", history),
+                                                   history.size))
+            return positions, scores, history
 
     def _shaped(self, arr: np.ndarray) -> np.ndarray:
         return arr[0] if self._heads == 1 else arr
@@ -392,7 +409,8 @@ class NativePolicy:
         return self._budget
 
     def memory_bytes(self) -> int:
-        """Bytes of policy state: ``64 + capacity * heads * bytes_per_slot``."""
+        """Bytes of policy state: ``64 + capacity * heads * bytes_per_slot`` (9
+        Scissorhands, 17 with a history window; 13 H2O; 4 StreamingLLM and Full)."""
         return int(lib.sh_policy_memory_bytes(self._ptr))
 
     def reset(self) -> None:
@@ -415,13 +433,25 @@ class NativePolicy:
 
     # ------------------------------------------------------------ state
 
-    def _params(self) -> dict[str, int]:
-        raise NotImplementedError
+    def _params(self) -> dict[str, Any]:
+        """The constructor parameters but rng: those of ``_param_names``, then the
+        options of ``_optional_params`` that are not at their default."""
+        params = {name: getattr(self, "_" + name) for name in self._param_names}
+        for name, default in self._optional_params.items():
+            value = getattr(self, "_" + name)
+            if value != default:
+                params[name] = value
+        return params
+
+    def _sink_count(self) -> int:
+        return min(self._sinks, self._n)
 
     def state_dict(self) -> dict[str, Any]:
         """The policy as plain data (ints, floats, lists, str), loadable by
-        :meth:`from_state_dict` of either backend; versioned."""
-        positions, scores = self._export()
+        :meth:`from_state_dict` of either backend; versioned. A Scissorhands policy
+        with a history window adds ``"history"``: its vote registers, shaped like
+        ``"kept"``."""
+        positions, scores, history = self._export(with_history=True)
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -432,6 +462,8 @@ class NativePolicy:
         }
         if self._score_name is not None:
             state[self._score_name] = scores.tolist()
+        if history is not None:
+            state["history"] = history.tolist()
         return state
 
     @classmethod
@@ -442,22 +474,37 @@ class NativePolicy:
         ------
         InvalidInputError
             Wrong format, version or policy name; rows of unequal length; positions
-            not strictly ascending or above ``last_position``; scores out of range.
+            not strictly ascending or above ``last_position``; scores out of range;
+            ``history`` missing although ``params`` sets a history window (or present
+            although none is set), a register with a bit at or above the window, or
+            votes that are not the registers' popcounts.
         InvalidTypeError
             A field of the wrong kind.
+
+        A state without the optional parameters (``sinks`` of Scissorhands and H2O,
+        ``history_window`` of Scissorhands: states written before they existed)
+        loads with their defaults.
         """
-        params, kept, scores, last = parse_state(state, cls.name, cls._score_name, cls._param_names)
+        optional_keys = ("history",) if "history_window" in cls._optional_params else ()
+        params, kept, scores, last = parse_state(state, cls.name, cls._score_name, cls._param_names,
+                                                 tuple(cls._optional_params), optional_keys)
         policy = cls(**params)
         h, n = kept.shape
         if h != policy._heads:
             raise InvalidInputError(f"state has {h} rows of positions, params say heads={policy._heads}")
+        history = parse_history(state, policy._history_window, scores) if optional_keys else None
         votes_ptr = scores_ptr = ffi.NULL
         if cls._score_name == "votes":
             votes_ptr = ffi.from_buffer("uint32_t[]", scores)
         elif cls._score_name == "scores":
             scores_ptr = ffi.from_buffer("double[]", scores)
-        check(lib.sh_policy_import(policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept),
-                                   votes_ptr, scores_ptr, last), cls.__name__)
+        if history is not None:
+            rc = lib.sh_policy_import_history(policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept),
+                                              votes_ptr, ffi.from_buffer("uint64_t[]", history), last)
+        else:
+            rc = lib.sh_policy_import(policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept),
+                                      votes_ptr, scores_ptr, last)
+        check(rc, cls.__name__)
         policy._n = n
         policy._last = last
         return policy

@@ -44,17 +44,24 @@ def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
 
 
 def parse_state(
-    state: Any, name: str, score_name: str | None, param_names: tuple[str, ...]
+    state: Any, name: str, score_name: str | None, param_names: tuple[str, ...],
+    optional_params: tuple[str, ...] = (), optional_keys: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], np.ndarray, np.ndarray | None, int]:
     """Check ``state`` against the ``state_dict()`` format for policy ``name`` and
-    return ``(params, kept, scores, last_position)``, arrays ``(heads, n)``."""
+    return ``(params, kept, scores, last_position)``, arrays ``(heads, n)``.
+
+    ``params`` must hold every name of ``param_names`` and may hold those of
+    ``optional_params`` (states written before those existed lack them); the state may
+    hold the keys of ``optional_keys``, which the caller checks."""
     if not isinstance(state, dict):
         raise InvalidTypeError(f"state must be a dict, not {type(state).__name__}")
     keys = {"format", "version", "policy", "params", "kept", "last_position"}
     if score_name is not None:
         keys.add(score_name)
-    if set(state) != keys:
-        raise InvalidInputError(f"state keys must be {sorted(keys)}, got {sorted(state)}")
+    if not keys <= set(state) <= keys | set(optional_keys):
+        raise InvalidInputError(f"state keys must be {sorted(keys)}"
+                                + (f" (optionally {sorted(optional_keys)})" if optional_keys else "")
+                                + f", got {sorted(state)}")
     if state.get("format") != STATE_FORMAT:
         raise InvalidInputError(f"not a scissorhands policy state (format {state.get('format')!r})")
     if state.get("version") != STATE_VERSION:
@@ -64,8 +71,10 @@ def parse_state(
     params = state.get("params")
     if not isinstance(params, dict):
         raise InvalidTypeError("state['params'] must be a dict")
-    if set(params) != set(param_names):
-        raise InvalidInputError(f"state params must be {sorted(param_names)}, got {sorted(params)}")
+    if not set(param_names) <= set(params) <= set(param_names) | set(optional_params):
+        raise InvalidInputError(f"state params must be {sorted(param_names)}"
+                                + (f" (optionally {sorted(optional_params)})" if optional_params else "")
+                                + f", got {sorted(params)}")
     kept = _int_rows(_rows(state, "kept"), "kept")
     scores = None
     if score_name == "votes":
@@ -80,3 +89,32 @@ def parse_state(
     if np.any(np.diff(kept.astype(np.int64), axis=1) <= 0) or int(kept.max()) > last:
         raise InvalidInputError("state['kept'] rows must be strictly ascending and <= last_position")
     return dict(params), kept, scores, last
+
+
+def parse_history(state: dict[str, Any], window: int | None, votes: np.ndarray) -> np.ndarray | None:
+    """The vote registers of a Scissorhands state (``state["history"]``), as a
+    ``(heads, n)`` ``uint64`` array, or None for a policy without a history window.
+
+    Present exactly when ``window`` is set; each register an integer below
+    ``2**window`` whose popcount is the slot's vote count."""
+    if window is None:
+        if "history" in state:
+            raise InvalidInputError("state['history'] needs params['history_window']")
+        return None
+    if "history" not in state:
+        raise InvalidInputError("state['history'] is missing (params['history_window'] is set)")
+    rows = _rows(state, "history")
+    if (len(rows), len(rows[0])) != votes.shape:
+        raise InvalidInputError(f"state['history'] shape {(len(rows), len(rows[0]))} differs from kept {votes.shape}")
+    top = (1 << window) - 1
+    for row in rows:
+        for v in row:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InvalidTypeError(f"state['history'] must hold integers, found {type(v).__name__}")
+            if not 0 <= v <= top:
+                raise InvalidInputError(f"state['history'] register {v} outside [0, 2**{window} - 1]")
+    history = np.ascontiguousarray(np.array([[int(v) for v in row] for row in rows], dtype=np.uint64))
+    counts = np.array([[int(v).bit_count() for v in row] for row in rows], dtype=np.int64)
+    if np.any(counts != votes.astype(np.int64)):
+        raise InvalidInputError("state['votes'] must equal the number of vote bits in state['history']")
+    return history

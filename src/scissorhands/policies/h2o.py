@@ -15,8 +15,8 @@ class H2O(NativePolicy):
 
     Each decode step adds every held position's attention weight to its score,
     accumulated in float64 (saturating at the largest finite double). Over budget,
-    the lowest-scored positions outside the recent window are evicted; equal scores
-    evict the lower position.
+    the lowest-scored positions outside the sinks and the recent window are evicted;
+    equal scores evict the lower position.
 
     Parameters
     ----------
@@ -28,13 +28,17 @@ class H2O(NativePolicy):
         Accepted and ignored (the policy is deterministic).
     heads : int, default 1
         Independent rows (KV heads) held in one object, ``[1, 65536]``.
+    sinks : int, default 0
+        The first positions held (as StreamingLLM's attention sinks), never evicted;
+        ``recent_window + sinks < budget``. 0 = none (the seed's semantics).
 
     Raises
     ------
     InvalidTypeError
         A parameter is not an integer.
     InvalidInputError
-        ``budget < 1``, ``recent_window < 0`` or ``recent_window >= budget``.
+        ``budget < 1``, ``recent_window < 0``, ``sinks < 0`` or
+        ``recent_window + sinks >= budget``.
 
     Notes
     -----
@@ -44,19 +48,27 @@ class H2O(NativePolicy):
     name = "h2o"
     _kind = lib.SH_H2O
     _param_names = ("budget", "recent_window", "heads")
+    _optional_params = {"sinks": 0}
     _score_name = "scores"
     _reads_attention = True
 
-    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1) -> None:
-        super().__init__(budget=budget, recent_window=recent_window, heads=heads)
-
-    def _params(self) -> dict[str, int]:
-        return {"budget": self._budget, "recent_window": self._recent_window, "heads": self._heads}
+    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
+                 sinks: int = 0) -> None:
+        super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads)
 
     @property
     def recent_window(self) -> int:
         """The most recent positions that are never evicted."""
         return self._recent_window
+
+    @property
+    def sinks(self) -> int:
+        """The first positions held that are never evicted."""
+        return self._sinks
+
+    def sink_count(self) -> int:
+        """Sinks held: ``min(sinks, kept_count())``."""
+        return self._sink_count()
 
     @property
     def scores(self) -> np.ndarray:

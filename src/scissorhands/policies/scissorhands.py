@@ -15,9 +15,9 @@ class Scissorhands(NativePolicy):
 
     Each decode step, every held position whose attention weight strictly exceeds its
     fair share ``1 / n`` (``n`` = positions held) earns one vote. Over budget, the
-    least-voted positions outside the protected recent window are evicted; equal
-    votes evict the lower position. Counting how *often* a token mattered, rather
-    than how much (H2O), lets a one-off spike stop defending its slot.
+    least-voted positions outside the protected sinks and recent window are evicted;
+    equal votes evict the lower position. Counting how *often* a token mattered,
+    rather than how much (H2O), lets a one-off spike stop defending its slot.
 
     Parameters
     ----------
@@ -30,37 +30,62 @@ class Scissorhands(NativePolicy):
         deterministic.
     heads : int, default 1
         Independent rows (KV heads) held in one object, ``[1, 65536]``.
+    sinks : int, default 0
+        The first positions held (as StreamingLLM's attention sinks), never evicted;
+        ``recent_window + sinks < budget``. 0 = none (the seed's semantics).
+    history_window : int or None, default None
+        Votes count only the last ``history_window`` decode steps that carried
+        attention (the paper's history window), in ``[1, 64]``; a step with
+        ``attn=None`` is not one of them. None: votes accumulate forever (the
+        seed's semantics).
 
     Raises
     ------
     InvalidTypeError
-        A parameter is not an integer (bools and floats included).
+        A parameter is not an integer (bools and floats included), or
+        ``history_window`` is neither an integer nor None.
     InvalidInputError
-        ``budget < 1``, ``recent_window < 0`` or ``recent_window >= budget``.
+        ``budget < 1``, ``recent_window < 0``, ``sinks < 0``,
+        ``recent_window + sinks >= budget``, or ``history_window`` outside ``[1, 64]``.
 
     Notes
     -----
     State per slot: 4 bytes position + 4 bytes ``uint32`` votes (saturating at
-    ``2**32 - 1``) + 1 byte of selection scratch, 9 bytes; a step and an eviction
-    are O(n). A new policy holds position 0 with no votes.
+    ``2**32 - 1``) + 1 byte of selection scratch, 9 bytes; with a history window
+    also an 8-byte register of the last ``history_window`` vote bits, 17 bytes. A
+    step and an eviction are O(n). A new policy holds position 0 with no votes.
     """
 
     name = "scissorhands"
     _kind = lib.SH_SCISSORHANDS
     _param_names = ("budget", "recent_window", "heads")
+    _optional_params = {"sinks": 0, "history_window": None}
     _score_name = "votes"
     _reads_attention = True
 
-    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1) -> None:
-        super().__init__(budget=budget, recent_window=recent_window, heads=heads)
-
-    def _params(self) -> dict[str, int]:
-        return {"budget": self._budget, "recent_window": self._recent_window, "heads": self._heads}
+    def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
+                 sinks: int = 0, history_window: int | None = None) -> None:
+        super().__init__(budget=budget, recent_window=recent_window, sinks=sinks,
+                         history_window=history_window, heads=heads)
 
     @property
     def recent_window(self) -> int:
         """The most recent positions that are never evicted."""
         return self._recent_window
+
+    @property
+    def sinks(self) -> int:
+        """The first positions held that are never evicted."""
+        return self._sinks
+
+    @property
+    def history_window(self) -> int | None:
+        """Decode steps a vote counts for, or None (forever)."""
+        return self._history_window
+
+    def sink_count(self) -> int:
+        """Sinks held: ``min(sinks, kept_count())``."""
+        return self._sink_count()
 
     @property
     def votes(self) -> np.ndarray:

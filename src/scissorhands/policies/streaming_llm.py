@@ -45,9 +45,6 @@ class StreamingLLM(NativePolicy):
     def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
         super().__init__(budget=budget, sinks=sinks, heads=heads)
 
-    def _params(self) -> dict[str, int]:
-        return {"budget": self._budget, "sinks": self._sinks, "heads": self._heads}
-
     @property
     def sinks(self) -> int:
         """Leading positions that are never evicted."""
@@ -55,4 +52,4 @@ class StreamingLLM(NativePolicy):
 
     def sink_count(self) -> int:
         """Sinks held: ``min(sinks, kept_count())``."""
-        return min(self._sinks, self.kept_count())
+        return self._sink_count()

@@ -1,0 +1,447 @@
+"""The options of the attention-driven policies, pinned on both backends: ``sinks`` (the
+first positions held are never evicted, Scissorhands and H2O) and ``history_window``
+(Scissorhands' votes count only the last w decode steps that carried attention).
+
+Both are off by default, and off they must change nothing; every error with them on
+leaves ``state_dict()`` (vote registers included) and ``memory_bytes()`` as they were.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+from scissorhands.errors import InvalidInputError, InvalidTypeError
+
+HEAVY = ("Scissorhands", "H2O")
+
+
+@pytest.fixture(params=HEAVY)
+def heavy(request, backend):
+    """The attention-driven policy classes (Scissorhands, H2O) of each backend."""
+    return getattr(backend, request.param)
+
+
+def unchanged(p, exc, fn, *args, **kwargs):
+    """Call ``fn`` expecting ``exc``; the policy's state and memory must not move."""
+    before, mem = p.state_dict(), p.memory_bytes()
+    with pytest.raises(exc):
+        fn(*args, **kwargs)
+    assert p.state_dict() == before
+    assert p.memory_bytes() == mem
+
+
+def stream(p, steps, seed, heads=1, budget=None, none_every=0):
+    """Feed ``steps`` decode steps of random grid weights (every ``none_every``-th without
+    attention), evicting to ``budget`` after each when given; returns the victims."""
+    rng = np.random.default_rng(seed)
+    pos = p.state_dict()["last_position"]
+    out = []
+    for t in range(steps):
+        pos += 1
+        n = p.kept_count()
+        w = None if none_every and t % none_every == 0 else rng.integers(0, 9, (heads, n)) / 8
+        if budget is None:
+            p.on_decode_step(pos, w)
+        else:
+            got = p.step(pos, w, budget)
+            out.append(got.tolist() if isinstance(got, np.ndarray) else got)
+    return out
+
+
+def popcount_consistent(state):
+    """Every vote equals its register's number of bits."""
+    return all(v == bin(r).count("1") for vs, rs in zip(state["votes"], state["history"])
+               for v, r in zip(vs, rs))
+
+
+# ---------------------------------------------------------------- defaults
+
+
+def test_defaults_are_off(backend):
+    """Defaults: sinks 0, no history window, state and repr and 9/13 bytes a slot as before."""
+    s, h = backend.Scissorhands(), backend.H2O()
+    assert (s.sinks, s.history_window, h.sinks) == (0, None, 0)
+    assert s.sink_count() == h.sink_count() == 0
+    assert s.state_dict()["params"] == h.state_dict()["params"] == {
+        "budget": 512, "recent_window": 32, "heads": 1}
+    assert "history" not in s.state_dict()
+    assert (s.memory_bytes(), h.memory_bytes()) == (64 + 513 * 9, 64 + 513 * 13)
+    assert repr(s) == "Scissorhands(budget=512, recent_window=32, heads=1, held=1)"
+
+
+def test_explicit_off_equals_default(heavy):
+    """sinks=0 (and history_window=None) behave exactly like the defaults, step by step."""
+    extra = {"history_window": None} if heavy.__name__ == "Scissorhands" else {}
+    a = heavy(budget=6, recent_window=2, heads=2)
+    b = heavy(budget=6, recent_window=2, heads=2, sinks=0, **extra)
+    assert stream(a, 60, 1, heads=2, budget=6, none_every=7) == \
+        stream(b, 60, 1, heads=2, budget=6, none_every=7)
+    assert a.state_dict() == b.state_dict() and a.memory_bytes() == b.memory_bytes()
+
+
+def test_h2o_has_no_history_window(backend):
+    """history_window is a Scissorhands option only: H2O does not take it."""
+    with pytest.raises(TypeError):
+        backend.H2O(budget=8, history_window=4)
+
+
+# ---------------------------------------------------------------- sinks
+
+
+@pytest.mark.parametrize("sinks", [1, 3])
+def test_sinks_are_never_evicted(heavy, sinks):
+    """The first ``sinks`` positions held survive every eviction, whatever their score."""
+    p = heavy(budget=6, recent_window=1, sinks=sinks, heads=2)
+    for victims in stream(p, 80, sinks, heads=2, budget=6):
+        assert not any(v < sinks for row in victims for v in row)
+    assert all(row[:sinks] == list(range(sinks)) for row in p.kept.tolist())
+    assert p.sink_count() == sinks
+
+
+def test_sinks_protect_the_lowest_scored(heavy):
+    """Sinks with the lowest scores stay; the lowest-scored after them go instead."""
+    victims = {}
+    for sinks in (0, 2):
+        p = heavy(budget=4, recent_window=0, sinks=sinks)
+        for t, w in enumerate([[0.0], [0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.5]], start=1):
+            p.on_decode_step(t, w)
+        victims[sinks] = p.evict(3)
+    assert victims == {0: [0, 1], 2: [3, 4]}
+
+
+def test_sink_count_is_min_of_sinks_and_held(heavy):
+    """sink_count() = min(sinks, kept_count()), also after reset and a state round trip."""
+    p = heavy(budget=8, recent_window=1, sinks=3)
+    counts = []
+    for t in range(1, 5):
+        counts.append(p.sink_count())
+        p.on_decode_step(t, None)
+    assert counts == [1, 2, 3, 3]
+    assert type(p).from_state_dict(p.state_dict()).sink_count() == 3
+    p.reset()
+    assert p.sink_count() == 1
+
+
+@pytest.mark.parametrize(("kwargs", "exc"), [
+    ({"sinks": -1}, InvalidInputError),
+    ({"sinks": 4}, InvalidInputError),        # recent_window 1 + 4 > budget 4
+    ({"sinks": 3}, InvalidInputError),        # recent_window 1 + 3 == budget 4
+    ({"sinks": 1.0}, InvalidTypeError),
+    ({"sinks": True}, InvalidTypeError),
+    ({"sinks": None}, InvalidTypeError),
+    ({"sinks": "1"}, InvalidTypeError),
+])
+def test_sinks_validation(heavy, kwargs, exc):
+    """sinks is an integer >= 0 with recent_window + sinks < budget."""
+    with pytest.raises(exc):
+        heavy(budget=4, recent_window=1, **kwargs)
+
+
+def test_sinks_accept_numpy_integers(heavy):
+    """NumPy integers work as sinks and come back as plain ints in the state."""
+    p = heavy(budget=np.int64(6), recent_window=np.uint8(1), sinks=np.int32(2))
+    assert p.state_dict()["params"]["sinks"] == 2
+    assert type(p.state_dict()["params"]["sinks"]) is int and type(p.sinks) is int
+
+
+def test_per_call_budget_must_exceed_window_plus_sinks(heavy):
+    """evict(budget) and step(..., budget) with budget <= recent_window + sinks raise, changing nothing."""
+    p = heavy(budget=6, recent_window=2, sinks=2)
+    stream(p, 4, 3)
+    for budget in (0, 1, 2, 3, 4):
+        unchanged(p, InvalidInputError, p.evict, budget)
+        unchanged(p, InvalidInputError, p.step, 5, None, budget)
+    unchanged(p, InvalidTypeError, p.evict, 5.0)
+    assert p.evict(5) == [] and p.kept_count() == 5
+    p.on_decode_step(5, None)
+    assert len(p.evict(5)) == 1
+
+
+def test_sinks_recorded_and_loaded(heavy):
+    """sinks appears in state params when set; a state without it loads with sinks 0."""
+    p = heavy(budget=5, recent_window=1, sinks=2)
+    stream(p, 12, 4, budget=5)
+    state = p.state_dict()
+    assert state["params"]["sinks"] == 2
+    q = type(p).from_state_dict(json.loads(json.dumps(state)))
+    assert q.state_dict() == state and q.sinks == 2
+    del state["params"]["sinks"]
+    r = type(p).from_state_dict(state)
+    assert r.sinks == 0 and "sinks" not in r.state_dict()["params"]
+
+
+# ---------------------------------------------------------------- history window
+
+
+class VoteBits:
+    """An independent model of history-window votes: each position's list of vote bits,
+    one per step that carried attention since it was admitted."""
+
+    def __init__(self):
+        self.bits = {0: []}
+
+    def step(self, kept, pos, attn):
+        if attn is not None:
+            share = 1.0 / len(kept)
+            for q, w in zip(kept, attn):
+                self.bits[q].append(int(float(w) > share))
+        self.bits[pos] = []
+
+    def votes(self, kept, w):
+        return [sum(self.bits[q][-w:]) if w else sum(self.bits[q]) for q in kept]
+
+
+@pytest.mark.parametrize("window", [1, 2, 5, 64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_history_votes_count_the_last_w_steps(backend, window, dtype):
+    """Votes equal the vote bits of the last w attention-carrying steps; None steps do not count."""
+    p = backend.Scissorhands(budget=200, recent_window=0, history_window=window)
+    model = VoteBits()
+    rng = np.random.default_rng(window)
+    for t in range(1, 90):
+        kept = p.kept.tolist()
+        attn = None if t % 5 == 0 else (rng.integers(0, 9, len(kept)) / 8).astype(dtype)
+        p.on_decode_step(t, attn)
+        model.step(kept, t, attn)
+        assert p.votes.tolist() == model.votes(p.kept.tolist(), window), f"step {t}"
+
+
+def test_history_64_equals_no_window_for_short_runs(backend):
+    """With fewer than 64 attention steps, history_window=64 counts exactly what no window counts."""
+    a = backend.Scissorhands(budget=5, recent_window=1, history_window=64, heads=2)
+    b = backend.Scissorhands(budget=5, recent_window=1, heads=2)
+    assert stream(a, 63, 9, heads=2, budget=5) == stream(b, 63, 9, heads=2, budget=5)
+    assert a.votes.tolist() == b.votes.tolist()
+
+
+def test_history_forgets_an_early_burst(backend):
+    """A position that was voted only early loses its votes after w steps and becomes the victim."""
+    p = backend.Scissorhands(budget=3, recent_window=1, history_window=3)
+    q = backend.Scissorhands(budget=3, recent_window=1)
+    for pol in (p, q):
+        pol.on_decode_step(1, [1.0])
+        pol.on_decode_step(2, [0.0, 1.0])
+        pol.on_decode_step(3, [0.0, 1.0, 0.0])  # position 1: two votes, then none
+        for t in range(4, 7):
+            n = pol.kept_count()
+            pol.on_decode_step(t, [0.5] + [0.0] * (n - 3) + [0.5, 0.0])
+    assert p.votes_of(1) == 0 and q.votes_of(1) == 2
+    assert 1 in p.evict(3) and 1 not in q.evict(3)
+
+
+def test_history_registers_follow_eviction_and_growth(backend):
+    """Across batched evictions and capacity growth the votes stay the registers' popcounts."""
+    p = backend.Scissorhands(budget=4, recent_window=1, sinks=1, history_window=3, heads=2)
+    rng = np.random.default_rng(5)
+    pos = 0
+    for t in range(40):
+        for _ in range(int(rng.integers(1, 6))):
+            pos += 1
+            p.on_decode_step(pos, rng.integers(0, 9, (2, p.kept_count())) / 8)
+        p.evict()
+        state = p.state_dict()
+        assert popcount_consistent(state)
+        assert all(0 <= r < 8 for row in state["history"] for r in row)
+
+
+def test_history_none_step_changes_no_register(backend):
+    """attn=None shifts no register: the state gains the new position with an empty register only."""
+    p = backend.Scissorhands(budget=8, recent_window=1, history_window=2)
+    stream(p, 4, 2)
+    before = p.state_dict()
+    p.on_decode_step(5, None)
+    after = p.state_dict()
+    assert after["history"] == [before["history"][0] + [0]]
+    assert after["votes"] == [before["votes"][0] + [0]]
+
+
+def test_history_reset_forgets_registers(backend):
+    """reset() empties every register and keeps the capacity."""
+    p = backend.Scissorhands(budget=3, recent_window=1, history_window=4)
+    stream(p, 9, 6)
+    mem = p.memory_bytes()
+    p.reset()
+    assert p.state_dict() == backend.Scissorhands(budget=3, recent_window=1, history_window=4).state_dict()
+    assert p.state_dict()["history"] == [[0]] and p.memory_bytes() == mem
+
+
+@pytest.mark.parametrize(("window", "exc"), [
+    (0, InvalidInputError), (65, InvalidInputError), (-1, InvalidInputError),
+    (2**40, InvalidInputError), (2.0, InvalidTypeError), (True, InvalidTypeError),
+    ("4", InvalidTypeError), (np.float64(4), InvalidTypeError),
+])
+def test_history_window_validation(backend, window, exc):
+    """history_window is None or an integer in [1, 64]."""
+    with pytest.raises(exc):
+        backend.Scissorhands(budget=8, recent_window=1, history_window=window)
+
+
+def test_history_window_bounds_accepted(backend):
+    """history_window 1, 64 and NumPy integers are accepted; params come back as plain ints."""
+    for w in (1, 64, np.uint8(7)):
+        p = backend.Scissorhands(budget=8, recent_window=1, history_window=w)
+        assert p.history_window == int(w)
+        assert type(p.state_dict()["params"]["history_window"]) is int
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+def test_history_memory_is_17_bytes_a_slot(backend, heads):
+    """memory_bytes = 64 + capacity * heads * 17 with a history window, growing as without one."""
+    p = backend.Scissorhands(budget=10, recent_window=1, history_window=8, heads=heads)
+    q = backend.Scissorhands(budget=10, recent_window=1, heads=heads)
+    assert p.memory_bytes() == 64 + 11 * heads * 17
+    for pol in (p, q):
+        stream(pol, 30, 1, heads=heads)
+    assert p.memory_bytes() - 64 == 44 * heads * 17 and q.memory_bytes() - 64 == 44 * heads * 9
+
+
+def test_history_state_round_trip(backend):
+    """A state with registers round-trips (JSON, pickle, deepcopy) and continues identically."""
+    a = backend.Scissorhands(budget=5, recent_window=1, sinks=1, history_window=5, heads=2)
+    stream(a, 25, 8, heads=2, budget=5)
+    state = a.state_dict()
+    assert state["params"] == {"budget": 5, "recent_window": 1, "heads": 2, "sinks": 1,
+                               "history_window": 5}
+    assert popcount_consistent(state) and json.loads(json.dumps(state)) == state
+    copies = [backend.Scissorhands.from_state_dict(json.loads(json.dumps(state))),
+              pickle.loads(pickle.dumps(a)), copy.deepcopy(a)]
+    for b in copies:
+        assert b.state_dict() == state and b.memory_bytes() == a.memory_bytes()
+    want = stream(a, 20, 10, heads=2, budget=5)
+    for b in copies:
+        assert stream(b, 20, 10, heads=2, budget=5) == want
+        assert b.state_dict() == a.state_dict()
+
+
+def test_history_state_loads_across_backends(native, ref):
+    """Each backend loads the other's history state and both continue identically."""
+    for src, dst in ((native, ref), (ref, native)):
+        a = src.Scissorhands(budget=4, recent_window=1, history_window=3, heads=2)
+        stream(a, 20, 12, heads=2, budget=4)
+        b = dst.Scissorhands.from_state_dict(a.state_dict())
+        assert b.state_dict() == a.state_dict() and b.memory_bytes() == a.memory_bytes()
+        assert stream(a, 10, 13, heads=2, budget=4) == stream(b, 10, 13, heads=2, budget=4)
+        assert a.state_dict() == b.state_dict()
+
+
+def test_older_states_load_with_defaults(backend):
+    """A state written before the options existed (no sinks, no history_window) loads as before."""
+    old = {"format": "scissorhands.policy", "version": 1, "policy": "scissorhands",
+           "params": {"budget": 4, "recent_window": 1, "heads": 1},
+           "kept": [[0, 3]], "votes": [[2, 0]], "last_position": 3}
+    p = backend.Scissorhands.from_state_dict(old)
+    assert (p.sinks, p.history_window) == (0, None) and p.state_dict() == old
+    explicit = dict(old, params=dict(old["params"], sinks=0, history_window=None))
+    assert backend.Scissorhands.from_state_dict(explicit).state_dict() == old
+
+
+@pytest.mark.parametrize(("change", "exc"), [
+    ({"history": None}, InvalidTypeError),
+    ({"history": [[3, 0]]}, InvalidInputError),      # 2 bits, but votes say 1
+    ({"history": [[8, 0]]}, InvalidInputError),      # bit 3 with a window of 3
+    ({"history": [[1, 0], [1, 0]]}, InvalidInputError),
+    ({"history": [[1.0, 0]]}, InvalidTypeError),
+    ({"params": {"budget": 4, "recent_window": 1, "heads": 1}}, InvalidInputError),  # no window
+    ({"params": {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 0}}, InvalidInputError),
+    ({"params": {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 3,
+                 "sinks": 3}}, InvalidInputError),
+    ({"params": {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 3,
+                 "extra": 1}}, InvalidInputError),
+])
+def test_history_state_errors(backend, change, exc):
+    """A history state with a bad register, shape or option is refused with the right class."""
+    good = {"format": "scissorhands.policy", "version": 1, "policy": "scissorhands",
+            "params": {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 3},
+            "kept": [[0, 3]], "votes": [[1, 0]], "history": [[4, 0]], "last_position": 3}
+    assert backend.Scissorhands.from_state_dict(good).state_dict() == good
+    with pytest.raises(exc):
+        backend.Scissorhands.from_state_dict({**good, **change})
+
+
+# ---------------------------------------------------------------- errors and the rest
+
+
+def test_errors_leave_state_unchanged_with_options(backend):
+    """Bad positions, attention, budgets and prefill leave votes, registers and memory untouched."""
+    p = backend.Scissorhands(budget=5, recent_window=1, sinks=2, history_window=3, heads=2)
+    stream(p, 6, 14, heads=2)
+    n = p.kept_count()
+    unchanged(p, InvalidInputError, p.on_decode_step, 6, np.full((2, n), 0.1))
+    unchanged(p, InvalidTypeError, p.on_decode_step, 7.0, np.full((2, n), 0.1))
+    unchanged(p, InvalidInputError, p.on_decode_step, 7, np.full((2, n + 1), 0.1))
+    bad = np.full((2, n), 0.1)
+    bad[1, -1] = math.nan
+    unchanged(p, InvalidInputError, p.on_decode_step, 7, bad)
+    unchanged(p, InvalidInputError, p.step, 7, np.full((2, n), -0.1), 5)
+    unchanged(p, InvalidInputError, p.step, 7, np.full((2, n), 0.1), 3)
+    unchanged(p, InvalidTypeError, p.on_decode_step, 7, [["x"] * n] * 2)
+    unchanged(p, InvalidInputError, p.prefill, np.zeros((2, 3, 3)))
+    unchanged(p, InvalidInputError, p.votes_of, 0, 2)
+
+
+def test_prefill_with_options_equals_decode_steps(backend):
+    """prefill with sinks and a history window equals the decode steps it replaces."""
+    rng = np.random.default_rng(2)
+    attn = np.tril(rng.integers(0, 9, (2, 12, 12)) / 8, -1).astype(np.float32)
+    a = backend.Scissorhands(budget=6, recent_window=1, sinks=2, history_window=4, heads=2)
+    b = backend.Scissorhands(budget=6, recent_window=1, sinks=2, history_window=4, heads=2)
+    a.prefill(attn)
+    for i in range(1, 12):
+        b.on_decode_step(i, attn[:, i, :i])
+    assert a.state_dict() == b.state_dict() and a.memory_bytes() == b.memory_bytes()
+    assert a.evict().tolist() == b.evict().tolist()
+
+
+def test_repr_shows_options_when_set(backend):
+    """repr adds sinks and history_window after the fixed parameters, only when set."""
+    p = backend.Scissorhands(budget=8, recent_window=2, sinks=1, history_window=4)
+    assert repr(p) == "Scissorhands(budget=8, recent_window=2, heads=1, sinks=1, history_window=4, held=1)"
+    assert repr(backend.H2O(budget=8, recent_window=2, sinks=3)) == \
+        "H2O(budget=8, recent_window=2, heads=1, sinks=3, held=1)"
+
+
+# ---------------------------------------------------------------- the C core directly
+
+
+def test_c_core_options(native):
+    """The C core: 17 bytes a slot with a window; a bad window or kind refused; imports all or nothing."""
+    from scissorhands._native import ffi, lib
+
+    def new(kind, window, sinks=0):
+        cfg = ffi.new("sh_config *", {"kind": kind, "heads": 1, "budget": 4,
+                                      "recent_window": 1, "sinks": sinks,
+                                      "history_window": window})
+        out = ffi.new("sh_policy **")
+        rc = lib.sh_policy_new(cfg, out)
+        return rc, (ffi.gc(out[0], lib.sh_policy_free) if rc == lib.SH_OK else None)
+
+    assert new(lib.SH_SCISSORHANDS, 65)[0] == lib.SH_ERR_ARG
+    assert new(lib.SH_H2O, 2)[0] == lib.SH_ERR_ARG
+    assert new(lib.SH_STREAMING_LLM, 2)[0] == lib.SH_ERR_ARG
+    assert new(lib.SH_SCISSORHANDS, 2, sinks=3)[0] == lib.SH_ERR_BUDGET
+    rc, p = new(lib.SH_SCISSORHANDS, 2)
+    assert rc == lib.SH_OK and lib.sh_policy_slot_bytes(p) == 17
+    assert lib.sh_policy_memory_bytes(p) == 64 + 5 * 17
+    rc, plain = new(lib.SH_SCISSORHANDS, 0)
+    assert lib.sh_policy_slot_bytes(plain) == 9
+    assert lib.sh_policy_export_history(plain, ffi.new("uint64_t[4]"), 4) == lib.SH_ERR_STATE
+
+    kept = ffi.new("uint32_t[]", [0, 2])
+    # The registers are required, and must agree with the window and the votes.
+    assert lib.sh_policy_import(p, 1, 2, kept, ffi.new("uint32_t[]", [1, 0]), ffi.NULL, 2) == lib.SH_ERR_ARG
+    for votes, history in (([1, 0], [4, 0]), ([2, 0], [1, 0])):
+        rc = lib.sh_policy_import_history(p, 1, 2, kept, ffi.new("uint32_t[]", votes),
+                                          ffi.new("uint64_t[]", history), 2)
+        assert rc == lib.SH_ERR_STATE
+        assert lib.sh_policy_count(p) == 1 and lib.sh_policy_last_position(p) == 0
+    assert lib.sh_policy_import_history(p, 1, 2, kept, ffi.new("uint32_t[]", [2, 1]),
+                                        ffi.new("uint64_t[]", [3, 2]), 2) == lib.SH_OK
+    out = ffi.new("uint64_t[2]")
+    assert lib.sh_policy_export_history(p, out, 1) == lib.SH_ERR_BUFFER
+    assert lib.sh_policy_export_history(p, out, 2) == lib.SH_OK and list(out) == [3, 2]
