@@ -788,7 +788,8 @@ static int import_rows(sh_policy *p, size_t heads, size_t n, const uint32_t *pos
         if (p->kind == SH_SCISSORHANDS)
             memcpy(row_votes(p, h), votes + h * n, n * sizeof *votes);
         else if (p->kind == SH_H2O)
-            memcpy(row_scores(p, h), scores + h * n, n * sizeof *scores);
+            for (size_t i = 0; i < n; i++) /* + 0.0 turns -0.0 into 0.0: keys are bits */
+                row_scores(p, h)[i] = scores[h * n + i] + 0.0;
         if (history != NULL)
             memcpy(row_history(p, h), history + h * n, n * sizeof *history);
     }

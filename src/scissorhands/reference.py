@@ -27,9 +27,11 @@ input and builds the array properties.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import numbers
 import sys
+import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -138,6 +140,18 @@ def _widen(values: Any) -> list[float]:
 # --------------------------------------------------------------------------------------
 
 
+def _locked(method: Any) -> Any:
+    """Run ``method`` holding the object's lock, as the C-backed classes do, so one
+    object may be shared between threads."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class _Policy:
     """What every policy shares: kept rows, admission, validation, growth, state.
 
@@ -173,6 +187,7 @@ class _Policy:
     def _setup(self, heads: Any) -> None:
         """Validate ``heads`` and start holding ``{0}`` in every row."""
         self.heads = check_int("heads", heads, 1, MAX_HEADS)
+        self._lock = threading.RLock()
         self._capacity = self._initial_capacity()
         self.reset()
 
@@ -318,6 +333,7 @@ class _Policy:
 
     # -- public API -----------------------------------------------------------------------
 
+    @_locked
     def on_decode_step(self, pos: int, attn: Any) -> None:
         """Apply one decode step: update the scores from ``attn``, then admit ``pos``.
 
@@ -347,6 +363,7 @@ class _Policy:
         weights = self._read_step(attn)
         self._admit(pos, weights)
 
+    @_locked
     def evict(self, budget: int | None = None, return_indices: bool = False) -> Any:
         """Evict until at most ``budget`` positions are held in every row.
 
@@ -376,6 +393,7 @@ class _Policy:
         budget = self._check_budget(budget)
         return self._result(*self._evict(budget), return_indices)
 
+    @_locked
     def step(self, pos: int, attn: Any, budget: int | None = None, return_indices: bool = False) -> Any:
         """``on_decode_step(pos, attn)`` then ``evict(budget)``, validated as one call.
 
@@ -389,6 +407,7 @@ class _Policy:
         self._admit(pos, weights)
         return self._result(*self._evict(budget), return_indices)
 
+    @_locked
     def prefill(self, attn: Any) -> None:
         """Consume a prompt's attention as the decode steps admitting positions 1..P-1.
 
@@ -447,6 +466,7 @@ class _Policy:
         """
         return HEADER_BYTES + self._capacity * self.heads * self._slot_bytes()
 
+    @_locked
     def reset(self) -> None:
         """Go back to holding ``{0}`` with nothing remembered (capacity is kept)."""
         self._kept = [[0] for _ in range(self.heads)]
@@ -461,6 +481,7 @@ class _Policy:
                 params[name] = getattr(self, name)
         return params
 
+    @_locked
     def state_dict(self) -> dict[str, Any]:
         """The state as plain data (JSON-ready), loadable by either backend.
 

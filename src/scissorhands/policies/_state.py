@@ -64,8 +64,7 @@ def parse_state(
                                 + f", got {sorted(state)}")
     if state.get("format") != STATE_FORMAT:
         raise InvalidInputError(f"not a scissorhands policy state (format {state.get('format')!r})")
-    if state.get("version") != STATE_VERSION:
-        raise InvalidInputError(f"unsupported state version {state.get('version')!r}")
+    check_int("version", state.get("version"), STATE_VERSION, STATE_VERSION)
     if state.get("policy") != name:
         raise InvalidInputError(f"state is of policy {state.get('policy')!r}, not {name!r}")
     params = state.get("params")
