@@ -89,26 +89,35 @@ class Recording:
         return self.policy.kept
 
 
-def _run(model, ids, policy, budget, *, head_mode="per-head", sinks=SINKS, record=False) -> Run:
+def _run(
+    model, ids, policy, budget, *, head_mode="per-head", cache_mode="reuse", record=False,
+    prompt=PROMPT, **options,
+) -> Run:  # fmt: skip
+    if policy == "streaming-llm":
+        options.setdefault("sinks", SINKS)
     if record:
         heads = model.config.num_key_value_heads
         policies = [
-            Recording(hf.make_policy(policy, budget, heads=heads, backend=BACKEND))
+            Recording(hf.make_policy(policy, budget, heads=heads, backend=BACKEND, **options))
             for _ in range(model.config.num_hidden_layers)
         ]
-        cache = hf.EvictingCache(model.config, policies, budget=budget)
+        cache = hf.EvictingCache(model.config, policies, budget=budget, cache_mode=cache_mode)
     else:
         cache = hf.EvictingCache.from_policy(
-            model.config, policy, budget, head_mode=head_mode, backend=BACKEND, sinks=sinks
-        )
-    logits = [hf.prefill(model, cache, ids[:PROMPT])]
+            model.config, policy, budget, head_mode=head_mode, cache_mode=cache_mode,
+            backend=BACKEND, **options,
+        )  # fmt: skip
+    logits = [hf.prefill(model, cache, ids[:prompt])]
     held, kept, shapes = [], [], []
-    for t in range(PROMPT, len(ids) - 1):
+    for t in range(prompt, len(ids) - 1):
         logits.append(hf.decode_step(model, cache, ids[t])[None])
         held.append(cache.held_counts())
         kept.append([cache.kept_positions(layer) for layer in range(cache.num_layers)])
         shapes.append(
-            [tuple(layer.keys.shape) + tuple(layer.values.shape) for layer in cache.layers]
+            [
+                tuple(keys.shape) + tuple(values.shape)
+                for keys, values in map(cache.kept_keys_values, range(cache.num_layers))
+            ]
         )
     return Run(torch.cat(logits), held, kept, shapes, cache)
 
@@ -151,7 +160,45 @@ def runs(model, ids):
         "h2o": _run(model, ids, "h2o", BUDGET),
         "streaming-llm": _run(model, ids, "streaming-llm", BUDGET),
         "scissorhands-mean": _run(model, ids, "scissorhands", BUDGET, head_mode="mean"),
+        "scissorhands-compact": _run(model, ids, "scissorhands", BUDGET, cache_mode="compact"),
     }
+
+
+def test_slot_reusing_cache_matches_the_compacting_cache(runs, model, ids):
+    """The default cache (each decode token written into the last victim's slot) names the
+    same victims as the compacting one at every step and gives the same NLL within 1e-4."""
+    reuse, compact = runs["scissorhands"], runs["scissorhands-compact"]
+    assert reuse.cache.cache_mode == "reuse" and compact.cache.cache_mode == "compact"
+    assert abs(_mean_nll(reuse.logits, ids) - _mean_nll(compact.logits, ids)) < 1e-4
+    assert torch.allclose(reuse.logits, compact.logits, atol=1e-3, rtol=0)
+    for step, (a, b) in enumerate(zip(reuse.kept, compact.kept)):
+        for layer, (x, y) in enumerate(zip(a, b)):
+            assert np.array_equal(x, y), (step, layer)
+    # Steady state: buffers of budget + 1 slots, no compaction after the (short) prompt.
+    assert reuse.cache.compactions == 0
+    assert all(layer.keys.shape[-2] == BUDGET + 1 for layer in reuse.cache.layers)
+    slots = reuse.cache.physical_slots(5)
+    assert slots.shape == (model.config.num_key_value_heads, BUDGET)
+    assert not np.array_equal(slots, np.tile(np.arange(BUDGET), (slots.shape[0], 1)))
+    for layer in (0, 29):
+        for x, y in zip(reuse.cache.kept_keys_values(layer), compact.cache.kept_keys_values(layer)):
+            assert torch.allclose(x, y, atol=1e-4, rtol=0)
+
+
+def test_slot_reusing_cache_compacts_a_prompt_longer_than_the_budget(model, ids):
+    """A prefill evicting several positions compacts the slot buffers; decoding then
+    matches the compacting cache (mean head mode, sinks and history window set)."""
+    n, prompt, budget = 48, 32, 20
+    options = {"recent_window": 6, "sinks": 2, "history_window": 4, "head_mode": "mean"}
+    reuse = _run(model, ids[:n], "scissorhands", budget, prompt=prompt, **options)
+    compact = _run(
+        model, ids[:n], "scissorhands", budget, prompt=prompt, cache_mode="compact", **options
+    )
+    assert reuse.cache.compactions == 1
+    assert reuse.held[0] == [budget] * model.config.num_hidden_layers
+    assert abs(_mean_nll(reuse.logits, ids[:n]) - _mean_nll(compact.logits, ids[:n])) < 1e-4
+    for a, b in zip(reuse.kept, compact.kept):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def test_every_layer_and_head_holds_at_most_the_budget(runs, model):
@@ -164,6 +211,7 @@ def test_every_layer_and_head_holds_at_most_the_budget(runs, model):
             position = PROMPT + step
             for layer, (n, positions, shape) in enumerate(zip(held, kept, shapes)):
                 assert n == min(BUDGET, position + 1), (name, step, layer)
+                assert run.cache.layers[layer].keys.shape[-2] <= BUDGET + 1
                 assert positions.shape == (kv_heads, n)
                 assert shape == (1, kv_heads, n, 64, 1, kv_heads, n, 64)
                 assert np.all(np.diff(positions.astype(np.int64), axis=1) > 0)
@@ -179,7 +227,8 @@ def test_full_cache_incremental_matches_one_shot_forward(runs, model, ids):
 
 
 def test_under_budget_evicting_cache_gives_identical_logits(runs):
-    """Until the first eviction, every policy's logits equal the full cache's exactly."""
+    """Until the first eviction, every policy's logits equal the full cache's exactly
+    (in both cache modes)."""
     # The first eviction follows the forward at position BUDGET: rows 0..BUDGET are untouched.
     untouched = BUDGET + 1
     for name, run in runs.items():
@@ -280,6 +329,14 @@ def test_decode_before_prefill_and_out_of_sync_cache_raise(model, ids):
         model(torch.tensor([[ids[4]]]), cache=cache, position_ids=torch.tensor([[4]]))
     with pytest.raises(InvalidInputError, match="decode_step"):
         hf.decode_step(model, cache, ids[5])
+    compact = hf.EvictingCache.from_policy(
+        model.config, "scissorhands", BUDGET, backend=BACKEND, cache_mode="compact"
+    )
+    hf.prefill(model, compact, ids[:4])
+    with torch.no_grad():
+        model(torch.tensor([[ids[4]]]), cache=compact, position_ids=torch.tensor([[4]]))
+    with pytest.raises(InvalidInputError, match="decode_step"):
+        hf.decode_step(model, compact, ids[5])
 
 
 def test_layers_with_different_budgets_are_refused(model, ids):
@@ -304,6 +361,12 @@ def test_wrong_policies_are_refused(model):
     with pytest.raises(InvalidInputError, match="heads=3"):
         hf.EvictingCache(model.config, single)
     assert hf.EvictingCache(model.config, single, head_mode="mean").policy_heads == 1
+    fused = hf.make_policy("h2o", 16, recent_window=4, heads=layers, backend=BACKEND)
+    with pytest.raises(InvalidInputError, match=f"heads={3 * layers}"):
+        hf.EvictingCache(model.config, fused)
+    assert hf.EvictingCache(model.config, fused, head_mode="mean").fused
+    with pytest.raises(InvalidInputError, match="cache_mode"):
+        hf.EvictingCache(model.config, single, head_mode="mean", cache_mode="gather")
 
 
 def test_run_eval_reports_every_figure(model, tokenizer, monkeypatch, tmp_path, capsys):
@@ -312,7 +375,7 @@ def test_run_eval_reports_every_figure(model, tokenizer, monkeypatch, tmp_path, 
     out = tmp_path / "eval.json"
     args = argparse.Namespace(
         tokens=64, budgets=[24, 32], policies="full,scissorhands", prompt_tokens=8,
-        recent_window=[8], sinks=[4], text=None, model=None, json=str(out), plot=None,
+        recent_window=[8], sinks=None, text=None, model=None, json=str(out), plot=None,
         no_progress=True, head_mode="per-head", backend=BACKEND,
     )  # fmt: skip
     assert evaluate.run_eval(args) == 0
@@ -327,11 +390,106 @@ def test_run_eval_reports_every_figure(model, tokenizer, monkeypatch, tmp_path, 
         for key in (
             "perplexity", "next_token_agreement", "kv_positions_held_max", "kv_positions_held_mean",
             "policy_ms_per_step", "bookkeeping_ms_per_step", "forward_ms_per_step",
+            "overhead_percent_of_forward", "cache_update_ms_per_step",
         ):  # fmt: skip
             assert math.isfinite(result[key]), key
+    assert document["config"]["cache_mode"] == "reuse"
     full, small, large = document["results"]
+    assert small["label"] == "rw=8 sinks=0 hw=off" and small["sinks"] == 0
     assert full["next_token_agreement"] == 1.0
     assert small["kv_positions_held_max"] == 24 and large["kv_positions_held_max"] == 32
+
+
+def _fake_evaluate_policy(calls):
+    def run(model, ids, policy, budget, **kwargs):
+        calls.append((policy, budget, kwargs["recent_window"], kwargs["sinks"],
+                      kwargs["history_window"], kwargs["cache_mode"]))  # fmt: skip
+        n = len(ids)
+        steps = n - 1 - kwargs["prompt_tokens"]
+        # A perplexity that grows with the eviction, distinct per configuration.
+        nll = np.full(n - 1, 2.0 + (0 if budget is None else 1.0 / budget), dtype=np.float64)
+        return {
+            "nll": nll, "argmax": np.zeros(n - 1, dtype=np.int64),
+            "held": np.full((steps, 30), budget or n, dtype=np.int64), "decode_steps": steps,
+            "policy_seconds": 1e-4 * steps, "bookkeeping_seconds": 2e-4 * steps,
+            "forward_seconds": 0.06 * steps, "update_seconds": 1e-4 * steps,
+            "prefill_seconds": {"policy": 0.0, "bookkeeping": 0.0, "forward": 0.0},
+            "compactions": 0,
+        }  # fmt: skip
+
+    return run
+
+
+def test_eval_sweeps_recent_window_sinks_and_history_window(
+    model, tokenizer, monkeypatch, tmp_path, capsys
+):
+    """--recent-window (also as a fraction of the budget), --sinks and --history-window run
+    every valid combination per budget, label each, note the invalid and duplicate ones."""
+    from scissorhands.cli import build_parser
+
+    calls = []
+    monkeypatch.setattr(evaluate, "_load", lambda path, progress: (model, tokenizer, 0.0))
+    monkeypatch.setattr(evaluate, "evaluate_policy", _fake_evaluate_policy(calls))
+    out, plot = tmp_path / "eval.json", tmp_path / "eval.png"
+    args = build_parser().parse_args([
+        "eval", "--tokens", "64", "--prompt-tokens", "8", "--budgets", "12", "16",
+        "--policies", "scissorhands,streaming-llm,h2o", "--recent-window", "8", "50%",
+        "--sinks", "0", "4", "--history-window", "none", "8", "--cache-mode", "compact",
+        "--json", str(out), "--plot", str(plot), "--no-progress", "--backend", BACKEND,
+    ])  # fmt: skip
+    assert evaluate.run_eval(args) == 0
+    printed = capsys.readouterr().out
+    expected = [("full", None, 0, None, None)]
+    for budget in (12, 16):
+        for window in dict.fromkeys((8, budget // 2)):
+            for sinks in (0, 4):
+                for hw in (None, 8):
+                    if window + sinks < budget:
+                        expected.append(("scissorhands", budget, window, sinks, hw))
+        expected += [("streaming-llm", budget, 0, s, None) for s in (0, 4)]
+        for window in dict.fromkeys((8, budget // 2)):
+            expected += [("h2o", budget, window, s, None) for s in (0, 4) if window + s < budget]
+    assert [call[:5] for call in calls] == expected
+    assert {call[5] for call in calls} == {"compact"}
+    document = json.loads(out.read_text())
+    config = document["config"]
+    assert (config["recent_window"], config["sinks"], config["history_window"]) == (
+        [8, "50%"], [0, 4], [None, 8]
+    )
+    labels = [(r["policy"], r["budget"], r["label"]) for r in document["results"]]
+    assert ("scissorhands", 12, "rw=6 (50%) sinks=4 hw=8") in labels
+    assert ("h2o", 12, "rw=8 sinks=0") in labels and ("streaming-llm", 12, "sinks=4") in labels
+    assert "rw=6 (50%) sinks=4 hw=8" in printed
+    notes = "\n".join(document["notes"])
+    assert "skipped scissorhands budget 12 (rw=8 sinks=4 hw=off)" in notes  # 8 + 4 >= 12
+    assert "skipped h2o budget 16 (rw=8 (50%) sinks=0): the same run" in notes
+    assert plot.stat().st_size > 0
+
+
+def test_eval_sinks_default_to_each_policys_own(model, tokenizer, monkeypatch, capsys):
+    """Without --sinks streaming-llm keeps its 4 sinks and h2o/scissorhands none; a window
+    given as 0.25x is a quarter of each budget, rounded down."""
+    from scissorhands.cli import build_parser
+
+    calls = []
+    monkeypatch.setattr(evaluate, "_load", lambda path, progress: (model, tokenizer, 0.0))
+    monkeypatch.setattr(evaluate, "evaluate_policy", _fake_evaluate_policy(calls))
+    args = build_parser().parse_args([
+        "eval", "--tokens", "64", "--prompt-tokens", "8", "--budgets", "30",
+        "--recent-window", "0.25x", "--no-progress", "--backend", BACKEND,
+    ])  # fmt: skip
+    assert evaluate.run_eval(args) == 0
+    assert [call[:5] for call in calls] == [
+        ("full", None, 0, None, None), ("streaming-llm", 30, 0, 4, None),
+        ("h2o", 30, 7, 0, None), ("scissorhands", 30, 7, 0, None),
+    ]  # fmt: skip
+    assert {call[5] for call in calls} == {"reuse"}
+    parser = build_parser()
+    for bad in (["--recent-window", "100%"], ["--recent-window", "1.5x"],
+                ["--history-window", "65"], ["--cache-mode", "gather"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parser.parse_args(["eval", *bad])
+    capsys.readouterr()
 
 
 def test_run_eval_rejects_a_budget_beyond_the_text(capsys):

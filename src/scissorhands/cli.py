@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from .errors import ScissorhandsError
@@ -69,6 +70,55 @@ def _int_at_least(low: int):  # type: ignore[no-untyped-def]
 
 _positive_int = _int_at_least(1)
 _nonnegative_int = _int_at_least(0)
+
+
+def parse_recent_window(text: str) -> int | str:
+    """``--recent-window`` values: an integer, or a fraction of each budget written
+    ``50%`` or ``0.5x`` (kept as that string; see :func:`resolve_recent_window`)."""
+    raw = text.strip().lower()
+    if raw.endswith(("%", "x")):
+        try:
+            fraction = Fraction(raw[:-1].strip())
+        except (ValueError, ZeroDivisionError):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a fraction like 50% or 0.5x"
+            ) from None
+        if raw.endswith("%"):
+            fraction /= 100
+        if not 0 <= fraction < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not in [0%, 100%) of the budget")
+        return raw[:-1].strip() + raw[-1]
+    return _nonnegative_int(text)
+
+
+parse_recent_window.__name__ = "recent window"
+
+
+def resolve_recent_window(spec: int | str, budget: int) -> int:
+    """The recent window for ``budget``: ``spec`` itself, or ``floor(fraction * budget)``
+    for a ``50%`` / ``0.5x`` spec."""
+    if isinstance(spec, str):
+        fraction = Fraction(spec[:-1])
+        if spec.endswith("%"):
+            fraction /= 100
+        return math.floor(fraction * budget)
+    return int(spec)
+
+
+def _history_window(text: str) -> int | None:
+    raw = text.strip().lower()
+    if raw in ("none", "off"):
+        return None
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'none'") from None
+    if not 0 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{value} is not in [1, 64] (or 0/none: off)")
+    return value or None
+
+
+_history_window.__name__ = "history window"
 
 
 def _policy_list(text: str) -> list[str]:
@@ -118,19 +168,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--recent-window",
-        type=_nonnegative_int,
+        type=parse_recent_window,
         nargs="+",
         default=[32],
         metavar="R",
-        help="recent window of h2o and scissorhands; several values run each (default: 32)",
+        help="recent window of h2o and scissorhands, in positions or as a fraction of each "
+        "budget (50%% or 0.5x, rounded down); several values run each (default: 32)",
     )
     group.add_argument(
         "--sinks",
         type=_nonnegative_int,
         nargs="+",
-        default=[4],
+        default=None,
         metavar="S",
-        help="attention sinks of streaming-llm; several values run each (default: 4)",
+        help="attention sinks; several values run each. replay: streaming-llm's (default: 4); "
+        "eval: every policy taking sinks (default: each policy's own, streaming-llm 4, "
+        "h2o and scissorhands 0)",
     )
     group.add_argument(
         "--backend",
@@ -187,6 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--head-mode", choices=("per-head", "mean"), default="per-head",
         help="one policy row per KV head, or one row fed the mean over heads (default: per-head)",
+    )
+    evaluate.add_argument(
+        "--history-window", type=_history_window, nargs="+", default=[None], metavar="W",
+        help="scissorhands' history window in steps (1-64; 0 or none: off); several values "
+        "run each (default: none)",
+    )
+    evaluate.add_argument(
+        "--cache-mode", choices=("reuse", "compact"), default="reuse",
+        help="reuse: the new token takes the last victim's slot; compact: gather the whole "
+        "cache every step (same results, slower) (default: reuse)",
     )
 
     record = sub.add_parser(
@@ -251,11 +314,16 @@ def _configs(args: argparse.Namespace, budgets: Sequence[int]) -> list[_Config]:
             configs.append(_Config(name, {}, None))
             continue
         if name == "streaming-llm":
-            settings = [{"sinks": s} for s in dict.fromkeys(args.sinks)]
+            sinks = args.sinks if args.sinks is not None else [4]
+            settings = [{"sinks": s} for s in dict.fromkeys(sinks)]
         else:
             settings = [{"recent_window": r} for r in dict.fromkeys(args.recent_window)]
         for params in settings:
-            configs.extend(_Config(name, dict(params), b) for b in dict.fromkeys(budgets))
+            for b in dict.fromkeys(budgets):
+                resolved = dict(params)
+                if "recent_window" in resolved:
+                    resolved["recent_window"] = resolve_recent_window(resolved["recent_window"], b)
+                configs.append(_Config(name, resolved, b))
     return configs
 
 

@@ -11,9 +11,16 @@ Protocol (so that every number is comparable)
   accuracy are reported over the **same** target tokens for every policy and budget:
   positions ``max(budgets) .. N-1`` (a target at position ``t`` is predicted from the
   logits of position ``t-1``).
-* Per policy and budget, also: the KV positions held per layer after each step
-  (max/mean), and per decode step the policy's own time, the cache's bookkeeping time
-  (GQA mean, gathers) and the model's forward time, in milliseconds.
+* Per policy, budget and configuration, also: the KV positions held per layer after
+  each step (max/mean), and per decode step the policy's own time, the cache's
+  bookkeeping time (GQA mean, reordering the weights to kept order, slot or gather work)
+  and the model's forward time, in milliseconds, with policy + bookkeeping as a
+  percentage of the forward (``overhead_percent_of_forward``), and the part of the
+  forward spent writing keys and values into the cache (``cache_update_ms_per_step``).
+* A sweep runs every combination of ``--recent-window`` (positions, or a fraction of
+  each budget: ``50%``, ``0.5x``), ``--sinks`` (every policy taking sinks; default: each
+  policy's own) and ``--history-window`` (scissorhands only) at every budget;
+  combinations a policy refuses for a budget are skipped with a note.
 
 Only this module and :mod:`scissorhands.hf` import ``torch``; they do it inside the
 functions, so importing this module (e.g. from the CLI) stays cheap.
@@ -115,9 +122,11 @@ def evaluate_policy(
     budget: int | None,
     *,
     recent_window: int = 32,
-    sinks: int = 4,
+    sinks: int | None = None,
+    history_window: int | None = None,
     prompt_tokens: int = 64,
     head_mode: str = "per-head",
+    cache_mode: str = "reuse",
     backend: str = "native",
     progress: Any = None,
 ) -> dict[str, Any]:
@@ -130,7 +139,12 @@ def evaluate_policy(
         ``r + 1``), ``argmax`` (int64, ``(N-1,)``), ``held`` (int64, ``(steps, layers)``:
         positions held per layer after each decode step), ``decode_steps``, and seconds:
         ``policy_seconds``, ``bookkeeping_seconds``, ``forward_seconds`` (decode steps
-        only) and ``prefill_seconds`` (a dict of the same three for the prefill).
+        only), ``update_seconds`` (the part of the forward spent writing keys and values
+        into the cache, decode steps only), ``prefill_seconds`` (a dict of policy,
+        bookkeeping and forward for the prefill) and ``compactions``.
+
+    ``sinks`` None is each policy's own default; ``history_window`` applies to
+    ``scissorhands`` only (see :func:`scissorhands.hf.make_policy`).
     """
     import torch
 
@@ -142,7 +156,9 @@ def evaluate_policy(
         budget,
         recent_window=recent_window,
         sinks=sinks,
+        history_window=history_window,
         head_mode=head_mode,
+        cache_mode=cache_mode,
         backend=backend,
     )
     tokens = torch.tensor(ids, dtype=torch.long)
@@ -155,7 +171,12 @@ def evaluate_policy(
     nll[:rows] = (-logp.gather(1, tokens[1 : rows + 1, None])[:, 0]).numpy()
     argmax[:rows] = logits[:rows].argmax(dim=-1).numpy()
     held = []
-    after_prefill = (cache.policy_seconds, cache.bookkeeping_seconds, cache.forward_seconds)
+    after_prefill = (
+        cache.policy_seconds,
+        cache.bookkeeping_seconds,
+        cache.forward_seconds,
+        cache.update_seconds,
+    )
     if progress is not None:
         progress(1)
     for t in range(prompt_tokens, n - 1):
@@ -173,7 +194,9 @@ def evaluate_policy(
         "policy_seconds": cache.policy_seconds - after_prefill[0],
         "bookkeeping_seconds": cache.bookkeeping_seconds - after_prefill[1],
         "forward_seconds": cache.forward_seconds - after_prefill[2],
+        "update_seconds": cache.update_seconds - after_prefill[3],
         "prefill_seconds": dict(cache.prefill_seconds),
+        "compactions": cache.compactions,
     }
 
 
@@ -196,6 +219,13 @@ def _summarise(
         "policy_ms_per_step": 1e3 * run["policy_seconds"] / steps,
         "bookkeeping_ms_per_step": 1e3 * run["bookkeeping_seconds"] / steps,
         "forward_ms_per_step": 1e3 * run["forward_seconds"] / steps,
+        "overhead_percent_of_forward": (
+            100 * (run["policy_seconds"] + run["bookkeeping_seconds"]) / run["forward_seconds"]
+            if run["forward_seconds"] > 0
+            else 0.0
+        ),
+        "cache_update_ms_per_step": 1e3 * run.get("update_seconds", 0.0) / steps,
+        "compactions": run.get("compactions", 0),
         "decode_steps": run["decode_steps"],
         "prefill_ms": {key: 1e3 * value for key, value in run["prefill_seconds"].items()},
     }
@@ -204,33 +234,67 @@ def _summarise(
 # --------------------------------------------------------------------------- reporting
 
 
-def _param_label(result: dict[str, Any]) -> str:
-    if result["policy"] == "streaming-llm":
+def _window_text(result: dict[str, Any]) -> str:
+    spec = result.get("recent_window_spec")
+    window = f"rw={result['recent_window']}"
+    return window if spec is None else f"{window} ({spec})"
+
+
+def config_label(result: dict[str, Any]) -> str:
+    """The configuration of one result as a short label: ``rw=51 (50%) sinks=0 hw=8``.
+
+    Only the parameters the policy has: ``streaming-llm`` its sinks, ``h2o`` its recent
+    window (and the fraction of the budget it came from) and sinks, ``scissorhands``
+    those and its history window (``off`` when not set); ``full``: ``-``.
+    """
+    policy = result["policy"]
+    if policy == "streaming-llm":
         return f"sinks={result['sinks']}"
-    if result["policy"] in ("h2o", "scissorhands"):
-        return f"rw={result['recent_window']}"
-    return "-"
+    if policy not in ("h2o", "scissorhands"):
+        return "-"
+    label = f"{_window_text(result)} sinks={result['sinks']}"
+    if policy == "scissorhands":
+        window = result.get("history_window")
+        label += f" hw={'off' if window is None else window}"
+    return label
+
+
+def _series_label(result: dict[str, Any]) -> str:
+    """The plot series of a result: its configuration with the recent window as given
+    (a fraction of the budget stays one series across budgets)."""
+    policy = result["policy"]
+    if policy in ("h2o", "scissorhands"):
+        spec = result.get("recent_window_spec")
+        window = f"rw={result['recent_window'] if spec is None else spec}"
+        label = f"{policy} {window} sinks={result['sinks']}"
+        if policy == "scissorhands" and result.get("history_window") is not None:
+            label += f" hw={result['history_window']}"
+        return label
+    if policy == "streaming-llm":
+        return f"{policy} sinks={result['sinks']}"
+    return policy
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    """A plain-text table of eval results, one row per policy, budget and parameter."""
+    """A plain-text table of eval results, one row per policy, budget and configuration."""
     full = next((r for r in results if r["policy"] == "full"), None)
+    width = max([len("config")] + [len(config_label(r)) for r in results])
     header = (
-        f"{'policy':<14} {'budget':>6} {'param':>9} {'perplexity':>10} {'vs full':>8} "
+        f"{'policy':<13} {'budget':>6} {'config':<{width}} {'perplexity':>10} {'vs full':>9} "
         f"{'agree':>6} {'top-1':>6} {'KV max':>6} {'KV mean':>7} "
-        f"{'policy ms':>9} {'cache ms':>8} {'model ms':>8}"
+        f"{'policy ms':>9} {'cache ms':>8} {'model ms':>8} {'ovh %':>6}"
     )
     lines = [header, "-" * len(header)]
     for r in results:
         delta = f"{100 * (r['perplexity'] / full['perplexity'] - 1):+.1f}%" if full else "-"
         budget = "-" if r["budget"] is None else str(r["budget"])
         lines.append(
-            f"{r['policy']:<14} {budget:>6} {_param_label(r):>9} "
-            f"{r['perplexity']:>10.3f} {delta:>8} "
+            f"{r['policy']:<13} {budget:>6} {config_label(r):<{width}} "
+            f"{r['perplexity']:>10.3f} {delta:>9} "
             f"{r['next_token_agreement']:>6.3f} {r['top1_accuracy']:>6.3f} "
             f"{r['kv_positions_held_max']:>6d} {r['kv_positions_held_mean']:>7.1f} "
             f"{r['policy_ms_per_step']:>9.3f} {r['bookkeeping_ms_per_step']:>8.3f} "
-            f"{r['forward_ms_per_step']:>8.1f}"
+            f"{r['forward_ms_per_step']:>8.1f} {r['overhead_percent_of_forward']:>6.2f}"
         )
     return "\n".join(lines)
 
@@ -238,31 +302,57 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
 def plot_results(
     results: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: str = ""
 ) -> None:
-    """Save a plot of perplexity against budget, one line per policy (and parameter)."""
+    """Save a plot of perplexity against budget, one line per policy and configuration
+    (a recent window given as a fraction of the budget is one line).
+
+    Each line has its own colour and a marker per policy; the full cache is a dashed
+    line.  The perplexity axis is logarithmic when the values span more than 4x, and a
+    long legend goes to the right of the axes.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     series: dict[str, list[tuple[int, float]]] = {}
+    policy_of: dict[str, str] = {}
+    full = None
     for r in results:
         if r["policy"] == "full":
-            ax.axhline(
-                r["perplexity"], color="black", linestyle="--", linewidth=1, label="full cache"
-            )
+            full = r["perplexity"]
             continue
-        label = r["policy"] if _param_label(r) == "-" else f"{r['policy']} ({_param_label(r)})"
+        label = _series_label(r)
         series.setdefault(label, []).append((r["budget"], r["perplexity"]))
-    for label, points in series.items():
+        policy_of[label] = r["policy"]
+    wide = len(series) > 8
+    fig, ax = plt.subplots(figsize=(9.6 if wide else 7.2, 4.8))
+    if full is not None:
+        ax.axhline(full, color="black", linestyle="--", linewidth=1, label="full cache")
+    colors = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
+    markers = {"streaming-llm": "s", "h2o": "^", "scissorhands": "o"}
+    for index, (label, points) in enumerate(series.items()):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        ax.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker=markers.get(policy_of[label], "D"),
+            color=colors(index % colors.N),
+            label=label,
+        )
+    values = [p[1] for points in series.values() for p in points] + (
+        [] if full is None else [full]
+    )
+    if values and min(values) > 0 and max(values) / min(values) > 4:
+        ax.set_yscale("log")
     ax.set_xlabel("budget (KV positions held per head)")
     ax.set_ylabel("perplexity")
     if title:
         ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    if wide:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -331,36 +421,88 @@ def _import_hf() -> Any:
     return hf
 
 
+def _default_sinks(cls: type) -> int:
+    """A policy class's own default ``sinks`` (0 when it has none)."""
+    import inspect
+
+    try:
+        default = inspect.signature(cls).parameters["sinks"].default
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return int(default) if isinstance(default, int) else 0
+
+
 def _runs(
-    args: Any, budgets: list[int]
-) -> tuple[list[tuple[str, int | None, int, int]], list[str]]:
-    """The (policy, budget, recent_window, sinks) runs, and notes on skipped combinations."""
+    args: Any, budgets: list[int], registry: Any = None, backend: str = "native"
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The runs of a sweep, as configurations, and notes on skipped combinations.
+
+    Each configuration is a dict: ``policy``, ``budget`` and, as the policy has them,
+    ``recent_window`` (in positions), ``recent_window_spec`` (when given as a fraction of
+    the budget, e.g. ``"50%"``), ``sinks``, ``history_window`` (None: off).  The full
+    cache comes first.  ``args.sinks`` None: each policy's own default; values: every
+    policy taking sinks.  ``args.history_window``: scissorhands only.  A combination a
+    policy refuses for a budget (e.g. ``recent_window + sinks >= budget``) is skipped
+    with a note, and so is a duplicate (two specs giving the same window).
+    """
+    from . import hf
+    from .cli import resolve_recent_window
+
+    registry = registry if registry is not None else hf.policy_registry(backend)
     names = _policy_names(args.policies)
-    runs: list[tuple[str, int | None, int, int]] = [("full", None, 0, 0)]
+    runs: list[dict[str, Any]] = [{"policy": "full", "budget": None}]
     notes = []
     if "full" not in names:
         notes.append("full cache run anyway: it is the reference for agreement")
+    sink_values = getattr(args, "sinks", None)
+    history = [None] if getattr(args, "history_window", None) is None else args.history_window
+    history = list(dict.fromkeys(None if not w else int(w) for w in history))
+    seen = set()
     for budget in budgets:
         for name in names:
             if name == "full":
                 continue
+            cls = registry[name]
+            sinks_list = (
+                [_default_sinks(cls)] if sink_values is None else list(dict.fromkeys(sink_values))
+            )
+            configs: list[dict[str, Any]] = []
             if name == "streaming-llm":
-                for sinks in args.sinks:
-                    if sinks >= budget:
-                        notes.append(
-                            f"skipped streaming-llm budget {budget} sinks {sinks}: sinks >= budget"
-                        )
-                        continue
-                    runs.append((name, budget, 0, sinks))
+                configs = [{"sinks": int(sinks)} for sinks in sinks_list]
             else:
-                for window in args.recent_window:
-                    if window >= budget:
-                        notes.append(
-                            f"skipped {name} budget {budget} recent_window {window}: "
-                            "recent_window >= budget"
-                        )
-                        continue
-                    runs.append((name, budget, window, 0))
+                for spec in dict.fromkeys(args.recent_window):
+                    window = resolve_recent_window(spec, budget)
+                    for sinks in sinks_list:
+                        for hw in history if name == "scissorhands" else [None]:
+                            config: dict[str, Any] = {"recent_window": window}
+                            if isinstance(spec, str):
+                                config["recent_window_spec"] = spec
+                            config["sinks"] = int(sinks)
+                            if name == "scissorhands":
+                                config["history_window"] = hw
+                            configs.append(config)
+            for config in configs:
+                config = {"policy": name, "budget": budget, **config}
+                label = f"{name} budget {budget} ({config_label(config)})"
+                key = (name, budget, config.get("recent_window"), config["sinks"],
+                       config.get("history_window"))  # fmt: skip
+                if key in seen:
+                    notes.append(f"skipped {label}: the same run as an earlier configuration")
+                    continue
+                try:
+                    hf.make_policy(
+                        name,
+                        budget,
+                        recent_window=config.get("recent_window", 0),
+                        sinks=config["sinks"],
+                        history_window=config.get("history_window"),
+                        backend=backend,
+                    )
+                except ScissorhandsError as exc:
+                    notes.append(f"skipped {label}: {exc}")
+                    continue
+                seen.add(key)
+                runs.append(config)
     return runs, notes
 
 
@@ -369,9 +511,13 @@ def run_eval(args: Any) -> int:
 
     ``args`` (an ``argparse.Namespace``): ``tokens`` (int), ``budgets`` (list of int or
     None: N/8 and N/5), ``policies`` (comma-separated), ``prompt_tokens``,
-    ``recent_window`` (list of int), ``sinks`` (list of int), ``text``, ``model``,
-    ``json``, ``plot`` (paths or None), ``no_progress``, ``head_mode``
-    (``per-head``/``mean``), ``backend`` (``native``/``reference``).
+    ``recent_window`` (list of int, or of fractions of the budget ``"50%"``/``"0.5x"``),
+    ``sinks`` (list of int, or None: each policy's default), ``history_window`` (list of
+    int or None, scissorhands only; optional), ``text``, ``model``, ``json``, ``plot``
+    (paths or None), ``no_progress``, ``head_mode`` (``per-head``/``mean``),
+    ``cache_mode`` (``reuse``/``compact``; optional), ``backend``
+    (``native``/``reference``).  Every combination of the swept values is run at every
+    budget; combinations a policy refuses are skipped with a note.
 
     Returns the process exit status: 0, or 2 on a bad argument (message on stderr).
     """
@@ -385,6 +531,7 @@ def run_eval(args: Any) -> int:
     prompt_tokens = int(args.prompt_tokens)
     budgets = sorted(set(args.budgets)) if args.budgets else default_budgets(tokens)
     head_mode = getattr(args, "head_mode", "per-head")
+    cache_mode = getattr(args, "cache_mode", "reuse")
     backend = getattr(args, "backend", "native")
     if tokens < 3:
         return _fail(f"--tokens must be at least 3, got {tokens}")
@@ -396,6 +543,10 @@ def run_eval(args: Any) -> int:
         )
     if head_mode not in hf.HEAD_MODES:
         return _fail(f"--head-mode must be one of {', '.join(hf.HEAD_MODES)}, got {head_mode!r}")
+    if cache_mode not in hf.CACHE_MODES:
+        return _fail(
+            f"--cache-mode must be one of {', '.join(hf.CACHE_MODES)}, got {cache_mode!r}"
+        )
     try:
         registry = hf.policy_registry(backend)
     except ScissorhandsError as exc:
@@ -404,7 +555,10 @@ def run_eval(args: Any) -> int:
     unknown = [name for name in names if name not in registry]
     if unknown or not names:
         return _fail(f"unknown policies {unknown}; known: {', '.join(registry)}")
-    runs, notes = _runs(args, budgets)
+    try:
+        runs, notes = _runs(args, budgets, registry, backend)
+    except (ScissorhandsError, ValueError, ZeroDivisionError) as exc:
+        return _fail(f"bad sweep values: {exc}")
 
     try:
         text, source = read_text(args.text)
@@ -426,7 +580,8 @@ def run_eval(args: Any) -> int:
     bar = tqdm(total=steps_per_run * len(runs), disable=not progress, unit="step", file=sys.stderr)
     results: list[dict[str, Any]] = []
     raw = []
-    for policy, budget, window, sinks in runs:
+    for config in runs:
+        policy, budget = config["policy"], config["budget"]
         bar.set_description(f"{policy}" + ("" if budget is None else f"@{budget}"))
         start = time.perf_counter()
         run = evaluate_policy(
@@ -434,24 +589,22 @@ def run_eval(args: Any) -> int:
             ids,
             policy,
             budget,
-            recent_window=window,
-            sinks=sinks,
+            recent_window=config.get("recent_window", 0),
+            sinks=config.get("sinks"),
+            history_window=config.get("history_window"),
             prompt_tokens=prompt_tokens,
             head_mode=head_mode,
+            cache_mode=cache_mode,
             backend=backend,
             progress=bar.update,
         )
-        wall = time.perf_counter() - start
-        raw.append((policy, budget, window, sinks, run, wall))
+        raw.append((config, run, time.perf_counter() - start))
     bar.close()
-    for policy, budget, window, sinks, run, wall in raw:
-        result: dict[str, Any] = {"policy": policy, "budget": budget}
-        if policy in ("h2o", "scissorhands"):
-            result["recent_window"] = window
-        if policy == "streaming-llm":
-            result["sinks"] = sinks
+    for config, run, wall in raw:
+        result: dict[str, Any] = dict(config)
+        result["label"] = config_label(config)
         # raw[0] is the full-cache run: the reference for next-token agreement.
-        result.update(_summarise(run, first_target, raw[0][4]["argmax"], target_ids))
+        result.update(_summarise(run, first_target, raw[0][1]["argmax"], target_ids))
         result["wall_seconds"] = wall
         results.append(result)
     full_ppl = results[0]["perplexity"]
@@ -463,14 +616,16 @@ def run_eval(args: Any) -> int:
     summary = (
         f"{os.path.basename(model_info['path'])}: N={tokens} tokens (prompt {prompt_tokens}), "
         f"scored on positions {first_target}..{tokens - 1} ({scored} tokens); "
-        f"head mode {head_mode}; backend {backend}; model load {load_seconds:.1f} s"
+        f"head mode {head_mode}; cache mode {cache_mode}; backend {backend}; "
+        f"model load {load_seconds:.1f} s"
     )
     print(summary)
     print(format_table(results))
     print(
         "perplexity/agree/top-1 over the scored positions; KV held per layer and head after "
-        "each step; ms per decode step: policy calls, cache bookkeeping (GQA mean, gathers), "
-        "model forward"
+        "each step; ms per decode step: policy calls, cache bookkeeping (GQA mean, reordering, "
+        "slots or gathers), model forward; ovh %: policy + cache as a share of the forward; "
+        "config: rw recent window (fraction of the budget), sinks, hw history window"
     )
     for note in notes:
         print(f"note: {note}")
@@ -485,8 +640,10 @@ def run_eval(args: Any) -> int:
                 "budgets": budgets,
                 "policies": names,
                 "recent_window": list(args.recent_window),
-                "sinks": list(args.sinks),
+                "sinks": None if args.sinks is None else list(args.sinks),
+                "history_window": list(getattr(args, "history_window", None) or [None]),
                 "head_mode": head_mode,
+                "cache_mode": cache_mode,
                 "backend": backend,
                 "scored_positions": [first_target, tokens - 1],
                 "scored_tokens": scored,
@@ -510,7 +667,7 @@ def run_eval(args: Any) -> int:
         plot_results(
             results,
             args.plot,
-            title=f"N={tokens}, {head_mode}, scored {first_target}..{tokens - 1}",
+            title=f"N={tokens}, head mode {head_mode}, scored {first_target}..{tokens - 1}",
         )
     return 0
 

