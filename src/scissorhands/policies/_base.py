@@ -431,6 +431,16 @@ class NativePolicy:
         pos = int(pos)
         return pos if 0 <= pos <= UINT32_MAX else None
 
+    def _lookup(self, pos: Any, head: Any, getter: Any, missing: Any) -> Any:
+        """``getter(ptr, head, pos)`` for a held-position accessor, or ``missing``
+        when ``pos`` is outside the uint32 range; checks ``pos`` before ``head``."""
+        pos = self._lookup_position(pos)
+        head = self._check_head(head)
+        if pos is None:
+            return missing
+        with self._lock:
+            return getter(self._ptr, head, pos)
+
     # ------------------------------------------------------------ state
 
     def _params(self) -> dict[str, Any]:

@@ -87,9 +87,4 @@ class H2O(NativePolicy):
         InvalidInputError
             ``head`` is outside ``[0, heads)``.
         """
-        pos = self._lookup_position(pos)
-        head = self._check_head(head)
-        if pos is None:
-            return -1.0
-        with self._lock:
-            return float(lib.sh_policy_score_of(self._ptr, head, pos))
+        return float(self._lookup(pos, head, lib.sh_policy_score_of, -1.0))

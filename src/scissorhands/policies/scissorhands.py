@@ -103,9 +103,4 @@ class Scissorhands(NativePolicy):
         InvalidInputError
             ``head`` is outside ``[0, heads)``.
         """
-        pos = self._lookup_position(pos)
-        head = self._check_head(head)
-        if pos is None:
-            return -1
-        with self._lock:
-            return int(lib.sh_policy_votes_of(self._ptr, head, pos))
+        return int(self._lookup(pos, head, lib.sh_policy_votes_of, -1))
