@@ -113,3 +113,31 @@ def load_generator() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# ---------------------------------------------------------------- shared test helpers
+
+
+@pytest.fixture(params=("Scissorhands", "H2O"))
+def heavy(request, backend):
+    """The attention-driven policy classes (Scissorhands, H2O) of each backend."""
+    return getattr(backend, request.param)
+
+
+def unchanged(p, exc, fn, *args, **kwargs):
+    """Call ``fn`` expecting ``exc``; the policy's state and memory must not move."""
+    before, mem = p.state_dict(), p.memory_bytes()
+    with pytest.raises(exc):
+        fn(*args, **kwargs)
+    assert p.state_dict() == before
+    assert p.memory_bytes() == mem
+
+
+def make_policy(backend: Any, name: str, budget: int = 6, protected: int = 2, heads: int = 1) -> Any:
+    """A policy of registry ``name``; ``protected`` is its recent window or sink count."""
+    cls = backend.POLICIES[name]
+    if name == "full":
+        return cls(budget=budget, heads=heads)
+    if name == "streaming-llm":
+        return cls(budget=budget, sinks=protected, heads=heads)
+    return cls(budget=budget, recent_window=protected, heads=heads)

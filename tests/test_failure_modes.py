@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import BACKENDS, POLICY_NAMES, load_backend
+from conftest import make_policy as make
 
 from scissorhands.errors import UINT32_MAX, InvalidInputError, InvalidTypeError
 
@@ -30,14 +31,6 @@ EVICTING = ("streaming-llm", "h2o", "scissorhands")
 # ---------------------------------------------------------------- helpers
 
 
-def make(backend: Any, name: str, budget: int = 6, protected: int = 2, heads: int = 1) -> Any:
-    """A policy of registry ``name``; ``protected`` is its recent window or sink count."""
-    cls = backend.POLICIES[name]
-    if name == "full":
-        return cls(budget=budget, heads=heads)
-    if name == "streaming-llm":
-        return cls(budget=budget, sinks=protected, heads=heads)
-    return cls(budget=budget, recent_window=protected, heads=heads)
 
 
 def rows(p: Any) -> list[list[int]]:

@@ -16,24 +16,10 @@ import pickle
 import numpy as np
 import pytest
 
+from conftest import unchanged
+
 from scissorhands.errors import InvalidInputError, InvalidTypeError
 
-HEAVY = ("Scissorhands", "H2O")
-
-
-@pytest.fixture(params=HEAVY)
-def heavy(request, backend):
-    """The attention-driven policy classes (Scissorhands, H2O) of each backend."""
-    return getattr(backend, request.param)
-
-
-def unchanged(p, exc, fn, *args, **kwargs):
-    """Call ``fn`` expecting ``exc``; the policy's state and memory must not move."""
-    before, mem = p.state_dict(), p.memory_bytes()
-    with pytest.raises(exc):
-        fn(*args, **kwargs)
-    assert p.state_dict() == before
-    assert p.memory_bytes() == mem
 
 
 def stream(p, steps, seed, heads=1, budget=None, none_every=0):

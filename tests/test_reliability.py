@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import POLICY_NAMES, load_backend
+from conftest import make_policy as make
 from fuzz_ops import PolicyPair, fuzz_settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -31,14 +32,6 @@ from scissorhands.errors import InvalidInputError, InvalidTypeError
 OTHER = {"native": "reference", "reference": "native"}
 
 
-def make(backend: Any, name: str, heads: int = 1, budget: int = 8, protected: int = 2) -> Any:
-    """A small policy of registry ``name``: recent window or sinks ``protected``."""
-    cls = backend.POLICIES[name]
-    if name == "full":
-        return cls(budget=budget, heads=heads)
-    if name == "streaming-llm":
-        return cls(budget=budget, sinks=protected, heads=heads)
-    return cls(budget=budget, recent_window=protected, heads=heads)
 
 
 def drive(p: Any, rng: np.random.Generator, start: int, steps: int) -> list[Any]:
@@ -76,7 +69,7 @@ def plain(value: Any) -> Any:
 
 def started(backend: Any, name: str, heads: int, seed: int) -> Any:
     """A policy some random way into its life (prefill or not, a few evictions)."""
-    p = make(backend, name, heads)
+    p = make(backend, name, budget=8, heads=heads)
     rng = np.random.default_rng(seed)
     if seed % 2:
         prompt = np.tril(rng.integers(0, 9, (heads, 6, 6)) / 8, -1)
@@ -151,7 +144,7 @@ def test_state_loads_in_the_other_backend(backend, name, heads):
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_state_version_is_checked(backend, name, version):
     """A state of another version (or none) is refused, not guessed at."""
-    state = make(backend, name).state_dict()
+    state = make(backend, name, budget=8).state_dict()
     assert state["version"] == 1
     state["version"] = version
     with pytest.raises(InvalidInputError):
@@ -203,7 +196,7 @@ def leak_cycle(backend: Any, i: int, weights: dict[tuple[int, int], np.ndarray],
     """One create/step/evict/destroy cycle; every few cycles also growth, errors, prefill, state."""
     name = POLICY_NAMES[i % 4]
     heads = 1 + i % 3
-    p = make(backend, name, heads, budget=4, protected=1)
+    p = make(backend, name, budget=4, protected=1, heads=heads)
     t = 0
     if i % 5 == 0:
         p.prefill(weights[(heads, 0)])

@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import unchanged
+
 from scissorhands.errors import (
     UINT32_MAX,
     InvalidInputError,
@@ -27,25 +29,10 @@ ALL = ("Scissorhands", "H2O", "StreamingLLM", "Full")
 BYTES_PER_SLOT = {"Scissorhands": 9, "H2O": 13, "StreamingLLM": 4, "Full": 4}
 
 
-@pytest.fixture(params=HEAVY)
-def heavy(request, backend):
-    """The attention-driven policy classes (Scissorhands, H2O) of each backend."""
-    return getattr(backend, request.param)
-
-
 @pytest.fixture(params=ALL)
 def any_cls(request, backend):
     """Every policy class of each backend."""
     return getattr(backend, request.param)
-
-
-def unchanged(p, exc, fn, *args, **kwargs):
-    """Call ``fn`` expecting ``exc``; the policy's state and memory must not move."""
-    before, mem = p.state_dict(), p.memory_bytes()
-    with pytest.raises(exc):
-        fn(*args, **kwargs)
-    assert p.state_dict() == before
-    assert p.memory_bytes() == mem
 
 
 def make(cls, budget=4, heads=1, **kw):
