@@ -506,6 +506,21 @@ def _runs(
     return runs, notes
 
 
+def _load_inputs(args: Any, tokens: int, progress: bool) -> tuple[str, Any, Any, float, list[int]] | str:
+    """Read ``--text``, load ``--model`` and tokenize the first ``tokens`` tokens:
+    ``(source, model, tokenizer, load_seconds, ids)``, or the message of what failed."""
+    try:
+        text, source = read_text(args.text)
+    except OSError as exc:
+        return f"cannot read --text: {exc}"
+    try:
+        model, tokenizer, load_seconds = _load(args.model, progress)
+        ids = tokenize_prefix(tokenizer, text, tokens)
+    except (ScissorhandsError, OSError) as exc:
+        return str(exc)
+    return source, model, tokenizer, load_seconds, ids
+
+
 def run_eval(args: Any) -> int:
     """``python -m scissorhands eval``: perplexity and agreement per policy and budget.
 
@@ -560,19 +575,11 @@ def run_eval(args: Any) -> int:
     except (ScissorhandsError, ValueError, ZeroDivisionError) as exc:
         return _fail(f"bad sweep values: {exc}")
 
-    try:
-        text, source = read_text(args.text)
-    except OSError as exc:
-        return _fail(f"cannot read --text: {exc}")
     progress = not args.no_progress
-    try:
-        model, tokenizer, load_seconds = _load(args.model, progress)
-    except (ScissorhandsError, OSError) as exc:
-        return _fail(str(exc))
-    try:
-        ids = tokenize_prefix(tokenizer, text, tokens)
-    except ScissorhandsError as exc:
-        return _fail(str(exc))
+    loaded = _load_inputs(args, tokens, progress)
+    if isinstance(loaded, str):
+        return _fail(loaded)
+    source, model, _tokenizer, load_seconds, ids = loaded
     first_target = max(budgets)
     target_ids = np.array(ids[1:], dtype=np.int64)
 
@@ -696,16 +703,11 @@ def run_record(args: Any) -> int:
         return _fail(f"--tokens must be at least 2, got {tokens}")
     if prompt_tokens < 1:
         return _fail(f"--prompt-tokens must be at least 1, got {prompt_tokens}")
-    try:
-        text, source = read_text(args.text)
-    except OSError as exc:
-        return _fail(f"cannot read --text: {exc}")
     progress = not args.no_progress
-    try:
-        model, tokenizer, load_seconds = _load(args.model, progress)
-        ids = tokenize_prefix(tokenizer, text, tokens)
-    except (ScissorhandsError, OSError) as exc:
-        return _fail(str(exc))
+    loaded = _load_inputs(args, tokens, progress)
+    if isinstance(loaded, str):
+        return _fail(loaded)
+    source, model, _tokenizer, load_seconds, ids = loaded
     model_info = _model_info(model, args.model)
     layers = (
         list(range(model_info["layers"])) if args.layers is None else [int(i) for i in args.layers]
