@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="cache budgets in positions (replay default: 256 512 1024 on decode-4096, "
-        "N/8 N/4 N/2 on a recorded trace of N positions)",
+        "N/8 N/4 N/2 on a recorded trace of N positions; eval default: N/8 and N/5 of "
+        "--tokens, rounded down)",
     )
     group.add_argument(
         "--recent-window",
