@@ -23,14 +23,16 @@ def _rows(state: dict[str, Any], key: str) -> list[list[Any]]:
     return rows
 
 
-def _int_rows(rows: list[list[Any]], key: str) -> np.ndarray:
+def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
+              dtype: Any = np.uint32) -> np.ndarray:
+    """Rows of integers in ``[0, high]`` as a C-contiguous ``dtype`` array."""
     for row in rows:
         for v in row:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise InvalidTypeError(f"state[{key!r}] must hold integers, found {type(v).__name__}")
-            if not 0 <= v <= UINT32_MAX:
-                raise InvalidInputError(f"state[{key!r}] value {v} outside [0, 2**32 - 1]")
-    return np.ascontiguousarray(np.array(rows, dtype=np.uint32))
+            if not 0 <= v <= high:
+                raise InvalidInputError(f"state[{key!r}] value {v} outside [0, {high}]")
+    return np.ascontiguousarray(np.array([[int(v) for v in row] for row in rows], dtype=dtype))
 
 
 def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
@@ -105,14 +107,7 @@ def parse_history(state: dict[str, Any], window: int | None, votes: np.ndarray) 
     rows = _rows(state, "history")
     if (len(rows), len(rows[0])) != votes.shape:
         raise InvalidInputError(f"state['history'] shape {(len(rows), len(rows[0]))} differs from kept {votes.shape}")
-    top = (1 << window) - 1
-    for row in rows:
-        for v in row:
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise InvalidTypeError(f"state['history'] must hold integers, found {type(v).__name__}")
-            if not 0 <= v <= top:
-                raise InvalidInputError(f"state['history'] register {v} outside [0, 2**{window} - 1]")
-    history = np.ascontiguousarray(np.array([[int(v) for v in row] for row in rows], dtype=np.uint64))
+    history = _int_rows(rows, "history", (1 << window) - 1, np.uint64)
     counts = np.array([[int(v).bit_count() for v in row] for row in rows], dtype=np.int64)
     if np.any(counts != votes.astype(np.int64)):
         raise InvalidInputError("state['votes'] must equal the number of vote bits in state['history']")
