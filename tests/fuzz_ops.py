@@ -274,6 +274,11 @@ class PolicyPair(RuleBasedStateMachine):
             params["budget"] = budget
             key = "sinks" if policy == "streaming-llm" else "recent_window"
             params[key] = data.draw(st.integers(0, budget - 1), label=key)
+            if policy in ("scissorhands", "h2o") and data.draw(st.booleans(), label="sinks?"):
+                params["sinks"] = data.draw(st.integers(0, budget - 1 - params[key]), label="sinks")
+            if policy == "scissorhands" and data.draw(st.booleans(), label="history?"):
+                params["history_window"] = data.draw(st.sampled_from([1, 2, 3, 5, 64]),
+                                                     label="history_window")
         self.policy = policy
         self._configure(params)
         self.objs = [b.POLICIES[policy](**params) for b in self.backends]
@@ -284,7 +289,7 @@ class PolicyPair(RuleBasedStateMachine):
     def _configure(self, params: dict[str, Any]) -> None:
         """Remember the parameters the objects were built (or loaded) with."""
         self.params, self.heads = dict(params), params["heads"]
-        self.protected = params.get("sinks", params.get("recent_window", 0))
+        self.protected = params.get("sinks", 0) + params.get("recent_window", 0)
         self.evicts = self.policy != "full"
 
     @property
@@ -390,7 +395,7 @@ class PolicyPair(RuleBasedStateMachine):
         state = copy.deepcopy(self.objs[1].state_dict())
         field = data.draw(st.sampled_from(
             ["kept", "last_position", "params", "version", "format", "policy", "extra", "missing"]
-            + [k for k in ("votes", "scores") if k in state]), label="field")
+            + [k for k in ("votes", "scores", "history") if k in state]), label="field")
         rows = state["kept"]
         if field == "last_position":
             state[field] = data.draw(st.sampled_from([-1, 0, 2**32, 1.0, None, True, "3"])
@@ -428,6 +433,9 @@ class PolicyPair(RuleBasedStateMachine):
                 if field == "scores":
                     bad = (st.sampled_from([-0.5, -0.0, 5e-324, math.nan, math.inf, "1", None, 1, True, 1e308,
                                             np.float32(0.5), np.float64(-0.0)]) | st.floats(0, 4))
+                elif field == "history":  # registers: bits above the window, or a popcount off
+                    bad = (st.sampled_from([-1, 2**64, 2**64 - 1, 2**63, 1.0, True, None, "1", np.uint64(1)])
+                           | st.integers(0, 2**6))
                 else:
                     bad = (st.sampled_from([-1, 2**32, UINT32_MAX, 1.0, True, None, "1", np.int64(0),
                                             np.uint32(1), np.bool_(False)])
@@ -449,10 +457,12 @@ class PolicyPair(RuleBasedStateMachine):
     def construct(self, data: Any) -> None:
         """Both backends build, or refuse with the same class, parameters that may be bad,
         several at once, or left to their defaults."""
-        names = {"full": ["budget", "heads"], "streaming-llm": ["budget", "sinks", "heads"]}.get(
-            self.policy, ["budget", "recent_window", "heads"])
+        names = {"full": ["budget", "heads"], "streaming-llm": ["budget", "sinks", "heads"],
+                 "h2o": ["budget", "recent_window", "heads", "sinks"]}.get(
+            self.policy, ["budget", "recent_window", "heads", "sinks", "history_window"])
         value = st.one_of(st.integers(-1, 9), st.integers(-1, 9), st.sampled_from(
-            [0, 2**31, UINT32_MAX, 2**32, 65537, True, False, 2.0, None, "3", np.int64(3), np.uint8(1)]))
+            [0, 2**31, UINT32_MAX, 2**32, 65537, True, False, 2.0, None, "3", np.int64(3), np.uint8(1),
+             0.5, 0.99, -0.5, math.nan, np.float32(0.25)]))
         params: dict[str, Any] = {}
         for k in names:
             if data.draw(st.integers(0, 3), label=f"give {k}"):

@@ -12,6 +12,7 @@ import copy
 import json
 import math
 import pickle
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -431,3 +432,39 @@ def test_c_core_options(native):
     out = ffi.new("uint64_t[2]")
     assert lib.sh_policy_export_history(p, out, 1) == lib.SH_ERR_BUFFER
     assert lib.sh_policy_export_history(p, out, 2) == lib.SH_OK and list(out) == [3, 2]
+
+
+# ---------------------------------------------------------------- recent_window as a fraction
+
+
+@pytest.mark.parametrize("cls", ["Scissorhands", "H2O"])
+@pytest.mark.parametrize(("fraction", "budget", "want"), [
+    (0.5, 409, 204), (0.5, 256, 128), (0.0, 7, 0), (0.25, 3, 0),
+    (np.float32(0.5), 9, 4), (np.float64(0.75), 8, 6), (Fraction(1, 3), 10, 3),
+    # 0.1 as a double is a little above 1/10, so 10 x 0.1 rounds down to 1, not 0.
+    # and 0.999 is a little below, so 1000 x 0.999 rounds down to 998.
+    (0.1, 10, 1), (0.7, 10, 6), (0.999, 1000, 998)])
+def test_recent_window_fraction_of_the_budget(backend, cls, fraction, budget, want):
+    """A float recent_window is that fraction of the budget, rounded down from its exact
+    binary value; the object then is the one built with the resolved count."""
+    p = getattr(backend, cls)(budget=budget, recent_window=fraction)
+    assert p.recent_window == want and type(p.recent_window) is int
+    q = getattr(backend, cls)(budget=budget, recent_window=want)
+    assert p.state_dict() == q.state_dict() and repr(p) == repr(q)
+    assert stream(p, 30, 1, budget=budget) == stream(q, 30, 1, budget=budget)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 1.5, -0.25, -1e-300, math.nan, math.inf, -math.inf,
+                                      Fraction(1), np.float64(2.0)])
+def test_recent_window_fraction_out_of_range(backend, fraction):
+    """A fraction outside [0, 1) is refused as out of range, with the value in the message."""
+    for cls in (backend.Scissorhands, backend.H2O):
+        with pytest.raises(InvalidInputError, match="fraction of the budget"):
+            cls(budget=8, recent_window=fraction)
+
+
+def test_recent_window_fraction_must_leave_room_for_sinks(backend):
+    """The resolved window still obeys recent_window + sinks < budget."""
+    assert backend.Scissorhands(budget=8, recent_window=0.5, sinks=3).recent_window == 4
+    with pytest.raises(InvalidInputError):
+        backend.Scissorhands(budget=8, recent_window=0.5, sinks=4)

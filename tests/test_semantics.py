@@ -125,13 +125,22 @@ def test_constructor_rejects(any_cls, kwargs, exc):
 
 @pytest.mark.parametrize(("window", "exc"), [
     (4, InvalidInputError), (5, InvalidInputError), (-1, InvalidInputError),
-    (1.0, InvalidTypeError), (True, InvalidTypeError), (None, InvalidTypeError)])
+    (True, InvalidTypeError), (None, InvalidTypeError), ("1", InvalidTypeError)])
 def test_protected_count_must_be_below_budget(backend, window, exc):
     """recent_window and sinks must be integers in [0, budget - 1]."""
     for make in (lambda: backend.Scissorhands(budget=4, recent_window=window),
                  lambda: backend.H2O(budget=4, recent_window=window),
-                 lambda: backend.StreamingLLM(budget=4, sinks=window)):
+                 lambda: backend.StreamingLLM(budget=4, sinks=window),
+                 lambda: backend.Scissorhands(budget=4, recent_window=0, sinks=window)):
         with pytest.raises(exc):
+            make()
+
+
+def test_float_sinks_are_refused(backend):
+    """Only recent_window takes a fraction: a float sink count is the wrong kind."""
+    for make in (lambda: backend.StreamingLLM(budget=4, sinks=1.0),
+                 lambda: backend.Scissorhands(budget=4, recent_window=0, sinks=0.5)):
+        with pytest.raises(InvalidTypeError):
             make()
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from .errors import ScissorhandsError
+from .errors import ScissorhandsError, check_recent_window
 from .harness import ReplayResult, prepare, replay, round6
 from .traces import decode_trace, load_recorded_trace
 
@@ -96,12 +96,13 @@ parse_recent_window.__name__ = "recent window"
 
 def resolve_recent_window(spec: int | str, budget: int) -> int:
     """The recent window for ``budget``: ``spec`` itself, or ``floor(fraction * budget)``
-    for a ``50%`` / ``0.5x`` spec."""
+    for a ``50%`` / ``0.5x`` spec (as the constructors resolve a fractional
+    ``recent_window``: :func:`scissorhands.errors.check_recent_window`)."""
     if isinstance(spec, str):
         fraction = Fraction(spec[:-1])
         if spec.endswith("%"):
             fraction /= 100
-        return math.floor(fraction * budget)
+        return check_recent_window(fraction, budget)
     return int(spec)
 
 

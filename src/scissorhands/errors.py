@@ -9,7 +9,9 @@ policy exactly as it was.
 
 from __future__ import annotations
 
+import math
 import numbers
+from fractions import Fraction
 from typing import Any
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "InvalidInputError",
     "UINT32_MAX",
     "check_int",
+    "check_recent_window",
 ]
 
 #: Largest position, budget or vote count the policies can hold (``2**32 - 1``).
@@ -61,3 +64,32 @@ def check_int(name: str, value: Any, low: int = 0, high: int = UINT32_MAX) -> in
     if value < low or value > high:
         raise InvalidInputError(f"{name} must be in [{low}, {high}], got {value}")
     return value
+
+
+def check_recent_window(value: Any, budget: int) -> int:
+    """Return the recent window, in positions, that ``value`` asks of ``budget``.
+
+    An integer is a count of positions in ``[0, budget - 1]``.  A non-integer real
+    (``float``, NumPy floating, ``fractions.Fraction``) in ``[0, 1)`` is a fraction of
+    the budget, rounded down from its exact value: ``0.5`` with budget 409 gives 204.
+
+    Raises
+    ------
+    InvalidTypeError
+        ``value`` is neither an integer nor a real number (or is a bool).
+    InvalidInputError
+        An integer outside ``[0, budget - 1]``, or a fraction outside ``[0, 1)``
+        (NaN and infinities included).
+    """
+    if isinstance(value, numbers.Real) and not isinstance(value, (numbers.Integral, bool)):
+        if isinstance(value, Fraction):
+            fraction = value
+        elif math.isfinite(value):
+            fraction = Fraction(float(value))
+        else:
+            fraction = None
+        if fraction is None or not 0 <= fraction < 1:
+            raise InvalidInputError(
+                f"recent_window as a fraction of the budget must be in [0, 1), got {value}")
+        return math.floor(fraction * budget)
+    return check_int("recent_window", value, 0, budget - 1)

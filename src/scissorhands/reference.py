@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import UINT32_MAX, InvalidInputError, InvalidTypeError, check_int
+from .errors import UINT32_MAX, InvalidInputError, InvalidTypeError, check_int, check_recent_window
 
 __all__ = ["Scissorhands", "H2O", "StreamingLLM", "Full", "POLICIES"]
 
@@ -620,7 +620,7 @@ class _HeavyHitters(_Policy):
     def _configure(self, budget: Any, recent_window: Any, sinks: Any) -> None:
         """Validate budget, recent_window, sinks and ``recent_window + sinks < budget``."""
         self.budget = check_int("budget", budget, 1, UINT32_MAX)
-        self.recent_window = check_int("recent_window", recent_window, 0, self.budget - 1)
+        self.recent_window = check_recent_window(recent_window, self.budget)
         self.sinks = check_int("sinks", sinks, 0, self.budget - 1)
         if self.recent_window + self.sinks >= self.budget:
             raise InvalidInputError(
@@ -661,8 +661,10 @@ class Scissorhands(_HeavyHitters):
     ----------
     budget : int, default 512
         Positions to keep per head, in ``[1, 2**32 - 1]``.
-    recent_window : int, default 32
-        The most recent positions, never evicted; in ``[0, budget - 1]``.
+    recent_window : int or float, default 32
+        The most recent positions, never evicted: an int in ``[0, budget - 1]``, or a
+        float (or ``Fraction``) in ``[0, 1)``: that fraction of the budget, rounded down
+        (the attribute and the state hold the resolved count).
     rng : any, default None
         Accepted and ignored (the policy is deterministic).
     heads : int, default 1
@@ -675,8 +677,8 @@ class Scissorhands(_HeavyHitters):
     Raises
     ------
     InvalidTypeError
-        A parameter is not an integer (bool and float refused; ``history_window`` may
-        also be None).
+        A parameter is not an integer (bool and float refused, except a float
+        ``recent_window``, a fraction of the budget; ``history_window`` may also be None).
     InvalidInputError
         A parameter is out of range.
 
@@ -766,8 +768,10 @@ class H2O(_HeavyHitters):
     ----------
     budget : int, default 512
         Positions to keep per head, in ``[1, 2**32 - 1]``.
-    recent_window : int, default 32
-        The most recent positions, never evicted; in ``[0, budget - 1]``.
+    recent_window : int or float, default 32
+        The most recent positions, never evicted: an int in ``[0, budget - 1]``, or a
+        float (or ``Fraction``) in ``[0, 1)``: that fraction of the budget, rounded down
+        (the attribute and the state hold the resolved count).
     rng : any, default None
         Accepted and ignored.
     heads : int, default 1
@@ -778,7 +782,7 @@ class H2O(_HeavyHitters):
     Raises
     ------
     InvalidTypeError
-        A parameter is not an integer.
+        A parameter is not an integer (a float ``recent_window`` is a fraction).
     InvalidInputError
         A parameter is out of range.
 

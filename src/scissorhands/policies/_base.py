@@ -20,6 +20,7 @@ from scissorhands.errors import (
     InvalidInputError,
     InvalidTypeError,
     check_int,
+    check_recent_window,
 )
 
 MAX_HEADS = 65536
@@ -115,9 +116,9 @@ class NativePolicy:
     def __init__(self, *, budget: int, heads: int, recent_window: int = 0, sinks: int = 0,
                  history_window: int | None = None) -> None:
         # The reference's order: budget, recent_window, sinks, their sum, history_window, heads.
-        self._budget = check_int("budget", budget, 1)
-        self._recent_window = check_int("recent_window", recent_window, 0)
-        self._sinks = check_int("sinks", sinks, 0)
+        self._budget = check_int("budget", budget, 1, UINT32_MAX)
+        self._recent_window = check_recent_window(recent_window, self._budget)
+        self._sinks = check_int("sinks", sinks, 0, self._budget - 1)
         if self._recent_window + self._sinks >= self._budget:
             raise InvalidInputError(self._budget_message(self._budget))
         self._history_window = (None if history_window is None else

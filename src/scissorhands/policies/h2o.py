@@ -22,8 +22,11 @@ class H2O(NativePolicy):
     ----------
     budget : int, default 512
         Positions kept per head after :meth:`evict`, in ``[1, 2**32 - 1]``.
-    recent_window : int, default 32
-        The most recent positions never evicted; ``0 <= recent_window < budget``.
+    recent_window : int or float, default 32
+        The most recent positions never evicted: an int in ``[0, budget - 1]``, or a
+        float (or ``Fraction``) in ``[0, 1)`` taken as that fraction of the budget,
+        rounded down (``recent_window=0.5`` holds ``budget // 2``; ``self.recent_window``
+        and the state keep the resolved count).
     rng : object, optional
         Accepted and ignored (the policy is deterministic).
     heads : int, default 1
@@ -35,10 +38,11 @@ class H2O(NativePolicy):
     Raises
     ------
     InvalidTypeError
-        A parameter is not an integer.
+        A parameter is not an integer (bools included; ``recent_window`` may also be
+        a float fraction).
     InvalidInputError
-        ``budget < 1``, ``recent_window < 0``, ``sinks < 0`` or
-        ``recent_window + sinks >= budget``.
+        ``budget < 1``, ``recent_window`` outside ``[0, budget - 1]`` (a fraction
+        outside ``[0, 1)``), ``sinks < 0`` or ``recent_window + sinks >= budget``.
 
     Notes
     -----

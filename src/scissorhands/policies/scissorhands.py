@@ -23,8 +23,11 @@ class Scissorhands(NativePolicy):
     ----------
     budget : int, default 512
         Positions kept per head after :meth:`evict`, in ``[1, 2**32 - 1]``.
-    recent_window : int, default 32
-        The most recent positions never evicted; ``0 <= recent_window < budget``.
+    recent_window : int or float, default 32
+        The most recent positions never evicted: an int in ``[0, budget - 1]``, or a
+        float (or ``Fraction``) in ``[0, 1)`` taken as that fraction of the budget,
+        rounded down (``recent_window=0.5`` holds ``budget // 2``; ``self.recent_window``
+        and the state keep the resolved count).
     rng : object, optional
         Accepted for the shared constructor shape and ignored: the policy is
         deterministic.
@@ -42,10 +45,11 @@ class Scissorhands(NativePolicy):
     Raises
     ------
     InvalidTypeError
-        A parameter is not an integer (bools and floats included), or
-        ``history_window`` is neither an integer nor None.
+        A parameter is not an integer (bools and floats included, except a float
+        ``recent_window`` fraction), or ``history_window`` is neither an integer nor None.
     InvalidInputError
-        ``budget < 1``, ``recent_window < 0``, ``sinks < 0``,
+        ``budget < 1``, ``recent_window`` outside ``[0, budget - 1]`` (a fraction
+        outside ``[0, 1)``), ``sinks < 0``,
         ``recent_window + sinks >= budget``, or ``history_window`` outside ``[1, 64]``.
 
     Notes
