@@ -14,6 +14,11 @@
  * register left by one, adds the new bit and masks to w bits, and the slot's vote
  * count becomes the register's popcount, so the selection below is unchanged.
  *
+ * With a vote rate each slot also counts the decode steps that carried attention
+ * since it was admitted (uint32, saturating), and the selection ranks it by votes /
+ * steps held (steps capped at the history window, and at least 1) as a double: an
+ * old position's head start in votes stops protecting it.
+ *
  * Selection is O(count) time with one byte of scratch per slot: a byte-at-a-time
  * radix select finds the k-th smallest key (the scratch byte marks which slots are
  * still candidates), then one pass takes every key below that threshold and the
@@ -69,6 +74,17 @@ static uint64_t *row_history(const sh_policy *p, size_t h)
     return p->history + h * p->capacity;
 }
 
+/* The steps-held counters follow the heads * capacity votes in the values block. */
+static uint32_t *held_block(void *values, size_t heads, size_t capacity)
+{
+    return (uint32_t *)values + heads * capacity;
+}
+
+static uint32_t *row_held(const sh_policy *p, size_t h)
+{
+    return held_block(p->values, p->heads, p->capacity) + h * p->capacity;
+}
+
 /* The register bits a history window of w steps keeps (w in 1..64). */
 static uint64_t history_mask(uint32_t w)
 {
@@ -116,12 +132,12 @@ static void storage_free(storage *s)
 }
 
 /* Allocates arrays for heads rows of capacity slots (vote registers too when
-   with_history); all or nothing. */
-static int storage_alloc(storage *s, int32_t kind, int with_history, size_t heads,
-                         size_t capacity)
+   with_history, steps held after the votes when with_held); all or nothing. */
+static int storage_alloc(storage *s, int32_t kind, int with_history, int with_held,
+                         size_t heads, size_t capacity)
 {
     size_t slots = heads * capacity;
-    size_t vb = value_bytes(kind);
+    size_t vb = value_bytes(kind) + (with_held ? sizeof(uint32_t) : 0);
     s->positions = NULL;
     s->values = NULL;
     s->scratch = NULL;
@@ -159,7 +175,8 @@ static int ensure_capacity(sh_policy *p, uint64_t need)
     if (cap < need)
         return SH_ERR_NOMEM;
     storage s;
-    int rc = storage_alloc(&s, p->kind, p->history != NULL, p->heads, (size_t)cap);
+    int rc = storage_alloc(&s, p->kind, p->history != NULL, p->vote_rate, p->heads,
+                           (size_t)cap);
     if (rc != SH_OK)
         return rc;
     size_t vb = value_bytes(p->kind);
@@ -170,6 +187,9 @@ static int ensure_capacity(sh_policy *p, uint64_t need)
                    p->count * vb);
         if (p->history != NULL)
             memcpy(s.history + h * cap, row_history(p, h), p->count * sizeof(uint64_t));
+        if (p->vote_rate)
+            memcpy(held_block(s.values, p->heads, (size_t)cap) + h * cap, row_held(p, h),
+                   p->count * sizeof(uint32_t));
     }
     storage old = { p->positions, p->values, p->scratch, p->history };
     storage_free(&old);
@@ -181,7 +201,8 @@ static int ensure_capacity(sh_policy *p, uint64_t need)
     return SH_OK;
 }
 
-/* Every row back to {0} with a zero score (and an empty vote register). */
+/* Every row back to {0} with a zero score (and an empty vote register, no steps
+   held). */
 static void hold_origin(sh_policy *p)
 {
     for (size_t h = 0; h < p->heads; h++) {
@@ -192,6 +213,8 @@ static void hold_origin(sh_policy *p)
             row_scores(p, h)[0] = 0.0;
         if (p->history != NULL)
             row_history(p, h)[0] = 0;
+        if (p->vote_rate)
+            row_held(p, h)[0] = 0;
     }
     p->count = 1;
     p->last_position = 0;
@@ -217,13 +240,16 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
     if (cfg->history_window != 0
         && (kind != SH_SCISSORHANDS || cfg->history_window > MAX_HISTORY_WINDOW))
         return SH_ERR_ARG;
+    if (cfg->vote_rate > 1 || (cfg->vote_rate != 0 && kind != SH_SCISSORHANDS))
+        return SH_ERR_ARG;
     if ((uint64_t)cfg->recent_window + cfg->sinks >= cfg->budget)
         return SH_ERR_BUDGET;
 
     sh_policy *p = calloc(1, sizeof *p);
     if (p == NULL)
         return SH_ERR_NOMEM;
-    p->kind = (int16_t)kind;
+    p->kind = (int8_t)kind;
+    p->vote_rate = (uint8_t)cfg->vote_rate;
     p->history_window = (uint16_t)cfg->history_window;
     p->heads = cfg->heads;
     p->budget = cfg->budget;
@@ -235,7 +261,8 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
     else if (cap > MAX_INITIAL_CAPACITY)
         cap = MAX_INITIAL_CAPACITY;
     storage s;
-    if (storage_alloc(&s, kind, p->history_window != 0, p->heads, (size_t)cap) != SH_OK) {
+    if (storage_alloc(&s, kind, p->history_window != 0, p->vote_rate, p->heads, (size_t)cap)
+        != SH_OK) {
         free(p);
         return SH_ERR_NOMEM;
     }
@@ -282,7 +309,8 @@ size_t sh_policy_slot_bytes(const sh_policy *p)
         return 0;
     size_t vb = value_bytes(p->kind);
     size_t hb = p->history != NULL ? sizeof(uint64_t) : 0;
-    return sizeof(uint32_t) + vb + (vb != 0 ? 1 : 0) + hb;
+    size_t rb = p->vote_rate ? sizeof(uint32_t) : 0;
+    return sizeof(uint32_t) + vb + (vb != 0 ? 1 : 0) + hb + rb;
 }
 
 size_t sh_policy_memory_bytes(const sh_policy *p)
@@ -377,9 +405,18 @@ static void vote_history_f64(uint32_t *votes, uint64_t *history, uint64_t mask,
     }
 }
 
+/* One more step held for each of n slots, saturating at UINT32_MAX. */
+static void count_step(uint32_t *held, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        held[i] += (uint32_t)(held[i] != UINT32_MAX);
+}
+
 /* Applies one row of weights (n of them, of dtype) to row h's scores. */
 static void update_row(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n)
 {
+    if (p->vote_rate)
+        count_step(row_held(p, h), n);
     if (p->kind == SH_SCISSORHANDS && p->history != NULL) {
         uint64_t mask = history_mask(p->history_window);
         if (dtype == SH_DTYPE_F32)
@@ -404,8 +441,8 @@ static size_t dtype_size(int32_t dtype)
     return dtype == SH_DTYPE_F32 ? sizeof(float) : sizeof(double);
 }
 
-/* Appends pos with a zero score (and an empty vote register) to every row
-   (capacity already ensured). */
+/* Appends pos with a zero score (and an empty vote register, no steps held) to
+   every row (capacity already ensured). */
 static void admit(sh_policy *p, uint32_t pos)
 {
     size_t c = p->count;
@@ -417,6 +454,8 @@ static void admit(sh_policy *p, uint32_t pos)
             row_scores(p, h)[c] = 0.0;
         if (p->history != NULL)
             row_history(p, h)[c] = 0;
+        if (p->vote_rate)
+            row_held(p, h)[c] = 0;
     }
     p->count++;
     p->last_position = pos;
@@ -424,11 +463,28 @@ static void admit(sh_policy *p, uint32_t pos)
 
 /* ---------------------------------------------------------------- selection */
 
-/* The key that orders slot i of row h: votes, or the bits of an H2O score. */
+/* The vote rate of slot i of row h: votes / steps held, the steps capped at the
+   history window (when there is one) and raised to 1 (a slot admitted this step). */
+static inline double rate_at(const sh_policy *p, size_t h, size_t i)
+{
+    uint32_t steps = row_held(p, h)[i];
+    if (p->history_window != 0 && steps > p->history_window)
+        steps = p->history_window;
+    return (double)row_votes(p, h)[i] / (double)(steps != 0 ? steps : 1);
+}
+
+/* The key that orders slot i of row h: votes, the bits of a vote rate, or the bits
+   of an H2O score (finite doubles >= 0 order as their bits do). */
 static inline uint64_t key_at(const sh_policy *p, size_t h, size_t i)
 {
-    if (p->kind == SH_SCISSORHANDS)
+    if (p->kind == SH_SCISSORHANDS && !p->vote_rate)
         return row_votes(p, h)[i];
+    if (p->kind == SH_SCISSORHANDS) {
+        double r = rate_at(p, h, i);
+        uint64_t bits;
+        memcpy(&bits, &r, sizeof bits);
+        return bits;
+    }
     return sh_h2o_key(row_scores(p, h), i);
 }
 
@@ -488,6 +544,18 @@ static void radix_select(const sh_policy *p, size_t h, size_t lo, size_t hi, siz
 static size_t first_minimum(const sh_policy *p, size_t h, size_t lo, size_t hi)
 {
     size_t i;
+    if (p->vote_rate) {
+        size_t at = lo;
+        double least = rate_at(p, h, lo);
+        for (i = lo + 1; i < hi; i++) {
+            double r = rate_at(p, h, i);
+            if (r < least) {
+                least = r;
+                at = i;
+            }
+        }
+        return at;
+    }
     if (p->kind == SH_SCISSORHANDS) {
         const uint32_t *v = row_votes(p, h);
         uint32_t least = UINT32_MAX;
@@ -507,20 +575,24 @@ static size_t first_minimum(const sh_policy *p, size_t h, size_t lo, size_t hi)
 }
 
 /* Removes the slots marked 1 in mark[lo, hi) from row h, keeping the order of the
-   rest (vote registers move with their slots): one memmove per array per run of
-   survivors. With hi == lo + 1 the single slot lo goes and mark is not read. */
+   rest (vote registers and steps held move with their slots): one memmove per array
+   per run of survivors. With hi == lo + 1 the single slot lo goes and mark is not
+   read. */
 static void compact_row(sh_policy *p, size_t h, size_t lo, size_t hi, const uint8_t *mark)
 {
     uint32_t *pos = row_positions(p, h);
     size_t vb = value_bytes(p->kind);
     char *vals = (char *)p->values + h * p->capacity * vb;
     uint64_t *hist = p->history != NULL ? row_history(p, h) : NULL;
+    uint32_t *held = p->vote_rate ? row_held(p, h) : NULL;
     size_t n = p->count;
     if (hi == lo + 1) {
         memmove(pos + lo, pos + lo + 1, (n - lo - 1) * sizeof *pos);
         memmove(vals + lo * vb, vals + (lo + 1) * vb, (n - lo - 1) * vb);
         if (hist != NULL)
             memmove(hist + lo, hist + lo + 1, (n - lo - 1) * sizeof *hist);
+        if (held != NULL)
+            memmove(held + lo, held + lo + 1, (n - lo - 1) * sizeof *held);
         return;
     }
     size_t w = lo, i = lo;
@@ -539,6 +611,8 @@ static void compact_row(sh_policy *p, size_t h, size_t lo, size_t hi, const uint
             memmove(vals + w * vb, vals + i * vb, (run - i) * vb);
             if (hist != NULL)
                 memmove(hist + w, hist + i, (run - i) * sizeof *hist);
+            if (held != NULL)
+                memmove(held + w, held + i, (run - i) * sizeof *held);
         }
         w += run - i;
         i = run;
@@ -744,15 +818,28 @@ int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap)
     return SH_OK;
 }
 
-/* sh_policy_import and sh_policy_import_history: history is NULL exactly when the
-   policy keeps no vote registers. */
-static int import_rows(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
-                       const uint32_t *votes, const double *scores, const uint64_t *history,
-                       uint32_t last_position)
+int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap)
+{
+    if (p == NULL || held == NULL)
+        return SH_ERR_ARG;
+    if (!p->vote_rate)
+        return SH_ERR_STATE;
+    size_t n = p->count;
+    if (cap / p->heads < n)
+        return SH_ERR_BUFFER;
+    for (size_t h = 0; h < p->heads; h++)
+        memcpy(held + h * n, row_held(p, h), n * sizeof *held);
+    return SH_OK;
+}
+
+int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
+                           const uint32_t *positions, const uint32_t *votes,
+                           const double *scores, const uint64_t *history,
+                           const uint32_t *held, uint32_t last_position)
 {
     if (p == NULL || positions == NULL)
         return SH_ERR_ARG;
-    if ((history != NULL) != (p->history != NULL))
+    if ((history != NULL) != (p->history != NULL) || (held != NULL) != (p->vote_rate != 0))
         return SH_ERR_ARG;
     if (heads != p->heads)
         return SH_ERR_LENGTH;
@@ -778,6 +865,15 @@ static int import_rows(sh_policy *p, size_t heads, size_t n, const uint32_t *pos
                 return SH_ERR_STATE;
         }
     }
+    if (held != NULL) {
+        /* A slot votes at most once per step held, and only on steps it was held. */
+        for (size_t i = 0; i < heads * n; i++) {
+            if (votes[i] > held[i])
+                return SH_ERR_STATE;
+            if (history != NULL && held[i] < 64 && (history[i] >> held[i]) != 0)
+                return SH_ERR_STATE;
+        }
+    }
     int rc = ensure_capacity(p, n);
     if (rc != SH_OK)
         return rc;
@@ -792,6 +888,8 @@ static int import_rows(sh_policy *p, size_t heads, size_t n, const uint32_t *pos
                 row_scores(p, h)[i] = scores[h * n + i] + 0.0;
         if (history != NULL)
             memcpy(row_history(p, h), history + h * n, n * sizeof *history);
+        if (held != NULL)
+            memcpy(row_held(p, h), held + h * n, n * sizeof *held);
     }
     p->count = (uint32_t)n;
     p->last_position = last_position;
@@ -802,7 +900,8 @@ int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *posit
                      const uint32_t *votes, const double *scores,
                      uint32_t last_position)
 {
-    return import_rows(p, heads, n, positions, votes, scores, NULL, last_position);
+    return sh_policy_import_state(p, heads, n, positions, votes, scores, NULL, NULL,
+                                  last_position);
 }
 
 int sh_policy_import_history(sh_policy *p, size_t heads, size_t n,
@@ -811,7 +910,8 @@ int sh_policy_import_history(sh_policy *p, size_t heads, size_t n,
 {
     if (history == NULL)
         return SH_ERR_ARG;
-    return import_rows(p, heads, n, positions, votes, NULL, history, last_position);
+    return sh_policy_import_state(p, heads, n, positions, votes, NULL, history, NULL,
+                                  last_position);
 }
 
 int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos)

@@ -12,7 +12,8 @@
  *
  * Scissorhands and H2O may also pin their first positions (sinks), and Scissorhands
  * may count only the votes of its last 1..64 decode steps (a history window: one
- * 64-bit register of vote bits per slot).
+ * 64-bit register of vote bits per slot) and may rank positions by votes per decode
+ * step held rather than by votes (a vote rate: one uint32 step counter per slot).
  *
  * Every exported function returns an sh_status and takes explicit lengths; a call
  * that fails leaves the object exactly as it was.  There is no global state: two
@@ -74,7 +75,11 @@ enum sh_sizes {
    prefix of each row (sinks: the first positions held, for StreamingLLM, H2O and
    Scissorhands); recent_window + sinks < budget. history_window (Scissorhands only;
    0 = off, else 1..64): votes count only the last history_window decode steps that
-   carried attention, kept exactly as a 64-bit register of vote bits per slot. */
+   carried attention, kept exactly as a 64-bit register of vote bits per slot.
+   vote_rate (Scissorhands only; 0 = off, 1 = on): eviction ranks each slot by
+   votes / steps held, the decode steps that carried attention since it was admitted
+   (at most history_window of them with a history window; at least 1), computed as a
+   correctly rounded double; equal rates evict the lower position. */
 typedef struct sh_config {
     int32_t kind;
     uint32_t heads;
@@ -82,6 +87,7 @@ typedef struct sh_config {
     uint32_t recent_window;
     uint32_t sinks;
     uint32_t history_window;
+    uint32_t vote_rate;
 } sh_config;
 
 typedef struct sh_policy sh_policy;
@@ -106,8 +112,8 @@ size_t sh_policy_capacity(const sh_policy *p);
 /* SH_HEADER_BYTES + capacity * heads * bytes per slot. */
 size_t sh_policy_memory_bytes(const sh_policy *p);
 
-/* Bytes of state per slot: 9 Scissorhands (17 with a history window), 13 H2O,
-   4 StreamingLLM and Full. */
+/* Bytes of state per slot: 9 Scissorhands (+8 with a history window, +4 with a
+   vote rate), 13 H2O, 4 StreamingLLM and Full. */
 size_t sh_policy_slot_bytes(const sh_policy *p);
 
 /* The largest position ever admitted (0 for a fresh policy). */
@@ -118,7 +124,7 @@ uint32_t sh_policy_last_position(const sh_policy *p);
      dtype; every weight is checked (finite, >= 0) before any score changes; then
      pos (> every position admitted) joins every row with a zero score.
      dtype SH_DTYPE_NONE (attn NULL, n ignored) admits without touching scores
-     (nor, with a history window, the vote registers: it is not a history step).
+     (nor the vote registers or steps held: it is not a vote step).
    - SH_STEP_EVICT: if count > budget, evicts count - budget positions per row and
      writes them, ascending, to victims[h * k + j] (and their slot indices before
      the eviction to slots[h * k + j] when slots is not NULL); budget is checked
@@ -151,7 +157,7 @@ int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
 /* Replaces the state with heads rows of n positions (strictly ascending per row,
    none above last_position) and their scores (votes for Scissorhands, scores for
    H2O: finite, >= 0). On any error the old state stays. A Scissorhands policy with
-   a history window needs its registers: use sh_policy_import_history. */
+   a history window or a vote rate needs those arrays too: sh_policy_import_state. */
 int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
                      const uint32_t *votes, const double *scores,
                      uint32_t last_position);
@@ -167,6 +173,19 @@ int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap);
 int sh_policy_import_history(sh_policy *p, size_t heads, size_t n,
                              const uint32_t *positions, const uint32_t *votes,
                              const uint64_t *history, uint32_t last_position);
+
+/* Copies the steps held of a Scissorhands policy with a vote rate out: heads *
+   count entries, row-major. SH_ERR_STATE when it keeps none. */
+int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap);
+
+/* sh_policy_import with every per-slot array: history must be given exactly when the
+   policy has a history window and held exactly when it has a vote rate (else
+   SH_ERR_ARG). Each vote is at most its steps held, and a register has no bit at or
+   above its steps held. On any error the old state stays. */
+int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
+                           const uint32_t *positions, const uint32_t *votes,
+                           const double *scores, const uint64_t *history,
+                           const uint32_t *held, uint32_t last_position);
 
 /* The slot index of pos in row head, or -1 when it is not held (or head is out
    of range). */

@@ -11,10 +11,13 @@
 
 #include "scissorhands.h"
 
-/* Row h of an array with `capacity` slots per row starts at h * capacity. kind and
-   history_window are 16-bit so that the whole header stays within SH_HEADER_BYTES. */
+/* Row h of an array with `capacity` slots per row starts at h * capacity. kind,
+   vote_rate and history_window are narrow so that the whole header stays within
+   SH_HEADER_BYTES. With vote_rate, the steps-held counters live in the values
+   allocation, after the heads * capacity votes (same row layout). */
 struct sh_policy {
-    int16_t kind;
+    int8_t kind;
+    uint8_t vote_rate;       /* Scissorhands: evict by votes per step held */
     uint16_t history_window; /* Scissorhands: steps a vote counts for, 1..64; 0 = forever */
     uint32_t heads;
     uint32_t budget;
@@ -24,7 +27,8 @@ struct sh_policy {
     uint32_t count;         /* positions held per row */
     uint32_t capacity;      /* slots allocated per row */
     uint32_t *positions;    /* heads * capacity, ascending within each row */
-    void *values;           /* uint32 votes (Scissorhands), double scores (H2O), or NULL */
+    void *values;           /* uint32 votes (Scissorhands; then uint32 steps held with
+                               vote_rate), double scores (H2O), or NULL */
     uint8_t *scratch;       /* one byte per slot for the selection, or NULL */
     uint64_t *history;      /* vote bits of the last history_window steps per slot, or NULL */
 };

@@ -279,6 +279,8 @@ class PolicyPair(RuleBasedStateMachine):
             if policy == "scissorhands" and data.draw(st.booleans(), label="history?"):
                 params["history_window"] = data.draw(st.sampled_from([1, 2, 3, 5, 64]),
                                                      label="history_window")
+            if policy == "scissorhands" and data.draw(st.booleans(), label="vote rate?"):
+                params["vote_rate"] = True
         self.policy = policy
         self._configure(params)
         self.objs = [b.POLICIES[policy](**params) for b in self.backends]
@@ -395,7 +397,7 @@ class PolicyPair(RuleBasedStateMachine):
         state = copy.deepcopy(self.objs[1].state_dict())
         field = data.draw(st.sampled_from(
             ["kept", "last_position", "params", "version", "format", "policy", "extra", "missing"]
-            + [k for k in ("votes", "scores", "history") if k in state]), label="field")
+            + [k for k in ("votes", "scores", "history", "steps_held") if k in state]), label="field")
         rows = state["kept"]
         if field == "last_position":
             state[field] = data.draw(st.sampled_from([-1, 0, 2**32, 1.0, None, True, "3"])
@@ -436,6 +438,9 @@ class PolicyPair(RuleBasedStateMachine):
                 elif field == "history":  # registers: bits above the window, or a popcount off
                     bad = (st.sampled_from([-1, 2**64, 2**64 - 1, 2**63, 1.0, True, None, "1", np.uint64(1)])
                            | st.integers(0, 2**6))
+                elif field == "steps_held":  # fewer steps than votes or register bits
+                    bad = (st.sampled_from([-1, 2**32, UINT32_MAX, 1.0, True, None, np.uint32(1)])
+                           | st.integers(0, 8))
                 else:
                     bad = (st.sampled_from([-1, 2**32, UINT32_MAX, 1.0, True, None, "1", np.int64(0),
                                             np.uint32(1), np.bool_(False)])
@@ -459,7 +464,7 @@ class PolicyPair(RuleBasedStateMachine):
         several at once, or left to their defaults."""
         names = {"full": ["budget", "heads"], "streaming-llm": ["budget", "sinks", "heads"],
                  "h2o": ["budget", "recent_window", "heads", "sinks"]}.get(
-            self.policy, ["budget", "recent_window", "heads", "sinks", "history_window"])
+            self.policy, ["budget", "recent_window", "heads", "sinks", "history_window", "vote_rate"])
         value = st.one_of(st.integers(-1, 9), st.integers(-1, 9), st.sampled_from(
             [0, 2**31, UINT32_MAX, 2**32, 65537, True, False, 2.0, None, "3", np.int64(3), np.uint8(1),
              0.5, 0.99, -0.5, math.nan, np.float32(0.25)]))

@@ -133,7 +133,7 @@ def test_eval_and_record_namespaces():
         "command": "eval", "no_progress": False, "policies": ["full", "streaming-llm", "h2o", "scissorhands"],
         "budgets": None, "recent_window": [32], "sinks": None, "backend": "native", "json": None,
         "plot": None, "tokens": 512, "prompt_tokens": 64, "text": None, "model": None,
-        "head_mode": "per-head", "history_window": [None], "cache_mode": "reuse",
+        "head_mode": "per-head", "history_window": [None], "vote_rate": [False], "cache_mode": "reuse",
     }
     ev = parser.parse_args(["eval", "--tokens", "2048", "--budgets", "409", "204", "--recent-window",
                             "32", "204", "--sinks", "4", "0", "--head-mode", "mean", "--text", "t.txt"])

@@ -3,7 +3,8 @@
 Each example builds the same policy on both backends and applies one random sequence of
 operations (decode steps, evictions, fused steps, prefill, reset, state round trips
 across backends, accessor queries), valid and invalid.  Scissorhands and H2O configurations
-include sinks, and Scissorhands ones a history window.  After every operation both must
+include sinks, and Scissorhands ones a history window and a vote rate.  After every
+operation both must
 have returned the same value or raised the same class, and hold the same state and
 memory.  Weights are float32 or float64, drawn from a coarse grid (multiples of 1/8, so
 ties and exact fair shares are common) or from the unit interval.
@@ -70,6 +71,9 @@ def params_for(draw, policy: str, heads: st.SearchStrategy[int] = st.sampled_fro
             window = draw(HISTORY_WINDOWS)
             if window is not None or draw(st.booleans()):
                 params["history_window"] = window
+            rate = draw(st.booleans())
+            if rate or draw(st.booleans()):
+                params["vote_rate"] = rate
     return params
 
 
@@ -309,7 +313,8 @@ def test_from_state_dict_agrees_on_mutated_states(policy, data):
             o.on_decode_step(t, np.full((params["heads"], n), 0.5) if t % 3 else
                              np.eye(1, n, t % n).repeat(params["heads"], axis=0))
     state = pair.objs[1].state_dict()
-    fields = ["kept", "last_position"] + [k for k in ("votes", "scores", "history") if k in state]
+    fields = ["kept", "last_position"] + [k for k in ("votes", "scores", "history", "steps_held")
+                                          if k in state]
     if policy in HEAVY_NAMES:
         fields.append("params")
     field = data.draw(st.sampled_from(fields))
@@ -318,17 +323,17 @@ def test_from_state_dict_agrees_on_mutated_states(policy, data):
                                  | st.integers(0, state[field] + 2))
     elif field == "params":
         # The optional parameters: dropped (an older state), or set to any value.
-        key = data.draw(st.sampled_from(["sinks", "history_window"] if policy == "scissorhands"
-                                        else ["sinks"]))
+        key = data.draw(st.sampled_from(["sinks", "history_window", "vote_rate"]
+                                        if policy == "scissorhands" else ["sinks"]))
         if key in state["params"] and data.draw(st.booleans()):
             del state["params"][key]
         else:
             state["params"][key] = data.draw(
-                st.sampled_from([None, -1, 0, 1, 2, 64, 65, 2.0, True]) | st.integers(0, 8))
-    elif field == "history":
+                st.sampled_from([None, -1, 0, 1, 2, 64, 65, 2.0, True, False, 0.5]) | st.integers(0, 8))
+    elif field in ("history", "steps_held"):
         h = data.draw(st.integers(0, params["heads"] - 1))
         i = data.draw(st.integers(0, len(state[field][h]) - 1))
-        bad = st.sampled_from([-1, 2**64, 2**64 - 1, 1.0, True, None]) | st.integers(0, 20)
+        bad = st.sampled_from([-1, 2**64, 2**64 - 1, 2**32, 1.0, True, None]) | st.integers(0, 20)
         state[field][h][i] = data.draw(bad)
     else:
         h = data.draw(st.integers(0, params["heads"] - 1))

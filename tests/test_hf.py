@@ -187,9 +187,10 @@ def test_slot_reusing_cache_matches_the_compacting_cache(runs, model, ids):
 
 def test_slot_reusing_cache_compacts_a_prompt_longer_than_the_budget(model, ids):
     """A prefill evicting several positions compacts the slot buffers; decoding then
-    matches the compacting cache (mean head mode, sinks and history window set)."""
+    matches the compacting cache (mean head mode, sinks, history window and vote rate set)."""
     n, prompt, budget = 48, 32, 20
-    options = {"recent_window": 6, "sinks": 2, "history_window": 4, "head_mode": "mean"}
+    options = {"recent_window": 6, "sinks": 2, "history_window": 4, "vote_rate": True,
+               "head_mode": "mean"}
     reuse = _run(model, ids[:n], "scissorhands", budget, prompt=prompt, **options)
     compact = _run(
         model, ids[:n], "scissorhands", budget, prompt=prompt, cache_mode="compact", **options
@@ -464,6 +465,37 @@ def test_eval_sweeps_recent_window_sinks_and_history_window(
     assert "skipped scissorhands budget 12 (rw=8 sinks=4 hw=off)" in notes  # 8 + 4 >= 12
     assert "skipped h2o budget 16 (rw=8 (50%) sinks=0): the same run" in notes
     assert plot.stat().st_size > 0
+
+
+def test_eval_sweeps_vote_rate(model, tokenizer, monkeypatch, tmp_path, capsys):
+    """--vote-rate off on runs scissorhands both ways (the other policies once), labels the
+    rate runs and records the swept values."""
+    from scissorhands.cli import build_parser
+
+    calls = []
+    fake = _fake_evaluate_policy(calls)
+
+    def run(model, ids, policy, budget, **kwargs):
+        calls.append(kwargs["vote_rate"])
+        return fake(model, ids, policy, budget, **kwargs)
+
+    monkeypatch.setattr(evaluate, "_load", lambda path, progress: (model, tokenizer, 0.0))
+    monkeypatch.setattr(evaluate, "evaluate_policy", run)
+    out = tmp_path / "eval.json"
+    args = build_parser().parse_args([
+        "eval", "--tokens", "64", "--prompt-tokens", "8", "--budgets", "16",
+        "--policies", "scissorhands,h2o", "--recent-window", "50%", "--sinks", "4",
+        "--vote-rate", "off", "on", "--json", str(out), "--no-progress", "--backend", BACKEND,
+    ])  # fmt: skip
+    assert evaluate.run_eval(args) == 0
+    printed = capsys.readouterr().out
+    document = json.loads(out.read_text())
+    assert document["config"]["vote_rate"] == [False, True]
+    runs = [(r["policy"], r["label"]) for r in document["results"]]
+    assert runs == [("full", "-"), ("scissorhands", "rw=8 (50%) sinks=4 hw=off"),
+                    ("scissorhands", "rw=8 (50%) sinks=4 hw=off rate"), ("h2o", "rw=8 (50%) sinks=4")]
+    assert [c for c in calls if isinstance(c, bool)] == [False, False, True, False]
+    assert "hw=off rate" in printed
 
 
 def test_eval_sinks_default_to_each_policys_own(model, tokenizer, monkeypatch, capsys):

@@ -468,3 +468,186 @@ def test_recent_window_fraction_must_leave_room_for_sinks(backend):
     assert backend.Scissorhands(budget=8, recent_window=0.5, sinks=3).recent_window == 4
     with pytest.raises(InvalidInputError):
         backend.Scissorhands(budget=8, recent_window=0.5, sinks=4)
+
+
+# ---------------------------------------------------------------- vote_rate
+
+
+def rate_order(p, head=0):
+    """The evictable slots of row ``head`` ordered as a vote-rate eviction takes them,
+    computed here from the exported votes and steps held."""
+    votes = np.atleast_2d(p.votes)[head].tolist()
+    held = np.atleast_2d(p.steps_held)[head].tolist()
+    cap = p.history_window or 2**32
+    n = len(votes)
+    slots = range(min(p.sinks, n), n - p.recent_window)
+    return sorted(slots, key=lambda s: (votes[s] / max(1, min(held[s], cap)), s))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vote_rate_evicts_the_lowest_votes_per_step_held(backend, window, dtype):
+    """Every eviction takes the slots of lowest votes / steps held (ties: lower position),
+    on a long random stream with growth, evictions and steps without attention."""
+    p = backend.Scissorhands(budget=7, recent_window=2, sinks=1, heads=2, history_window=window,
+                             vote_rate=True)
+    rng = np.random.default_rng(5)
+    for t in range(1, 200):
+        n = p.kept_count()
+        w = None if t % 9 == 0 else (rng.integers(0, 9, (2, n)) / 8).astype(dtype)
+        p.on_decode_step(t, w)
+        if p.kept_count() > 7:
+            k = p.kept_count() - 7
+            kept = p.kept.tolist()
+            want = [sorted(kept[h][s] for s in rate_order(p, h)[:k]) for h in range(2)]
+            assert p.evict().tolist() == want
+
+
+def test_vote_rate_counts_steps_held(backend):
+    """steps_held: +1 per step carrying attention for every slot held before it; none for
+    a step with attn=None, zero for a new position, kept through evictions."""
+    p = backend.Scissorhands(budget=3, recent_window=1, vote_rate=True)
+    p.on_decode_step(1, [1.0])
+    p.on_decode_step(2, None)
+    p.on_decode_step(3, [0.2, 0.3, 0.5])
+    assert p.steps_held.tolist() == [2, 1, 1, 0]
+    assert p.evict() == [0]
+    assert p.steps_held.tolist() == [1, 1, 0] and p.votes.tolist() == [0, 1, 0]
+
+
+def test_vote_rate_off_keeps_no_steps(backend):
+    """Without vote_rate there is no step count to read, and nothing changes: 9 bytes a slot."""
+    p = backend.Scissorhands(budget=4, recent_window=1, vote_rate=False)
+    assert p.vote_rate is False and "vote_rate" not in p.state_dict()["params"]
+    with pytest.raises(InvalidInputError, match="vote_rate"):
+        p.steps_held
+    assert p.memory_bytes() == 64 + 5 * 9
+    q = backend.Scissorhands(budget=4, recent_window=1)
+    assert stream(p, 40, 3, budget=4) == stream(q, 40, 3, budget=4)
+    assert p.state_dict() == q.state_dict()
+
+
+@pytest.mark.parametrize(("window", "per_slot"), [(None, 13), (5, 21)])
+def test_vote_rate_memory(backend, window, per_slot):
+    """A vote rate adds a uint32 step count to each slot: 13 bytes, 21 with a history window."""
+    p = backend.Scissorhands(budget=4, recent_window=1, heads=3, history_window=window, vote_rate=True)
+    assert p.memory_bytes() == 64 + 5 * 3 * per_slot
+
+
+@pytest.mark.parametrize("value", [1, 0, None, "on", 1.0, np.int64(1)])
+def test_vote_rate_must_be_a_bool(backend, value):
+    """vote_rate is a bool (NumPy's included); anything else is the wrong kind."""
+    with pytest.raises(InvalidTypeError, match="vote_rate"):
+        backend.Scissorhands(budget=4, recent_window=1, vote_rate=value)
+    assert backend.Scissorhands(budget=4, recent_window=1, vote_rate=np.bool_(True)).vote_rate is True
+
+
+def test_vote_rate_state_round_trips_across_backends(native, ref):
+    """A state with steps held loads in either backend, and both continue identically."""
+    a = native.Scissorhands(budget=5, recent_window=1, heads=2, history_window=4, vote_rate=True)
+    stream(a, 30, 8, heads=2, budget=5, none_every=6)
+    state = json.loads(json.dumps(a.state_dict()))
+    assert "steps_held" in state and state["params"]["vote_rate"] is True
+    b = ref.Scissorhands.from_state_dict(state)
+    c = pickle.loads(pickle.dumps(a))
+    assert b.state_dict() == c.state_dict() == a.state_dict()
+    runs = [stream(x, 30, 9, heads=2, budget=5, none_every=4) for x in (a, b, c)]
+    assert runs[0] == runs[1] == runs[2]
+    assert a.state_dict() == b.state_dict() == c.state_dict()
+
+
+@pytest.mark.parametrize(("change", "exc"), [
+    (lambda s: s.pop("steps_held"), InvalidInputError),
+    (lambda s: s["params"].pop("vote_rate"), InvalidInputError),
+    (lambda s: s["steps_held"][0].__setitem__(0, 0), InvalidInputError),  # fewer steps than votes
+    (lambda s: s["steps_held"][0].__setitem__(0, -1), InvalidInputError),
+    (lambda s: s["steps_held"][0].__setitem__(0, 2.0), InvalidTypeError),
+    (lambda s: s["steps_held"][0].pop(), InvalidInputError),
+    (lambda s: s["params"].__setitem__("vote_rate", 1), InvalidTypeError),
+])
+def test_vote_rate_state_errors(backend, change, exc):
+    """Loading refuses steps held that are missing, unexpected, malformed or below the votes."""
+    p = backend.Scissorhands(budget=4, recent_window=1, vote_rate=True)
+    for t, w in enumerate([[1.0], [0.9, 0.1], [0.8, 0.1, 0.1]], start=1):
+        p.on_decode_step(t, w)
+    state = copy.deepcopy(p.state_dict())
+    assert state["votes"][0][0] == 2
+    change(state)
+    with pytest.raises(exc):
+        backend.Scissorhands.from_state_dict(state)
+
+
+def test_vote_rate_register_bits_within_steps_held(backend):
+    """With a history window, a register bit older than the slot's steps held is refused."""
+    state = {"format": "scissorhands.policy", "version": 1, "policy": "scissorhands",
+             "params": {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 4,
+                        "vote_rate": True},
+             "kept": [[0, 1]], "votes": [[1, 0]], "history": [[4, 0]], "steps_held": [[2, 0]],
+             "last_position": 1}
+    with pytest.raises(InvalidInputError):
+        backend.Scissorhands.from_state_dict(state)
+    state["steps_held"] = [[3, 0]]
+    assert backend.Scissorhands.from_state_dict(state).steps_held.tolist() == [3, 0]
+
+
+def test_vote_rate_errors_leave_state_unchanged(backend):
+    """Failed calls leave votes, registers and steps held as they were."""
+    p = backend.Scissorhands(budget=5, recent_window=1, history_window=3, heads=2, vote_rate=True)
+    stream(p, 6, 14, heads=2)
+    n = p.kept_count()
+    bad = np.full((2, n), 0.1)
+    bad[1, -1] = math.nan
+    unchanged(p, InvalidInputError, p.on_decode_step, 7, bad)
+    unchanged(p, InvalidInputError, p.step, 7, np.full((2, n + 1), 0.1), 5)
+    unchanged(p, InvalidInputError, p.step, 7, np.full((2, n), 0.1), 1)
+    unchanged(p, InvalidInputError, p.prefill, np.zeros((2, 3, 3)))
+
+
+def test_vote_rate_prefill_equals_decode_steps(backend):
+    """prefill counts its steps held as the decode steps it replaces."""
+    rng = np.random.default_rng(4)
+    attn = np.tril(rng.integers(0, 9, (2, 10, 10)) / 8, -1)
+    a = backend.Scissorhands(budget=6, recent_window=1, heads=2, vote_rate=True)
+    b = backend.Scissorhands(budget=6, recent_window=1, heads=2, vote_rate=True)
+    a.prefill(attn)
+    for i in range(1, 10):
+        b.on_decode_step(i, attn[:, i, :i])
+    assert a.state_dict() == b.state_dict()
+    assert a.evict().tolist() == b.evict().tolist()
+
+
+def test_c_core_vote_rate(native):
+    """The C core: vote_rate is 0 or 1 and Scissorhands only; imports need the steps held
+    exactly when it is on, and refuse ones below the votes, all or nothing."""
+    from scissorhands._native import ffi, lib
+
+    def new(kind, rate, window=0):
+        cfg = ffi.new("sh_config *", {"kind": kind, "heads": 1, "budget": 4, "recent_window": 1,
+                                      "history_window": window, "vote_rate": rate})
+        out = ffi.new("sh_policy **")
+        rc = lib.sh_policy_new(cfg, out)
+        return rc, (ffi.gc(out[0], lib.sh_policy_free) if rc == lib.SH_OK else None)
+
+    assert new(lib.SH_SCISSORHANDS, 2)[0] == lib.SH_ERR_ARG
+    assert new(lib.SH_H2O, 1)[0] == lib.SH_ERR_ARG
+    assert new(lib.SH_STREAMING_LLM, 1)[0] == lib.SH_ERR_ARG
+    rc, p = new(lib.SH_SCISSORHANDS, 1)
+    assert rc == lib.SH_OK and lib.sh_policy_slot_bytes(p) == 13
+    assert new(lib.SH_SCISSORHANDS, 1, 8)[1] is not None
+    assert lib.sh_policy_slot_bytes(new(lib.SH_SCISSORHANDS, 1, 8)[1]) == 21
+    plain = new(lib.SH_SCISSORHANDS, 0)[1]
+    assert lib.sh_policy_export_held(plain, ffi.new("uint32_t[4]"), 4) == lib.SH_ERR_STATE
+
+    kept, votes = ffi.new("uint32_t[]", [0, 2]), ffi.new("uint32_t[]", [2, 0])
+    assert lib.sh_policy_import(p, 1, 2, kept, votes, ffi.NULL, 2) == lib.SH_ERR_ARG
+    assert lib.sh_policy_import_state(plain, 1, 2, kept, votes, ffi.NULL, ffi.NULL,
+                                      ffi.new("uint32_t[]", [2, 0]), 2) == lib.SH_ERR_ARG
+    rc = lib.sh_policy_import_state(p, 1, 2, kept, votes, ffi.NULL, ffi.NULL,
+                                    ffi.new("uint32_t[]", [1, 0]), 2)
+    assert rc == lib.SH_ERR_STATE
+    assert lib.sh_policy_count(p) == 1 and lib.sh_policy_last_position(p) == 0
+    assert lib.sh_policy_import_state(p, 1, 2, kept, votes, ffi.NULL, ffi.NULL,
+                                      ffi.new("uint32_t[]", [2, 0]), 2) == lib.SH_OK
+    out = ffi.new("uint32_t[2]")
+    assert lib.sh_policy_export_held(p, out, 1) == lib.SH_ERR_BUFFER
+    assert lib.sh_policy_export_held(p, out, 2) == lib.SH_OK and list(out) == [2, 0]

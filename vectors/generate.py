@@ -204,7 +204,12 @@ def _constructor_errors(window: str) -> list[dict[str, Any]]:
         ("a float budget is refused", ITE, {"budget": 4.0, window: 0}),
         (f"{window} equal to the budget is refused", IIE, {"budget": 4, window: 4}),
         (f"a negative {window} is refused", IIE, {"budget": 4, window: -1}),
-        (f"a float {window} is refused", ITE, {"budget": 4, window: 1.0}),
+        *([("a float recent_window of 1 or more is refused (a fraction must be in [0, 1))", IIE,
+            {"budget": 4, window: 1.0}),
+           ("a negative fraction recent_window is refused", IIE, {"budget": 4, window: -0.25}),
+           ("a string recent_window is refused", ITE, {"budget": 4, window: "1"})]
+          if window == "recent_window" else
+          [(f"a float {window} is refused", ITE, {"budget": 4, window: 1.0})]),
         ("heads 0 is refused", IIE, {"budget": 4, window: 1, "heads": 0}),
         ("heads above 65536 is refused", IIE, {"budget": 4, window: 1, "heads": 65537}),
         ("a bool heads is refused", ITE, {"budget": 4, window: 1, "heads": True}),
@@ -477,7 +482,93 @@ def _scissorhands_option_cases() -> list[dict[str, Any]]:
                   [[0, 2, 3], [0, 2, 3]], 3, votes=[[0, 1, 0], [0, 1, 0]],
                   history=[[0, 1, 0], [0, 1, 0]]))],
              budget=3, recent_window=0, heads=2, sinks=1, history_window=1),
-    ] + _sinks_option_errors("scissorhands", "votes", 0) + _history_errors()
+    ] + _sinks_option_errors("scissorhands", "votes", 0) + _history_errors() + _vote_rate_cases()
+
+
+def _vote_rate_cases() -> list[dict[str, Any]]:
+    """Scissorhands ranking by votes per step held, and the states it refuses."""
+    rate = {"budget": 3, "recent_window": 1, "heads": 1, "vote_rate": True}
+    head_start = [on(1, [1.0]), on(2, [1.0, 0.0]), on(3, [1.0, 0.0, 0.0]),
+                  on(4, [0.0, 0.0, 0.5, 0.5]), on(5, [0.0, 0.0, 0.0, 0.5, 0.5])]
+    tie = state("scissorhands", rate, [[0, 1, 2, 3]], 3, votes=[[2, 1, 0, 0]],
+                steps_held=[[4, 2, 1, 0]])
+    capped = {"budget": 2, "recent_window": 1, "heads": 1, "history_window": 2, "vote_rate": True}
+
+    def st(votes: Any = None, held: Any = None, history: Any = None, **over: Any) -> dict[str, Any]:
+        d = state("scissorhands", dict(rate), [[0, 2]], 5, votes=votes or [[1, 0]],
+                  steps_held=held or [[3, 1]])
+        if history is not None:
+            d["history"] = history
+        d.update(over)
+        return d
+
+    no_held = st()
+    del no_held["steps_held"]
+    no_rate = st()
+    del no_rate["params"]["vote_rate"]
+    bad_state: list[tuple[str, str, dict[str, Any]]] = [
+        ("steps_held missing although vote_rate is set", IIE, no_held),
+        ("steps_held without vote_rate", IIE, no_rate),
+        ("more votes than steps held", IIE, st(votes=[[2, 0]], held=[[1, 1]])),
+        ("a register bit older than the steps held", IIE,
+         st(held=[[1, 1]], history=[[2, 0]], params=dict(rate, history_window=2))),
+        ("a negative steps_held", IIE, st(held=[[-1, 1]])),
+        ("steps_held above 2**32-1", IIE, st(held=[[2**32, 1]])),
+        ("a float steps_held", ITE, st(held=[[3.0, 1]])),
+        ("steps_held of the wrong length", IIE, st(held=[[3]])),
+        ("a non-bool vote_rate", ITE, st(params=dict(rate, vote_rate=1))),
+    ]
+    return [
+        case("vote_rate: an old position's head start in votes stops protecting it",
+             "Position 0 votes on steps 2 and 3 only; later steps vote 2, 3 and 4. After step "
+             "5 the votes are [2,0,1,2,1,0] over steps held [5,4,3,2,1,0]: rates 0.4, 0, 1/3, "
+             "1, 1 (5 is recent). The three lowest, 1, 2 and 0, go. By votes alone 0 would "
+             "stay and 1, 2 and 4 would go. 13 bytes per slot; 4 slots grew to 8.",
+             head_start + [s("votes", expect=[2, 0, 1, 2, 1, 0]),
+                           s("steps_held", expect=[5, 4, 3, 2, 1, 0]),
+                           s("evict", expect=[0, 1, 2]), s("kept", expect=[3, 4, 5]),
+                           s("state_dict", expect=state("scissorhands", rate, [[3, 4, 5]], 5,
+                                                        votes=[[2, 1, 0]], steps_held=[[2, 1, 0]])),
+                           s("memory_bytes", expect=64 + 8 * 13)],
+             **rate),
+        case("vote_rate off: the same steps evict by votes",
+             "Votes [2,0,1,2,1,0]: 1 (0 votes), then 2 and 4 (1 vote each) go.",
+             head_start + [s("evict", expect=[1, 2, 4]), s("kept", expect=[0, 3, 5])],
+             budget=3, recent_window=1, vote_rate=False),
+        case("vote_rate: equal rates evict the lower position",
+             "Rates 2/4 = 1/2 = 0.5 for positions 0 and 1, 0 for 2, 3 recent: evict(2) drops 2 "
+             "and, of the tie, 0.",
+             [s("evict", 2, expect=[0, 2]), s("kept", expect=[1, 3]),
+              s("steps_held", expect=[2, 0])],
+             state=tie),
+        case("vote_rate with a history window: the steps held count up to the window",
+             "Window 2: position 0 has 2 votes in its last 2 steps (held 10: rate 2/2 = 1), "
+             "position 1 one vote in 2 steps (0.5), so 1 goes; uncapped, 0's rate would be "
+             "2/10 and 0 would go. 21 bytes per slot.",
+             [s("evict", expect=[1]), s("kept", expect=[0, 2]), s("memory_bytes", expect=64 + 3 * 21)],
+             state=state("scissorhands", capped, [[0, 1, 2]], 12, votes=[[2, 1, 0]],
+                         history=[[3, 1, 0]], steps_held=[[10, 2, 0]])),
+        case("vote_rate: a step without attention is not a step held; prefill's steps are",
+             "Prefill of 3 tokens is steps 1 and 2: held [2,1,0]; only row 2 votes (0.75 > "
+             "1/2; row 1's 1.0 is not above its share 1). on_decode_step(3, None) "
+             "changes no count; step 4 adds one to each slot held before it.",
+             [s("prefill", [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.75, 0.25, 0.0]]),
+              s("steps_held", expect=[2, 1, 0]), s("votes", expect=[1, 0, 0]), on(3, None),
+              s("steps_held", expect=[2, 1, 0, 0]), on(4, [0.25, 0.25, 0.25, 0.25]),
+              s("steps_held", expect=[3, 2, 1, 1, 0]), s("reset"), s("steps_held", expect=[0])],
+             budget=4, recent_window=1, vote_rate=True),
+        case("vote_rate off: steps_held is not kept",
+             "Only a policy built with vote_rate=True counts the steps held.",
+             [s("steps_held", raises=IIE)], budget=4, recent_window=1),
+        case("constructor: a non-bool vote_rate is refused",
+             "vote_rate is a bool: 1 is the wrong kind.",
+             [], raises=ITE, budget=4, recent_window=1, vote_rate=1),
+        case("constructor: a None vote_rate is refused",
+             "vote_rate is a bool: None is the wrong kind.",
+             [], raises=ITE, budget=4, recent_window=1, vote_rate=None),
+    ] + [case(f"from_state_dict: {name}", "Loading checks the steps held against the votes, "
+              "the registers and the parameters.", [], raises=err, state=d)
+         for name, err, d in bad_state]
 
 
 def _h2o_option_cases() -> list[dict[str, Any]]:

@@ -122,6 +122,18 @@ def _history_window(text: str) -> int | None:
 _history_window.__name__ = "history window"
 
 
+def _on_off(text: str) -> bool:
+    raw = text.strip().lower()
+    if raw in ("on", "true", "1", "yes"):
+        return True
+    if raw in ("off", "false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not on or off")
+
+
+_on_off.__name__ = "on/off"
+
+
 def _policy_list(text: str) -> list[str]:
     names: list[str] = []
     for raw in text.split(","):
@@ -247,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--history-window", type=_history_window, nargs="+", default=[None], metavar="W",
         help="scissorhands' history window in steps (1-64; 0 or none: off); several values "
         "run each (default: none)",
+    )
+    evaluate.add_argument(
+        "--vote-rate", type=_on_off, nargs="+", default=[False], metavar="ON|OFF",
+        help="scissorhands evicts by votes per decode step held (on) or by votes (off); "
+        "'off on' runs both (default: off)",
     )
     evaluate.add_argument(
         "--cache-mode", choices=("reuse", "compact"), default="reuse",

@@ -14,12 +14,15 @@ import numbers
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "ScissorhandsError",
     "InvalidTypeError",
     "InvalidInputError",
     "UINT32_MAX",
     "check_int",
+    "check_flag",
     "check_recent_window",
 ]
 
@@ -64,6 +67,19 @@ def check_int(name: str, value: Any, low: int = 0, high: int = UINT32_MAX) -> in
     if value < low or value > high:
         raise InvalidInputError(f"{name} must be in [{low}, {high}], got {value}")
     return value
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """Return ``value`` as a Python ``bool`` if it is one (NumPy's ``bool_`` too).
+
+    Raises
+    ------
+    InvalidTypeError
+        ``value`` is not a bool (``0``, ``1`` and ``None`` included).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise InvalidTypeError(f"{name} must be a bool, not {type(value).__name__}")
 
 
 def check_recent_window(value: Any, budget: int) -> int:

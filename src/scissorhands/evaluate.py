@@ -19,7 +19,8 @@ Protocol (so that every number is comparable)
   forward spent writing keys and values into the cache (``cache_update_ms_per_step``).
 * A sweep runs every combination of ``--recent-window`` (positions, or a fraction of
   each budget: ``50%``, ``0.5x``), ``--sinks`` (every policy taking sinks; default: each
-  policy's own) and ``--history-window`` (scissorhands only) at every budget;
+  policy's own), ``--history-window`` and ``--vote-rate`` (scissorhands only) at every
+  budget;
   combinations a policy refuses for a budget are skipped with a note.
 
 Only this module and :mod:`scissorhands.hf` import ``torch``; they do it inside the
@@ -124,6 +125,7 @@ def evaluate_policy(
     recent_window: int = 32,
     sinks: int | None = None,
     history_window: int | None = None,
+    vote_rate: bool = False,
     prompt_tokens: int = 64,
     head_mode: str = "per-head",
     cache_mode: str = "reuse",
@@ -143,8 +145,8 @@ def evaluate_policy(
         into the cache, decode steps only), ``prefill_seconds`` (a dict of policy,
         bookkeeping and forward for the prefill) and ``compactions``.
 
-    ``sinks`` None is each policy's own default; ``history_window`` applies to
-    ``scissorhands`` only (see :func:`scissorhands.hf.make_policy`).
+    ``sinks`` None is each policy's own default; ``history_window`` and ``vote_rate``
+    apply to ``scissorhands`` only (see :func:`scissorhands.hf.make_policy`).
     """
     import torch
 
@@ -157,6 +159,7 @@ def evaluate_policy(
         recent_window=recent_window,
         sinks=sinks,
         history_window=history_window,
+        vote_rate=vote_rate,
         head_mode=head_mode,
         cache_mode=cache_mode,
         backend=backend,
@@ -256,6 +259,8 @@ def config_label(result: dict[str, Any]) -> str:
     if policy == "scissorhands":
         window = result.get("history_window")
         label += f" hw={'off' if window is None else window}"
+        if result.get("vote_rate"):
+            label += " rate"
     return label
 
 
@@ -269,6 +274,8 @@ def _series_label(result: dict[str, Any]) -> str:
         label = f"{policy} {window} sinks={result['sinks']}"
         if policy == "scissorhands" and result.get("history_window") is not None:
             label += f" hw={result['history_window']}"
+        if policy == "scissorhands" and result.get("vote_rate"):
+            label += " rate"
         return label
     if policy == "streaming-llm":
         return f"{policy} sinks={result['sinks']}"
@@ -439,9 +446,10 @@ def _runs(
 
     Each configuration is a dict: ``policy``, ``budget`` and, as the policy has them,
     ``recent_window`` (in positions), ``recent_window_spec`` (when given as a fraction of
-    the budget, e.g. ``"50%"``), ``sinks``, ``history_window`` (None: off).  The full
-    cache comes first.  ``args.sinks`` None: each policy's own default; values: every
-    policy taking sinks.  ``args.history_window``: scissorhands only.  A combination a
+    the budget, e.g. ``"50%"``), ``sinks``, ``history_window`` (None: off), ``vote_rate``
+    (bool).  The full cache comes first.  ``args.sinks`` None: each policy's own
+    default; values: every policy taking sinks.  ``args.history_window`` and
+    ``args.vote_rate`` (list of bools; optional): scissorhands only.  A combination a
     policy refuses for a budget (e.g. ``recent_window + sinks >= budget``) is skipped
     with a note, and so is a duplicate (two specs giving the same window).
     """
@@ -457,6 +465,7 @@ def _runs(
     sink_values = getattr(args, "sinks", None)
     history = [None] if getattr(args, "history_window", None) is None else args.history_window
     history = list(dict.fromkeys(None if not w else int(w) for w in history))
+    rates = list(dict.fromkeys(bool(r) for r in (getattr(args, "vote_rate", None) or [False])))
     seen = set()
     for budget in budgets:
         for name in names:
@@ -474,18 +483,20 @@ def _runs(
                     window = resolve_recent_window(spec, budget)
                     for sinks in sinks_list:
                         for hw in history if name == "scissorhands" else [None]:
-                            config: dict[str, Any] = {"recent_window": window}
-                            if isinstance(spec, str):
-                                config["recent_window_spec"] = spec
-                            config["sinks"] = int(sinks)
-                            if name == "scissorhands":
-                                config["history_window"] = hw
-                            configs.append(config)
+                            for rate in rates if name == "scissorhands" else [False]:
+                                config: dict[str, Any] = {"recent_window": window}
+                                if isinstance(spec, str):
+                                    config["recent_window_spec"] = spec
+                                config["sinks"] = int(sinks)
+                                if name == "scissorhands":
+                                    config["history_window"] = hw
+                                    config["vote_rate"] = rate
+                                configs.append(config)
             for config in configs:
                 config = {"policy": name, "budget": budget, **config}
                 label = f"{name} budget {budget} ({config_label(config)})"
                 key = (name, budget, config.get("recent_window"), config["sinks"],
-                       config.get("history_window"))  # fmt: skip
+                       config.get("history_window"), config.get("vote_rate"))  # fmt: skip
                 if key in seen:
                     notes.append(f"skipped {label}: the same run as an earlier configuration")
                     continue
@@ -496,6 +507,7 @@ def _runs(
                         recent_window=config.get("recent_window", 0),
                         sinks=config["sinks"],
                         history_window=config.get("history_window"),
+                        vote_rate=config.get("vote_rate", False),
                         backend=backend,
                     )
                 except ScissorhandsError as exc:
@@ -527,7 +539,8 @@ def run_eval(args: Any) -> int:
     ``args`` (an ``argparse.Namespace``): ``tokens`` (int), ``budgets`` (list of int or
     None: N/8 and N/5), ``policies`` (comma-separated), ``prompt_tokens``,
     ``recent_window`` (list of int, or of fractions of the budget ``"50%"``/``"0.5x"``),
-    ``sinks`` (list of int, or None: each policy's default), ``history_window`` (list of
+    ``sinks`` (list of int, or None: each policy's default), ``vote_rate`` (list of bool,
+    scissorhands only; optional), ``history_window`` (list of
     int or None, scissorhands only; optional), ``text``, ``model``, ``json``, ``plot``
     (paths or None), ``no_progress``, ``head_mode`` (``per-head``/``mean``),
     ``cache_mode`` (``reuse``/``compact``; optional), ``backend``
@@ -599,6 +612,7 @@ def run_eval(args: Any) -> int:
             recent_window=config.get("recent_window", 0),
             sinks=config.get("sinks"),
             history_window=config.get("history_window"),
+            vote_rate=config.get("vote_rate", False),
             prompt_tokens=prompt_tokens,
             head_mode=head_mode,
             cache_mode=cache_mode,
@@ -632,7 +646,8 @@ def run_eval(args: Any) -> int:
         "perplexity/agree/top-1 over the scored positions; KV held per layer and head after "
         "each step; ms per decode step: policy calls, cache bookkeeping (GQA mean, reordering, "
         "slots or gathers), model forward; ovh %: policy + cache as a share of the forward; "
-        "config: rw recent window (fraction of the budget), sinks, hw history window"
+        "config: rw recent window (fraction of the budget), sinks, hw history window, "
+        "rate: evicting by votes per step held"
     )
     for note in notes:
         print(f"note: {note}")
@@ -649,6 +664,7 @@ def run_eval(args: Any) -> int:
                 "recent_window": list(args.recent_window),
                 "sinks": None if args.sinks is None else list(args.sinks),
                 "history_window": list(getattr(args, "history_window", None) or [None]),
+                "vote_rate": list(getattr(args, "vote_rate", None) or [False]),
                 "head_mode": head_mode,
                 "cache_mode": cache_mode,
                 "backend": backend,

@@ -249,6 +249,7 @@ def make_policy(
     recent_window: int = 32,
     sinks: int | None = None,
     history_window: int | None = None,
+    vote_rate: bool = False,
     backend: str = "native",
 ) -> Any:
     """Build one policy from the registry by name.
@@ -270,6 +271,8 @@ def make_policy(
     history_window : int, optional
         ``scissorhands`` only (ignored by the others): votes count only over the last
         ``history_window`` attention steps.  None: off.
+    vote_rate : bool, default False
+        ``scissorhands`` only (ignored by the others): evict by votes per step held.
     backend : {"native", "reference"}
 
     Raises
@@ -296,6 +299,10 @@ def make_policy(
         if not _accepts(cls, "history_window"):
             raise InvalidInputError(f"the {backend} {name!r} policy does not take history_window")
         kwargs["history_window"] = history_window
+    if vote_rate and name == "scissorhands":
+        if not _accepts(cls, "vote_rate"):
+            raise InvalidInputError(f"the {backend} {name!r} policy does not take vote_rate")
+        kwargs["vote_rate"] = True
     return cls(**kwargs)
 
 
@@ -576,6 +583,7 @@ class EvictingCache(DynamicCache):
         recent_window: int = 32,
         sinks: int | None = None,
         history_window: int | None = None,
+        vote_rate: bool = False,
         head_mode: str = "per-head",
         cache_mode: str = "reuse",
         fused: bool = True,
@@ -605,6 +613,7 @@ class EvictingCache(DynamicCache):
                 recent_window=recent_window,
                 sinks=sinks,
                 history_window=history_window,
+                vote_rate=vote_rate,
                 backend=backend,
             )
 

@@ -37,7 +37,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import UINT32_MAX, InvalidInputError, InvalidTypeError, check_int, check_recent_window
+from .errors import (
+    UINT32_MAX,
+    InvalidInputError,
+    InvalidTypeError,
+    check_flag,
+    check_int,
+    check_recent_window,
+)
 
 __all__ = ["Scissorhands", "H2O", "StreamingLLM", "Full", "POLICIES"]
 
@@ -181,6 +188,8 @@ class _Policy:
     _scores: list[list[Any]]
     #: Per slot, the vote bits of the last ``history_window`` steps (None: not kept).
     _history: list[list[int]] | None
+    #: Per slot, the decode steps that carried attention since admission (None: not kept).
+    _held: list[list[int]] | None
     _last: int
     _capacity: int
 
@@ -209,6 +218,10 @@ class _Policy:
 
     def _keeps_history(self) -> bool:
         """Whether each slot keeps a register of its recent vote bits."""
+        return False
+
+    def _keeps_held(self) -> bool:
+        """Whether each slot counts the steps it has been held (for a vote rate)."""
         return False
 
     def _slot_bytes(self) -> int:
@@ -300,6 +313,8 @@ class _Policy:
                 self._scores[h].append(self._new_score())
             if self._history is not None:
                 self._history[h].append(0)  # a new position has voted on no step yet
+            if self._held is not None:
+                self._held[h].append(0)  # ... and been held for none
         self._last = pos
 
     def _evict(self, budget: int | None) -> tuple[list[list[int]], list[list[int]]]:
@@ -319,6 +334,8 @@ class _Policy:
                 self._scores[h] = [v for s, v in enumerate(self._scores[h]) if s not in gone]
             if self._history is not None:
                 self._history[h] = [r for s, r in enumerate(self._history[h]) if s not in gone]
+            if self._held is not None:
+                self._held[h] = [c for s, c in enumerate(self._held[h]) if s not in gone]
         return victims, slots
 
     def _result(self, victims: list[list[int]], slots: list[list[int]], return_indices: bool) -> Any:
@@ -472,6 +489,7 @@ class _Policy:
         self._kept = [[0] for _ in range(self.heads)]
         self._scores = [[self._new_score()] for _ in range(self.heads)] if self._score_key else []
         self._history = [[0] for _ in range(self.heads)] if self._keeps_history() else None
+        self._held = [[0] for _ in range(self.heads)] if self._keeps_held() else None
         self._last = 0
 
     def _params(self) -> dict[str, Any]:
@@ -506,6 +524,8 @@ class _Policy:
             state[self._score_key] = [list(row) for row in self._scores]
         if self._history is not None:
             state["history"] = [list(row) for row in self._history]
+        if self._held is not None:
+            state["steps_held"] = [list(row) for row in self._held]
         state["last_position"] = self._last
         return state
 
@@ -537,7 +557,8 @@ class _Policy:
         keys = {"format", "version", "policy", "params", "kept", "last_position"}
         if cls._score_key is not None:
             keys.add(cls._score_key)
-        optional_keys = {"history"} if "history_window" in cls._optional_params else set()
+        optional_keys = ({"history", "steps_held"} if "history_window" in cls._optional_params
+                         else set())
         if not keys <= set(state) <= keys | optional_keys:
             raise InvalidInputError(f"state keys must be {sorted(keys)}, got {sorted(state)}")
         if state["format"] != STATE_FORMAT:
@@ -570,6 +591,11 @@ class _Policy:
                                     "a history_window")
         if policy._history is not None:
             policy._history = policy._load_history(_read_rows(state["history"], policy.heads, n, "history"))
+        if ("steps_held" in state) != policy._keeps_held():
+            raise InvalidInputError("state steps_held must be present exactly when params set "
+                                    "vote_rate")
+        if policy._held is not None:
+            policy._held = policy._load_held(_read_rows(state["steps_held"], policy.heads, n, "steps_held"))
         policy._kept = kept
         policy._last = last
         policy._grow_to(n)
@@ -657,6 +683,12 @@ class Scissorhands(_HeavyHitters):
     left by one, adds the new bit and keeps the low ``w`` bits, and the slot's vote count
     is the number of bits set.  A step with ``attn=None`` is not a step of the history.
 
+    With ``vote_rate=True`` each slot also counts the decode steps that carried attention
+    since it was admitted (``steps_held``, uint32, saturating), and eviction ranks slots by
+    ``votes / steps`` instead of votes, where ``steps`` is the count capped at the history
+    window (when set) and raised to at least 1; the rate is a Python float (a correctly
+    rounded double, as in C), equal rates evicting the lower position.
+
     Parameters
     ----------
     budget : int, default 512
@@ -673,12 +705,15 @@ class Scissorhands(_HeavyHitters):
         The first positions held, never evicted; ``recent_window + sinks < budget``.
     history_window : int or None, default None
         Decode steps a vote counts for, in ``[1, 64]``; None counts them forever.
+    vote_rate : bool, default False
+        Evict by votes per step held rather than by votes.
 
     Raises
     ------
     InvalidTypeError
         A parameter is not an integer (bool and float refused, except a float
-        ``recent_window``, a fraction of the budget; ``history_window`` may also be None).
+        ``recent_window``, a fraction of the budget; ``history_window`` may also be None),
+        or ``vote_rate`` is not a bool.
     InvalidInputError
         A parameter is out of range.
 
@@ -691,23 +726,41 @@ class Scissorhands(_HeavyHitters):
     name = "scissorhands"
     bytes_per_slot = 9  # uint32 position + uint32 votes + 1 byte eviction scratch
     history_bytes = 8  # + a uint64 register of vote bits, with a history window
-    _optional_params: ClassVar[dict[str, Any]] = {"sinks": 0, "history_window": None}
+    held_bytes = 4  # + a uint32 count of steps held, with a vote rate
+    _optional_params: ClassVar[dict[str, Any]] = {"sinks": 0, "history_window": None,
+                                                  "vote_rate": False}
     _score_key = "votes"
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
-                 sinks: int = 0, history_window: int | None = None) -> None:
+                 sinks: int = 0, history_window: int | None = None, vote_rate: bool = False) -> None:
         self._configure(budget, recent_window, sinks)
         self.history_window = (None if history_window is None else
                                check_int("history_window", history_window, 1, MAX_HISTORY_WINDOW))
+        self.vote_rate = check_flag("vote_rate", vote_rate)
         self._setup(heads)
 
     def _keeps_history(self) -> bool:
         return self.history_window is not None
 
+    def _keeps_held(self) -> bool:
+        return self.vote_rate
+
     def _slot_bytes(self) -> int:
-        return self.bytes_per_slot + (self.history_bytes if self._keeps_history() else 0)
+        return (self.bytes_per_slot + (self.history_bytes if self._keeps_history() else 0)
+                + (self.held_bytes if self._keeps_held() else 0))
+
+    def _victim_slots(self, head: int, count: int) -> list[int]:
+        if self._held is None:
+            return super()._victim_slots(head, count)
+        votes, held = self._scores[head], self._held[head]
+        cap = self.history_window if self.history_window is not None else UINT32_MAX
+        n = len(votes)
+        evictable = range(min(self.sinks, n), n - self.recent_window)
+        return sorted(evictable, key=lambda s: (votes[s] / max(1, min(held[s], cap)), s))[:count]
 
     def _update(self, head: int, weights: list[float]) -> None:
+        if self._held is not None:
+            self._held[head] = [min(c + 1, UINT32_MAX) for c in self._held[head]]
         share = 1.0 / len(weights)
         votes = self._scores[head]
         if self._history is None:
@@ -723,6 +776,35 @@ class Scissorhands(_HeavyHitters):
 
     def _load_score(self, value: Any) -> int:
         return check_int("vote", value)
+
+    def _load_held(self, rows: list[list[Any]]) -> list[list[int]]:
+        """A state's steps held (rows shaped like the votes; votes and registers already
+        loaded): integers with no fewer steps than votes and no register bit at or above
+        the step count (a slot votes only on steps it was held)."""
+        held = [[check_int("steps_held", v) for v in row] for row in rows]
+        registers = self._history if self._history is not None else [[0] * len(r) for r in held]
+        for row, votes, regs in zip(held, self._scores, registers):
+            for steps, count, register in zip(row, votes, regs):
+                if count > steps:
+                    raise InvalidInputError(f"votes {count} exceed the {steps} steps held")
+                if register >> steps:
+                    raise InvalidInputError(f"history register {register} has a vote bit older "
+                                            f"than its {steps} steps held")
+        return held
+
+    @property
+    def steps_held(self) -> np.ndarray:
+        """Decode steps that carried attention since each position was admitted, aligned
+        with :attr:`kept`, uint32, shape ``(n,)`` or ``(heads, n)``.
+
+        Raises
+        ------
+        InvalidInputError
+            The policy was built without ``vote_rate``.
+        """
+        if self._held is None:
+            raise InvalidInputError("steps_held is kept only with vote_rate=True")
+        return self._as_array(self._held, np.uint32)
 
     def _load_history(self, rows: list[list[Any]]) -> list[list[int]]:
         """A state's vote registers (rows shaped like the votes, already loaded): each an

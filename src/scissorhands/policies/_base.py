@@ -14,11 +14,18 @@ from typing import Any, ClassVar
 import numpy as np
 
 from scissorhands._native import check, ffi, lib
-from scissorhands.policies._state import STATE_FORMAT, STATE_VERSION, parse_history, parse_state
+from scissorhands.policies._state import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    parse_held,
+    parse_history,
+    parse_state,
+)
 from scissorhands.errors import (
     UINT32_MAX,
     InvalidInputError,
     InvalidTypeError,
+    check_flag,
     check_int,
     check_recent_window,
 )
@@ -114,8 +121,9 @@ class NativePolicy:
     _optional_params: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, *, budget: int, heads: int, recent_window: int = 0, sinks: int = 0,
-                 history_window: int | None = None) -> None:
-        # The reference's order: budget, recent_window, sinks, their sum, history_window, heads.
+                 history_window: int | None = None, vote_rate: bool = False) -> None:
+        # The reference's order: budget, recent_window, sinks, their sum, history_window,
+        # vote_rate, heads.
         self._budget = check_int("budget", budget, 1, UINT32_MAX)
         self._recent_window = check_recent_window(recent_window, self._budget)
         self._sinks = check_int("sinks", sinks, 0, self._budget - 1)
@@ -123,6 +131,7 @@ class NativePolicy:
             raise InvalidInputError(self._budget_message(self._budget))
         self._history_window = (None if history_window is None else
                                 check_int("history_window", history_window, 1, MAX_HISTORY_WINDOW))
+        self._vote_rate = check_flag("vote_rate", vote_rate)
         self._heads = check_int("heads", heads, 1, MAX_HEADS)
         cfg = ffi.new("sh_config *")
         cfg.kind = self._kind
@@ -131,6 +140,7 @@ class NativePolicy:
         cfg.recent_window = self._recent_window
         cfg.sinks = self._sinks
         cfg.history_window = self._history_window or 0
+        cfg.vote_rate = int(self._vote_rate)
         out = ffi.new("sh_policy **")
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
@@ -367,9 +377,10 @@ class NativePolicy:
         """Positions held (per head; every head holds the same count)."""
         return self._n
 
-    def _export(self, with_history: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """(positions, scores, vote registers) as ``(heads, n)`` arrays, copied under
-        the lock; the registers only when asked for and kept (else None)."""
+    def _export(self, with_history: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
+                                                           np.ndarray | None]:
+        """(positions, scores, vote registers, steps held) as ``(heads, n)`` arrays,
+        copied under the lock; the last two only when asked for and kept (else None)."""
         with self._lock:
             n = self._n
             positions = np.empty((self._heads, n), dtype=np.uint32)
@@ -388,7 +399,11 @@ class NativePolicy:
                 history = np.empty((self._heads, n), dtype=np.uint64)
                 check(lib.sh_policy_export_history(self._ptr, ffi.from_buffer("uint64_t[]", history),
                                                    history.size))
-            return positions, scores, history
+            held = None
+            if with_history and self._vote_rate:
+                held = np.empty((self._heads, n), dtype=np.uint32)
+                check(lib.sh_policy_export_held(self._ptr, ffi.from_buffer("uint32_t[]", held), held.size))
+            return positions, scores, history, held
 
     def _shaped(self, arr: np.ndarray) -> np.ndarray:
         return arr[0] if self._heads == 1 else arr
@@ -411,7 +426,8 @@ class NativePolicy:
 
     def memory_bytes(self) -> int:
         """Bytes of policy state: ``64 + capacity * heads * bytes_per_slot`` (9
-        Scissorhands, 17 with a history window; 13 H2O; 4 StreamingLLM and Full)."""
+        Scissorhands, +8 with a history window, +4 with a vote rate; 13 H2O; 4
+        StreamingLLM and Full)."""
         return int(lib.sh_policy_memory_bytes(self._ptr))
 
     def reset(self) -> None:
@@ -460,9 +476,9 @@ class NativePolicy:
     def state_dict(self) -> dict[str, Any]:
         """The policy as plain data (ints, floats, lists, str), loadable by
         :meth:`from_state_dict` of either backend; versioned. A Scissorhands policy
-        with a history window adds ``"history"``: its vote registers, shaped like
-        ``"kept"``."""
-        positions, scores, history = self._export(with_history=True)
+        with a history window adds ``"history"`` (its vote registers) and one with a
+        vote rate ``"steps_held"``, both shaped like ``"kept"``."""
+        positions, scores, history, held = self._export(with_history=True)
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -475,6 +491,8 @@ class NativePolicy:
             state[self._score_name] = scores.tolist()
         if history is not None:
             state["history"] = history.tolist()
+        if held is not None:
+            state["steps_held"] = held.tolist()
         return state
 
     @classmethod
@@ -488,33 +506,36 @@ class NativePolicy:
             not strictly ascending or above ``last_position``; scores out of range;
             ``history`` missing although ``params`` sets a history window (or present
             although none is set), a register with a bit at or above the window, or
-            votes that are not the registers' popcounts.
+            votes that are not the registers' popcounts; ``steps_held`` missing
+            although ``params`` sets ``vote_rate`` (or present although not), or a
+            slot with more votes (or register bits) than steps held.
         InvalidTypeError
             A field of the wrong kind.
 
         A state without the optional parameters (``sinks`` of Scissorhands and H2O,
-        ``history_window`` of Scissorhands: states written before they existed)
-        loads with their defaults.
+        ``history_window`` and ``vote_rate`` of Scissorhands: states written before
+        they existed) loads with their defaults.
         """
-        optional_keys = ("history",) if "history_window" in cls._optional_params else ()
+        optional_keys = ("history", "steps_held") if "history_window" in cls._optional_params else ()
         params, kept, scores, last = parse_state(state, cls.name, cls._score_name, cls._param_names,
                                                  tuple(cls._optional_params), optional_keys)
         policy = cls(**params)
         h, n = kept.shape
         if h != policy._heads:
             raise InvalidInputError(f"state has {h} rows of positions, params say heads={policy._heads}")
-        history = parse_history(state, policy._history_window, scores) if optional_keys else None
+        history = held = None
+        if optional_keys:
+            history = parse_history(state, policy._history_window, scores)
+            held = parse_held(state, policy._vote_rate, scores, history)
         votes_ptr = scores_ptr = ffi.NULL
         if cls._score_name == "votes":
             votes_ptr = ffi.from_buffer("uint32_t[]", scores)
         elif cls._score_name == "scores":
             scores_ptr = ffi.from_buffer("double[]", scores)
-        if history is not None:
-            rc = lib.sh_policy_import_history(policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept),
-                                              votes_ptr, ffi.from_buffer("uint64_t[]", history), last)
-        else:
-            rc = lib.sh_policy_import(policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept),
-                                      votes_ptr, scores_ptr, last)
+        rc = lib.sh_policy_import_state(
+            policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept), votes_ptr, scores_ptr,
+            _NULL if history is None else ffi.from_buffer("uint64_t[]", history),
+            _NULL if held is None else ffi.from_buffer("uint32_t[]", held), last)
         check(rc, cls.__name__)
         policy._n = n
         policy._last = last

@@ -112,3 +112,31 @@ def parse_history(state: dict[str, Any], window: int | None, votes: np.ndarray) 
     if np.any(counts != votes.astype(np.int64)):
         raise InvalidInputError("state['votes'] must equal the number of vote bits in state['history']")
     return history
+
+
+def parse_held(state: dict[str, Any], vote_rate: bool, votes: np.ndarray,
+               history: np.ndarray | None) -> np.ndarray | None:
+    """The steps held of a Scissorhands state (``state["steps_held"]``), as a
+    ``(heads, n)`` ``uint32`` array, or None for a policy without a vote rate.
+
+    Present exactly when ``vote_rate`` is set; each slot has at least as many steps
+    held as votes, and no register bit at or above its steps held (a slot votes only
+    on steps it was held)."""
+    if not vote_rate:
+        if "steps_held" in state:
+            raise InvalidInputError("state['steps_held'] needs params['vote_rate']")
+        return None
+    if "steps_held" not in state:
+        raise InvalidInputError("state['steps_held'] is missing (params['vote_rate'] is set)")
+    rows = _rows(state, "steps_held")
+    if (len(rows), len(rows[0])) != votes.shape:
+        raise InvalidInputError(f"state['steps_held'] shape {(len(rows), len(rows[0]))} differs from kept {votes.shape}")
+    held = _int_rows(rows, "steps_held")
+    if np.any(votes > held):
+        raise InvalidInputError("a slot of state['votes'] has more votes than state['steps_held']")
+    if history is not None:
+        for register, steps in zip(history.ravel().tolist(), held.ravel().tolist()):
+            if steps < 64 and register >> steps:
+                raise InvalidInputError("a register of state['history'] has a vote bit older than "
+                                        "its state['steps_held']")
+    return held

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from scissorhands._native import lib
+from scissorhands.errors import InvalidInputError
 from scissorhands.policies._base import NativePolicy
 
 
@@ -41,6 +42,13 @@ class Scissorhands(NativePolicy):
         attention (the paper's history window), in ``[1, 64]``; a step with
         ``attn=None`` is not one of them. None: votes accumulate forever (the
         seed's semantics).
+    vote_rate : bool, default False
+        Rank positions by votes per decode step held instead of by votes: each slot
+        counts the steps that carried attention since it was admitted (capped at
+        ``history_window`` when set, at least 1), and eviction takes the lowest
+        ``votes / steps`` (a correctly rounded float64; equal rates evict the lower
+        position). An old position's head start in votes then no longer protects
+        it. False: the seed's semantics.
 
     Raises
     ------
@@ -51,26 +59,28 @@ class Scissorhands(NativePolicy):
         ``budget < 1``, ``recent_window`` outside ``[0, budget - 1]`` (a fraction
         outside ``[0, 1)``), ``sinks < 0``,
         ``recent_window + sinks >= budget``, or ``history_window`` outside ``[1, 64]``.
+        (``vote_rate`` not a bool is an ``InvalidTypeError``.)
 
     Notes
     -----
     State per slot: 4 bytes position + 4 bytes ``uint32`` votes (saturating at
     ``2**32 - 1``) + 1 byte of selection scratch, 9 bytes; with a history window
-    also an 8-byte register of the last ``history_window`` vote bits, 17 bytes. A
-    step and an eviction are O(n). A new policy holds position 0 with no votes.
+    also an 8-byte register of the last ``history_window`` vote bits (+8 bytes), with
+    a vote rate a ``uint32`` count of steps held (+4 bytes). A step and an eviction
+    are O(n). A new policy holds position 0 with no votes.
     """
 
     name = "scissorhands"
     _kind = lib.SH_SCISSORHANDS
     _param_names = ("budget", "recent_window", "heads")
-    _optional_params = {"sinks": 0, "history_window": None}
+    _optional_params = {"sinks": 0, "history_window": None, "vote_rate": False}
     _score_name = "votes"
     _reads_attention = True
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
-                 sinks: int = 0, history_window: int | None = None) -> None:
+                 sinks: int = 0, history_window: int | None = None, vote_rate: bool = False) -> None:
         super().__init__(budget=budget, recent_window=recent_window, sinks=sinks,
-                         history_window=history_window, heads=heads)
+                         history_window=history_window, vote_rate=vote_rate, heads=heads)
 
     @property
     def recent_window(self) -> int:
@@ -86,6 +96,26 @@ class Scissorhands(NativePolicy):
     def history_window(self) -> int | None:
         """Decode steps a vote counts for, or None (forever)."""
         return self._history_window
+
+    @property
+    def vote_rate(self) -> bool:
+        """Whether eviction ranks positions by votes per step held."""
+        return self._vote_rate
+
+    @property
+    def steps_held(self) -> np.ndarray:
+        """Decode steps that carried attention since each position was admitted
+        (saturating), index-aligned with :attr:`kept`: ``uint32``, ``(n,)`` or
+        ``(heads, n)``.
+
+        Raises
+        ------
+        InvalidInputError
+            The policy was built without ``vote_rate`` (it keeps no such count).
+        """
+        if not self._vote_rate:
+            raise InvalidInputError("steps_held is kept only with vote_rate=True")
+        return self._shaped(self._export(with_history=True)[3])
 
     def sink_count(self) -> int:
         """Sinks held: ``min(sinks, kept_count())``."""
