@@ -177,3 +177,95 @@ def test_python_dash_m(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "scissorhands", "--policies", "lru"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
+
+
+# ---------------------------------------------------------------- report
+
+
+def _eval_doc(sha, source, results, tokens=2048):
+    """A minimal 'eval --json' document with a full-cache run of perplexity 10."""
+    return {
+        "format": "scissorhands.eval", "version": 1,
+        "config": {"tokens": tokens, "prompt_tokens": 64, "head_mode": "per-head",
+                   "text": {"source": source, "token_ids_sha256": sha},
+                   "model": {"path": "/models/m.gguf"}},
+        "results": [{"policy": "full", "budget": None, "perplexity": 10.0}, *results],
+    }
+
+
+def _result(policy, budget, ppl, **config):
+    return {"policy": policy, "budget": budget, "perplexity": ppl, **config}
+
+
+def _write(tmp_path, name, doc):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_report_combines_eval_files(tmp_path, capsys):
+    """Files on the same text share columns; rows are ordered by policy and options; each
+    cell is the perplexity and its change against that text's full cache."""
+    a = _eval_doc("aa", "pydoc_data.topics (Python standard library)", [
+        _result("scissorhands", 256, 12.5, recent_window=128, recent_window_spec="50%", sinks=4,
+                history_window=None, vote_rate=True),
+        _result("streaming-llm", 256, 13.0, sinks=4),
+        _result("scissorhands", 409, 11.0, recent_window=32, sinks=None, history_window=None)])
+    b = _eval_doc("bb", "/data/devil.txt", [
+        _result("h2o", 256, 10.5, recent_window=192, recent_window_spec="75%", sinks=4)])
+    c = _eval_doc("aa", "pydoc_data.topics (Python standard library)", [
+        _result("scissorhands", 256, 12.0, recent_window=128, recent_window_spec="50%", sinks=4,
+                history_window=None)])
+    files = [_write(tmp_path, n, d) for n, d in (("a.json", a), ("b.json", b), ("c.json", c))]
+    plot = tmp_path / "report.png"
+    assert main(["report", *files, "--plot", str(plot)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["configuration", "pydoc_data.topics", "@256", "pydoc_data.topics",
+                                "@409", "devil.txt", "@256"]
+    rows = {line[:33].strip(): line[33:].split("  ") for line in lines[2:]}
+    assert [line[:33].strip() for line in lines[2:]] == [
+        "full cache", "streaming-llm sinks=4", "h2o rw=75% sinks=4", "scissorhands rw=32 sinks=0",
+        "scissorhands rw=50% sinks=4", "scissorhands rw=50% sinks=4 rate"]
+    cells = {k: [c.strip() for c in v if c.strip()] for k, v in rows.items()}
+    assert cells["full cache"] == ["10.000", "10.000", "10.000"]
+    assert cells["scissorhands rw=50% sinks=4 rate"] == ["12.500 (+25.0%)", "-", "-"]
+    assert cells["scissorhands rw=32 sinks=0"] == ["-", "11.000 (+10.0%)", "-"]
+    assert cells["h2o rw=75% sinks=4"] == ["-", "-", "10.500 (+5.0%)"]
+    assert plot.stat().st_size > 0
+
+
+def test_report_markdown_bolds_the_best_of_each_column(tmp_path, capsys):
+    doc = _eval_doc("aa", "t.txt", [
+        _result("streaming-llm", 256, 13.0, sinks=4),
+        _result("h2o", 256, 12.0, recent_window=32, sinks=0)])
+    assert main(["report", _write(tmp_path, "a.json", doc), "--markdown"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["| configuration | t.txt @256 |", "|---|---|"]
+    assert out[3] == "| streaming-llm sinks=4 | 13.000 (+30.0%) |"
+    assert out[4] == "| h2o rw=32 sinks=0 | **12.000 (+20.0%)** |"
+
+
+def test_report_notes_a_configuration_measured_twice_differently(tmp_path, capsys):
+    first = _eval_doc("aa", "t.txt", [_result("streaming-llm", 256, 13.0, sinks=4)])
+    second = _eval_doc("aa", "t.txt", [_result("streaming-llm", 256, 13.5, sinks=4)])
+    files = [_write(tmp_path, "1.json", first), _write(tmp_path, "2.json", second)]
+    assert main(["report", *files]) == 0
+    out = capsys.readouterr().out
+    assert "13.000 (+30.0%)" in out and "13.500" not in out.split("note:")[0]
+    assert "note: streaming-llm sinks=4 at 256 on t.txt: 13.500000 in file 2 differs" in out
+
+
+@pytest.mark.parametrize("change", ["tokens", "format", "no full", "not json"])
+def test_report_refuses_files_that_do_not_compare(tmp_path, capsys, change):
+    """Other tokens (or prompt, head mode, model), a non-eval file or a missing full run: exit 2."""
+    first = _eval_doc("aa", "t.txt", [])
+    second = _eval_doc("bb", "u.txt", [], tokens=512 if change == "tokens" else 2048)
+    if change == "format":
+        second["format"] = "scissorhands.replay"
+    elif change == "no full":
+        second["results"] = []
+    path = _write(tmp_path, "2.json", second)
+    if change == "not json":
+        (tmp_path / "2.json").write_text("{")
+    assert main(["report", _write(tmp_path, "1.json", first), path]) == 2
+    assert "scissorhands: error: cannot" in capsys.readouterr().err

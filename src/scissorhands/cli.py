@@ -12,6 +12,9 @@ canonical trace):
     Teacher-forced perplexity of a real model under each policy (:mod:`scissorhands.evaluate`).
 ``record``
     Record a real model's full-cache attention as a trace for ``replay --trace``.
+``report``
+    Combine ``eval --json`` files into one table (configurations by text and budget)
+    and one plot.
 
 Every subcommand shares the flag names of its parent groups: ``--policies``,
 ``--budgets``, ``--recent-window``, ``--sinks``, ``--backend``, ``--json``, ``--plot``
@@ -45,7 +48,7 @@ __all__ = ["POLICY_NAMES", "build_parser", "main"]
 POLICY_NAMES = ("full", "streaming-llm", "h2o", "scissorhands")
 #: Budgets replayed on ``decode-4096`` when ``--budgets`` is not given.
 DEFAULT_BUDGETS = (256, 512, 1024)
-COMMANDS = ("replay", "eval", "record")
+COMMANDS = ("replay", "eval", "record", "report")
 
 _PROG = "scissorhands"
 
@@ -231,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "attention traces, evaluate on a real model. 'replay' is the default subcommand.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="{replay,eval,record}")
+    sub = parser.add_subparsers(dest="command", metavar="{replay,eval,record,report}")
 
     replay = sub.add_parser(
         "replay",
@@ -283,6 +286,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     record.add_argument(
         "--out", default="trace.npz", metavar="PATH", help="output file (default: trace.npz)"
+    )
+
+    report = sub.add_parser(
+        "report",
+        help="combine 'eval --json' files into one table and plot",
+        description="One row per configuration, one column per (text, budget): perplexity "
+        "and its change against the full cache, from any number of 'eval --json' files "
+        "measured with the same tokens, prompt, head mode and model.",
+    )
+    report.add_argument("files", nargs="+", metavar="JSON", help="'eval --json' output files")
+    report.add_argument(
+        "--markdown", action="store_true", help="print a Markdown table, the best of each column in bold"
+    )
+    report.add_argument(
+        "--plot", metavar="PATH", help="also draw the grid to an image (needs matplotlib)"
     )
     return parser
 
@@ -662,6 +680,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "replay":
             return run_replay(args)
+        if args.command == "report":
+            if args.plot:
+                _require_matplotlib()
+            from . import evaluate
+
+            return int(evaluate.run_report(args))
         return _run_model_command(args)
     except ScissorhandsError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)

@@ -761,3 +761,199 @@ def run_record(args: Any) -> int:
         f"in {seconds:.1f} s (model load {load_seconds:.1f} s) -> {args.out}"
     )
     return 0
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _report_series(result: dict[str, Any]) -> str:
+    """A result's configuration across budgets and files: :func:`_series_label`, with the
+    sinks of older documents (recorded as None) read as the policy's default then, 0."""
+    if result["policy"] in ("h2o", "scissorhands") and result.get("sinks") is None:
+        result = {**result, "sinks": 0}
+    return _series_label(result)
+
+
+def _report_order(result: dict[str, Any]) -> tuple[Any, ...]:
+    """Where a configuration's row goes in a report: by policy, then its options."""
+    spec = result.get("recent_window_spec")
+    if spec is None:
+        window: tuple[int, float] = (0, float(result.get("recent_window") or 0))
+    else:
+        from .cli import resolve_recent_window
+
+        window = (1, float(resolve_recent_window(spec, 10**6)))
+    history = result.get("history_window")
+    return ({"streaming-llm": 0, "h2o": 1, "scissorhands": 2}.get(result["policy"], 3),
+            result.get("sinks") or 0, window, history is not None, history or 0,
+            bool(result.get("vote_rate")))
+
+
+def _text_name(config: dict[str, Any]) -> str:
+    """A short name for a document's text: the file name, or the built-in text's module."""
+    source = str(config["text"]["source"])
+    return source.split(" ", 1)[0] if " (" in source else os.path.basename(source)
+
+
+def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Merge ``eval --json`` documents into one grid of perplexities.
+
+    Columns are (text, budget) pairs, texts told apart by the SHA-256 of their token ids
+    and named after their source; rows are configurations (:func:`_report_series`), the
+    full cache first, then StreamingLLM, H2O and Scissorhands, each by sinks, recent
+    window (in positions before fractions of the budget), history window and vote rate.
+    A configuration measured twice keeps its first value, and a note says so when the
+    two differ.
+
+    Returns
+    -------
+    dict
+        ``columns`` (list of ``(text name, budget)``), ``rows`` (list of labels),
+        ``full`` (text name -> full-cache perplexity), ``cells`` (``(label, column)`` ->
+        perplexity) and ``notes`` (list of str).
+
+    Raises
+    ------
+    ScissorhandsError
+        A document is not an eval result, lacks the full-cache run, or was measured with
+        other tokens, prompt, head mode or model than the first.
+    """
+    setup_keys = ("tokens", "prompt_tokens", "head_mode")
+    setup = None
+    names: dict[str, str] = {}
+    full: dict[str, float] = {}
+    cells: dict[tuple[str, tuple[str, int]], float] = {}
+    rows: dict[str, tuple[Any, ...]] = {}
+    budgets: dict[str, set[int]] = {}
+    notes: list[str] = []
+    for index, doc in enumerate(documents):
+        if not isinstance(doc, dict) or doc.get("format") != "scissorhands.eval":
+            raise ScissorhandsError(f"file {index + 1} is not a 'scissorhands eval --json' result")
+        config = doc["config"]
+        this = tuple(config.get(k) for k in setup_keys) + (
+            os.path.basename(str(config.get("model", {}).get("path"))),)
+        if setup is None:
+            setup = this
+        elif this != setup:
+            raise ScissorhandsError(
+                f"file {index + 1} was measured with {this} (tokens, prompt, head mode, model), "
+                f"the first with {setup}: their perplexities do not compare")
+        key = config["text"]["token_ids_sha256"]
+        name = names.setdefault(key, _text_name(config))
+        if name in [n for k, n in names.items() if k != key]:
+            name = names[key] = f"{name} ({key[:8]})"
+        results = doc["results"]
+        base = next((r for r in results if r["policy"] == "full"), None)
+        if base is None:
+            raise ScissorhandsError(f"file {index + 1} has no full-cache run")
+        if name in full and abs(full[name] / base["perplexity"] - 1) > 1e-9:
+            notes.append(f"{name}: full-cache perplexity {base['perplexity']:.6f} in file "
+                         f"{index + 1} differs from {full[name]:.6f}; the first is kept")
+        full.setdefault(name, base["perplexity"])
+        for r in results:
+            if r["policy"] == "full":
+                continue
+            label = _report_series(r)
+            rows.setdefault(label, _report_order(r))
+            column = (name, int(r["budget"]))
+            budgets.setdefault(name, set()).add(int(r["budget"]))
+            old = cells.setdefault((label, column), r["perplexity"])
+            if abs(old / r["perplexity"] - 1) > 1e-9:
+                notes.append(f"{label} at {column[1]} on {name}: {r['perplexity']:.6f} in file "
+                             f"{index + 1} differs from {old:.6f}; the first is kept")
+    labels = sorted(rows, key=lambda lab: rows[lab])
+    columns = [(name, b) for name in dict.fromkeys(names.values()) for b in sorted(budgets.get(name, ()))]
+    return {"columns": columns, "rows": labels, "full": full, "cells": cells, "notes": notes}
+
+
+def format_report(report: dict[str, Any], markdown: bool = False) -> str:
+    """The combined grid as text: one row per configuration, one column per (text,
+    budget), each cell the perplexity and its change against the full cache (``-``: not
+    measured). In Markdown the best configuration of each column is bold."""
+    columns, full, cells = report["columns"], report["full"], report["cells"]
+    best = {}
+    for column in columns:
+        measured = [(cells[(lab, column)], lab) for lab in report["rows"] if (lab, column) in cells]
+        if measured:
+            best[column] = min(measured)[1]
+
+    def cell(label: str, column: tuple[str, int]) -> str:
+        if (label, column) not in cells:
+            return "-"
+        value = cells[(label, column)]
+        text = f"{value:.3f} ({100 * (value / full[column[0]] - 1):+.1f}%)"
+        return f"**{text}**" if markdown and best.get(column) == label else text
+
+    head = ["configuration"] + [f"{name} @{budget}" for name, budget in columns]
+    body = [["full cache"] + [f"{full[name]:.3f}" for name, _ in columns]]
+    body += [[label] + [cell(label, column) for column in columns] for label in report["rows"]]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    fmt = lambda row: "  ".join(  # noqa: E731
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, body)])
+
+
+def plot_report(report: dict[str, Any], path: str | os.PathLike[str], title: str = "") -> None:
+    """Save the combined grid as a dot plot: one panel per text, one line per
+    configuration, the change in perplexity against the full cache (percent) on the x
+    axis, one marker per budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    columns, full, cells, labels = report["columns"], report["full"], report["cells"], report["rows"]
+    texts = list(dict.fromkeys(name for name, _ in columns))
+    budgets = sorted({b for _, b in columns})
+    fig = Figure(figsize=(5.2 * len(texts) + 2.4, 0.34 * len(labels) + 1.6), layout="constrained")
+    axes = fig.subplots(1, len(texts), sharey=True, squeeze=False)[0]
+    markers = "osD^v<>P"
+    ys = list(range(len(labels)))[::-1]
+    for ax, name in zip(axes, texts):
+        for j, budget in enumerate(budgets):
+            points = [(100 * (cells[(lab, (name, budget))] / full[name] - 1), y)
+                      for lab, y in zip(labels, ys) if (lab, (name, budget)) in cells]
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="none",
+                        marker=markers[j % len(markers)], color=f"C{j}", label=f"budget {budget}")
+        ax.set_title(f"{name} (full cache {full[name]:.2f})", fontsize=9)
+        ax.set_xlabel("perplexity vs full cache (%)")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.axvline(0, color="black", linewidth=0.8)
+        for y in ys:
+            ax.axhline(y, color="0.9", linewidth=0.5, zorder=0)
+    axes[0].set_yticks(ys, labels, fontsize=8)
+    axes[-1].legend(fontsize=8, loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=120)
+
+
+def run_report(args: Any) -> int:
+    """``python -m scissorhands report``: combine ``eval --json`` files into one table
+    (``--markdown`` for a Markdown one) and, with ``--plot``, one figure.
+
+    ``args``: ``files`` (paths), ``markdown`` (bool), ``plot`` (path or None).
+    Returns 0, or 2 when a file cannot be read or combined (message on stderr).
+    """
+    documents = []
+    for path in args.files:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                documents.append(json.load(handle))
+        except (OSError, ValueError) as exc:
+            return _fail(f"cannot read {path}: {exc}")
+    try:
+        report = combine_reports(documents)
+    except (ScissorhandsError, KeyError, TypeError) as exc:
+        return _fail(f"cannot combine the files: {exc}")
+    print(format_report(report, markdown=bool(args.markdown)))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    if args.plot:
+        plot_report(report, args.plot)
+    return 0
