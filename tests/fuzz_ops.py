@@ -1,7 +1,9 @@
 """Fuzz: random operation sequences, valid and invalid, on the C path and the reference.
 
 A hypothesis state machine builds the same policy (any of the four, ``heads`` in
-{1, 2, 3}) on both backends and drives them in lockstep with decode steps, fused steps,
+{1, 2, 3}; Scissorhands and H2O with or without sinks, Scissorhands with or without a
+history window and a vote rate) on both backends and drives them in lockstep with
+decode steps, fused steps,
 evictions, prefill, reset, state round trips (across backends, through JSON, pickle,
 ``copy``), corrupted states and accessor queries. Inputs are valid and invalid: positions
 -1, 2**31, 2**32, bools, floats, numpy scalars, out of order; bad budgets; attention of
