@@ -162,7 +162,7 @@ def test_help_exits_0(capsys):
     """--help at the top level and per subcommand exits 0."""
     for argv in (["--help"], ["replay", "--help"], ["eval", "--help"], ["record", "--help"]):
         assert main(argv) == 0
-    assert "{replay,eval,record}" in capsys.readouterr().out
+    assert "{replay,eval,record,report}" in capsys.readouterr().out
 
 
 def test_python_dash_m(tmp_path):
@@ -255,17 +255,58 @@ def test_report_notes_a_configuration_measured_twice_differently(tmp_path, capsy
     assert "note: streaming-llm sinks=4 at 256 on t.txt: 13.500000 in file 2 differs" in out
 
 
-@pytest.mark.parametrize("change", ["tokens", "format", "no full", "not json"])
+@pytest.mark.parametrize("change", [
+    "tokens", "scored", "format", "version", "no full", "not json", "zero ppl", "nan ppl",
+    "str budget", "float budget", "bad spec", "config list", "model null", "only full"])
 def test_report_refuses_files_that_do_not_compare(tmp_path, capsys, change):
-    """Other tokens (or prompt, head mode, model), a non-eval file or a missing full run: exit 2."""
-    first = _eval_doc("aa", "t.txt", [])
-    second = _eval_doc("bb", "u.txt", [], tokens=512 if change == "tokens" else 2048)
-    if change == "format":
+    """Other tokens or scored positions (or prompt, head mode, model), a file that is not
+    an eval result or has a malformed field, or nothing but full-cache runs: one error
+    line and exit 1, never a traceback."""
+    run = _result("streaming-llm", 256, 13.0, sinks=4)
+    first = _eval_doc("aa", "t.txt", [] if change == "only full" else [run])
+    second = _eval_doc("bb", "u.txt", [dict(run)], tokens=512 if change == "tokens" else 2048)
+    r = second["results"]
+    if change == "scored":
+        first["config"]["scored_positions"], second["config"]["scored_positions"] = [409, 2047], [102, 2047]
+    elif change == "format":
         second["format"] = "scissorhands.replay"
+    elif change == "version":
+        second["version"] = 99
     elif change == "no full":
-        second["results"] = []
+        del r[0]
+    elif change == "zero ppl":
+        r[1]["perplexity"] = 0
+    elif change == "nan ppl":
+        r[0]["perplexity"] = float("nan")
+    elif change == "str budget":
+        r[1]["budget"] = "abc"
+    elif change == "float budget":
+        r[1]["budget"] = 256.9
+    elif change == "bad spec":
+        r[1].update(policy="h2o", recent_window=8, recent_window_spec="abc%", sinks=0)
+    elif change == "config list":
+        second["config"] = []
+    elif change == "model null":
+        second["config"]["model"] = None
+        second["config"]["tokens"] = 1
+    elif change == "only full":
+        del r[1]
     path = _write(tmp_path, "2.json", second)
     if change == "not json":
         (tmp_path / "2.json").write_text("{")
-    assert main(["report", _write(tmp_path, "1.json", first), path]) == 2
-    assert "scissorhands: error: cannot" in capsys.readouterr().err
+    assert main(["report", _write(tmp_path, "1.json", first), path, "--plot",
+                 str(tmp_path / "p.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("scissorhands: error: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_report_merges_spellings_of_one_window(tmp_path, capsys):
+    """50% and 0.5x are the same window: one row."""
+    a = _eval_doc("aa", "t.txt", [_result("h2o", 256, 12.0, recent_window=128,
+                                          recent_window_spec="50%", sinks=4)])
+    b = _eval_doc("aa", "t.txt", [_result("h2o", 409, 11.0, recent_window=204,
+                                          recent_window_spec="0.5x", sinks=4)])
+    assert main(["report", _write(tmp_path, "a.json", a), _write(tmp_path, "b.json", b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in lines[3:]] == [["h2o", "rw=50%", "sinks=4"]]

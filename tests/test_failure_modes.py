@@ -724,6 +724,31 @@ def fast_switching():
     sys.setswitchinterval(old)
 
 
+def test_state_dict_is_one_moment_while_another_thread_steps(native, fast_switching):
+    """state_dict() reads the arrays and last_position under one hold of the lock: with a
+    recent window the newest position admitted is always held, so every snapshot's last
+    kept position equals its last_position, however the threads interleave."""
+    p = native.Scissorhands(budget=8, recent_window=2, vote_rate=True)
+    done = threading.Event()
+
+    def stepper() -> None:
+        pos = 0
+        while not done.is_set():
+            pos += 1
+            p.step(pos, None)
+
+    thread = threading.Thread(target=stepper)
+    thread.start()
+    try:
+        torn = [s["kept"][0][-1] for s in (p.state_dict() for _ in range(20000))
+                if s["kept"][0][-1] != s["last_position"]]
+    finally:
+        done.set()
+        thread.join()
+    assert p.state_dict()["last_position"] > 100  # the two threads did interleave
+    assert not torn, torn[:5]
+
+
 @pytest.mark.parametrize("name", EVICTING)
 def test_two_threads_on_one_policy_equal_a_serial_order(native, name, fast_switching):
     """Two threads stepping one policy end where a serial replay of the successful steps ends."""

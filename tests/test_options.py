@@ -441,12 +441,13 @@ def test_c_core_options(native):
 @pytest.mark.parametrize(("fraction", "budget", "want"), [
     (0.5, 409, 204), (0.5, 256, 128), (0.0, 7, 0), (0.25, 3, 0),
     (np.float32(0.5), 9, 4), (np.float64(0.75), 8, 6), (Fraction(1, 3), 10, 3),
-    # 0.1 as a double is a little above 1/10, so 10 x 0.1 rounds down to 1, not 0.
-    # and 0.999 is a little below, so 1000 x 0.999 rounds down to 998.
-    (0.1, 10, 1), (0.7, 10, 6), (0.999, 1000, 998)])
+    # A float counts as the decimal it prints as: 0.7 and 0.999 are a little below
+    # 7/10 and 999/1000 in binary, which would round 10 x 0.7 down to 6.
+    (0.1, 10, 1), (0.7, 10, 7), (0.999, 1000, 999), (0.29, 100, 29), (np.float32(0.3), 10, 3),
+    (Fraction(7, 10) - Fraction(1, 10**9), 10, 6)])
 def test_recent_window_fraction_of_the_budget(backend, cls, fraction, budget, want):
-    """A float recent_window is that fraction of the budget, rounded down from its exact
-    binary value; the object then is the one built with the resolved count."""
+    """A float recent_window is that fraction of the budget (the decimal it prints as),
+    rounded down; the object then is the one built with the resolved count."""
     p = getattr(backend, cls)(budget=budget, recent_window=fraction)
     assert p.recent_window == want and type(p.recent_window) is int
     q = getattr(backend, cls)(budget=budget, recent_window=want)
@@ -455,7 +456,7 @@ def test_recent_window_fraction_of_the_budget(backend, cls, fraction, budget, wa
 
 
 @pytest.mark.parametrize("fraction", [1.0, 1.5, -0.25, -1e-300, math.nan, math.inf, -math.inf,
-                                      Fraction(1), np.float64(2.0)])
+                                      Fraction(1), np.float64(2.0), 32.0])
 def test_recent_window_fraction_out_of_range(backend, fraction):
     """A fraction outside [0, 1) is refused as out of range, with the value in the message."""
     for cls in (backend.Scissorhands, backend.H2O):

@@ -87,7 +87,9 @@ def check_recent_window(value: Any, budget: int) -> int:
 
     An integer is a count of positions in ``[0, budget - 1]``.  A non-integer real
     (``float``, NumPy floating, ``fractions.Fraction``) in ``[0, 1)`` is a fraction of
-    the budget, rounded down from its exact value: ``0.5`` with budget 409 gives 204.
+    the budget, rounded down: ``0.5`` with budget 409 gives 204.  A float counts as the
+    decimal it prints as (``0.7`` is exactly 7/10, so ``0.7`` of 10 is 7, not the 6 its
+    binary value would give), as the command line's ``70%`` does.
 
     Raises
     ------
@@ -101,11 +103,14 @@ def check_recent_window(value: Any, budget: int) -> int:
         if isinstance(value, Fraction):
             fraction = value
         elif math.isfinite(value):
-            fraction = Fraction(float(value))
+            fraction = Fraction(str(value))  # the shortest decimal that reads back as value
         else:
             fraction = None
         if fraction is None or not 0 <= fraction < 1:
             raise InvalidInputError(
                 f"recent_window as a fraction of the budget must be in [0, 1), got {value}")
         return math.floor(fraction * budget)
+    if not isinstance(value, numbers.Integral):
+        raise InvalidTypeError("recent_window must be an integer or a fraction of the budget "
+                               f"in [0, 1), not {type(value).__name__}")
     return check_int("recent_window", value, 0, budget - 1)

@@ -37,6 +37,7 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -766,11 +767,30 @@ def run_record(args: Any) -> int:
 # --------------------------------------------------------------------------- report
 
 
+def _spec_fraction(spec: Any) -> Fraction:
+    """The fraction of the budget a ``recent_window_spec`` (``"50%"``, ``"0.5x"``) asks for."""
+    from .cli import parse_recent_window
+
+    if not isinstance(spec, str) or not spec.endswith(("%", "x")):
+        raise ValueError(f"recent_window_spec {spec!r} is not like 50% or 0.5x")
+    try:
+        parse_recent_window(spec)
+    except Exception as exc:  # argparse.ArgumentTypeError
+        raise ValueError(str(exc)) from None
+    fraction = Fraction(spec[:-1].strip())
+    return fraction / 100 if spec.endswith("%") else fraction
+
+
 def _report_series(result: dict[str, Any]) -> str:
-    """A result's configuration across budgets and files: :func:`_series_label`, with the
-    sinks of older documents (recorded as None) read as the policy's default then, 0."""
-    if result["policy"] in ("h2o", "scissorhands") and result.get("sinks") is None:
-        result = {**result, "sinks": 0}
+    """A result's configuration across budgets and files: :func:`_series_label`, with a
+    fractional recent window written as a percentage (``0.5x`` and ``50%`` are one row)
+    and the sinks of older documents (recorded as None) read as the default then, 0."""
+    if result["policy"] in ("h2o", "scissorhands"):
+        result = dict(result)
+        if result.get("sinks") is None:
+            result["sinks"] = 0
+        if result.get("recent_window_spec") is not None:
+            result["recent_window_spec"] = f"{float(100 * _spec_fraction(result['recent_window_spec'])):g}%"
     return _series_label(result)
 
 
@@ -778,15 +798,29 @@ def _report_order(result: dict[str, Any]) -> tuple[Any, ...]:
     """Where a configuration's row goes in a report: by policy, then its options."""
     spec = result.get("recent_window_spec")
     if spec is None:
-        window: tuple[int, float] = (0, float(result.get("recent_window") or 0))
+        window: tuple[int, Any] = (0, Fraction(int(result.get("recent_window") or 0)))
     else:
-        from .cli import resolve_recent_window
-
-        window = (1, float(resolve_recent_window(spec, 10**6)))
+        window = (1, _spec_fraction(spec))
     history = result.get("history_window")
     return ({"streaming-llm": 0, "h2o": 1, "scissorhands": 2}.get(result["policy"], 3),
             result.get("sinks") or 0, window, history is not None, history or 0,
             bool(result.get("vote_rate")))
+
+
+def _check_result(result: Any, where: str) -> None:
+    """A result row of an eval document: a known policy, an integer budget (None for the
+    full cache only) and a finite, positive perplexity."""
+    if not isinstance(result, dict) or result.get("policy") not in ("full", "streaming-llm", "h2o",
+                                                                      "scissorhands"):
+        raise ScissorhandsError(f"{where}: a result is not an eval result row")
+    budget = result.get("budget")
+    if result["policy"] == "full" and budget is not None:
+        raise ScissorhandsError(f"{where}: the full-cache run has a budget ({budget!r})")
+    if result["policy"] != "full" and (type(budget) is not int or budget < 1):
+        raise ScissorhandsError(f"{where}: budget {budget!r} of a {result['policy']} run is not a positive integer")
+    ppl = result.get("perplexity")
+    if isinstance(ppl, bool) or not isinstance(ppl, (int, float)) or not (math.isfinite(ppl) and ppl > 0):
+        raise ScissorhandsError(f"{where}: perplexity {ppl!r} is not a finite positive number")
 
 
 def _text_name(config: dict[str, Any]) -> str:
@@ -815,10 +849,11 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     Raises
     ------
     ScissorhandsError
-        A document is not an eval result, lacks the full-cache run, or was measured with
-        other tokens, prompt, head mode or model than the first.
+        A document is not an eval result (or a field of it is malformed), lacks the
+        full-cache run, holds no other run, or was measured with other tokens, prompt,
+        scored positions, head mode or model than the first.
     """
-    setup_keys = ("tokens", "prompt_tokens", "head_mode")
+    setup_keys = ("tokens", "prompt_tokens", "head_mode", "scored_positions")
     setup = None
     names: dict[str, str] = {}
     full: dict[str, float] = {}
@@ -827,22 +862,31 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     budgets: dict[str, set[int]] = {}
     notes: list[str] = []
     for index, doc in enumerate(documents):
+        where = f"file {index + 1}"
         if not isinstance(doc, dict) or doc.get("format") != "scissorhands.eval":
-            raise ScissorhandsError(f"file {index + 1} is not a 'scissorhands eval --json' result")
-        config = doc["config"]
+            raise ScissorhandsError(f"{where} is not a 'scissorhands eval --json' result")
+        if doc.get("version") != 1:
+            raise ScissorhandsError(f"{where}: eval result version {doc.get('version')!r} is not 1")
+        config, results = doc.get("config"), doc.get("results")
+        if (not isinstance(config, dict) or not isinstance(config.get("text"), dict)
+                or not isinstance(config["text"].get("token_ids_sha256"), str)
+                or not isinstance(results, list)):
+            raise ScissorhandsError(f"{where}: no config, text hash or results")
+        for result in results:
+            _check_result(result, where)
+        model = config.get("model")
         this = tuple(config.get(k) for k in setup_keys) + (
-            os.path.basename(str(config.get("model", {}).get("path"))),)
+            os.path.basename(str(model.get("path") if isinstance(model, dict) else model)),)
         if setup is None:
             setup = this
         elif this != setup:
             raise ScissorhandsError(
-                f"file {index + 1} was measured with {this} (tokens, prompt, head mode, model), "
-                f"the first with {setup}: their perplexities do not compare")
+                f"{where} was measured with {this} (tokens, prompt, head mode, scored "
+                f"positions, model), the first with {setup}: their perplexities do not compare")
         key = config["text"]["token_ids_sha256"]
         name = names.setdefault(key, _text_name(config))
         if name in [n for k, n in names.items() if k != key]:
             name = names[key] = f"{name} ({key[:8]})"
-        results = doc["results"]
         base = next((r for r in results if r["policy"] == "full"), None)
         if base is None:
             raise ScissorhandsError(f"file {index + 1} has no full-cache run")
@@ -863,6 +907,8 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
                              f"{index + 1} differs from {old:.6f}; the first is kept")
     labels = sorted(rows, key=lambda lab: rows[lab])
     columns = [(name, b) for name in dict.fromkeys(names.values()) for b in sorted(budgets.get(name, ()))]
+    if not columns:
+        raise ScissorhandsError("the files hold only full-cache runs: nothing to compare")
     return {"columns": columns, "rows": labels, "full": full, "cells": cells, "notes": notes}
 
 
@@ -938,7 +984,13 @@ def run_report(args: Any) -> int:
     (``--markdown`` for a Markdown one) and, with ``--plot``, one figure.
 
     ``args``: ``files`` (paths), ``markdown`` (bool), ``plot`` (path or None).
-    Returns 0, or 2 when a file cannot be read or combined (message on stderr).
+    Returns 0.
+
+    Raises
+    ------
+    ScissorhandsError
+        A file cannot be read, is not an eval result, or does not compare with the
+        others (the CLI prints it on one line and exits 1).
     """
     documents = []
     for path in args.files:
@@ -946,12 +998,14 @@ def run_report(args: Any) -> int:
             with open(path, encoding="utf-8") as handle:
                 documents.append(json.load(handle))
         except (OSError, ValueError) as exc:
-            return _fail(f"cannot read {path}: {exc}")
+            raise ScissorhandsError(f"cannot read {path}: {exc}") from None
     try:
         report = combine_reports(documents)
-    except (ScissorhandsError, KeyError, TypeError) as exc:
-        return _fail(f"cannot combine the files: {exc}")
-    print(format_report(report, markdown=bool(args.markdown)))
+        table = format_report(report, markdown=bool(args.markdown))
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        # combine_reports checks the fields it knows; anything else malformed lands here.
+        raise ScissorhandsError(f"cannot combine the files: malformed field ({exc!r})") from None
+    print(table)
     for note in report["notes"]:
         print(f"note: {note}")
     if args.plot:

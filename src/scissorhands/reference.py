@@ -112,9 +112,12 @@ def _read_array(attn: Any) -> np.ndarray:
         if any(not _is_real(x) for x in arr.flat):  # a row left boxed: ragged
             raise InvalidInputError("attn is ragged: rows of different lengths")
         return arr
+    if isinstance(attn, np.ma.MaskedArray):
+        raise InvalidTypeError("attn must not be a masked array: fill the masked weights first "
+                               "(for example attn.filled(0.0))")
     if isinstance(attn, np.ndarray):
         arr = attn
-    elif hasattr(attn, "__array__"):  # torch CPU tensors and the like
+    elif hasattr(attn, "__array__") or isinstance(attn, memoryview):  # torch CPU tensors, buffers
         arr = np.asarray(attn)
     elif _is_real(attn):
         return np.asarray(attn)  # a scalar: rank 0, refused at stage 5
@@ -695,8 +698,9 @@ class Scissorhands(_HeavyHitters):
         Positions to keep per head, in ``[1, 2**32 - 1]``.
     recent_window : int or float, default 32
         The most recent positions, never evicted: an int in ``[0, budget - 1]``, or a
-        float (or ``Fraction``) in ``[0, 1)``: that fraction of the budget, rounded down
-        (the attribute and the state hold the resolved count).
+        float (or ``Fraction``) in ``[0, 1)``: that fraction of the budget, rounded down,
+        a float read as the decimal it prints as (``0.7`` of 10 is 7; the attribute and
+        the state hold the resolved count).
     rng : any, default None
         Accepted and ignored (the policy is deterministic).
     heads : int, default 1
@@ -852,8 +856,9 @@ class H2O(_HeavyHitters):
         Positions to keep per head, in ``[1, 2**32 - 1]``.
     recent_window : int or float, default 32
         The most recent positions, never evicted: an int in ``[0, budget - 1]``, or a
-        float (or ``Fraction``) in ``[0, 1)``: that fraction of the budget, rounded down
-        (the attribute and the state hold the resolved count).
+        float (or ``Fraction``) in ``[0, 1)``: that fraction of the budget, rounded down,
+        a float read as the decimal it prints as (``0.7`` of 10 is 7; the attribute and
+        the state hold the resolved count).
     rng : any, default None
         Accepted and ignored.
     heads : int, default 1

@@ -30,6 +30,10 @@ from scissorhands.errors import (
     check_recent_window,
 )
 
+#: Why a masked array is refused (both backends): its mask has no meaning for a weight.
+MASKED_MESSAGE = ("attn must not be a masked array: fill the masked weights first "
+                  "(for example attn.filled(0.0))")
+
 MAX_HEADS = 65536
 #: Largest ``history_window`` (the vote registers are 64-bit).
 MAX_HISTORY_WINDOW = 64
@@ -69,6 +73,8 @@ def as_weights(attn: Any) -> np.ndarray:
     InvalidInputError
         Ragged nesting, or integers too large for a float64.
     """
+    if isinstance(attn, np.ma.MaskedArray):
+        raise InvalidTypeError(MASKED_MESSAGE)
     if isinstance(attn, np.ndarray):
         arr = attn
     else:
@@ -378,9 +384,10 @@ class NativePolicy:
         return self._n
 
     def _export(self, with_history: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
-                                                           np.ndarray | None]:
-        """(positions, scores, vote registers, steps held) as ``(heads, n)`` arrays,
-        copied under the lock; the last two only when asked for and kept (else None)."""
+                                                           np.ndarray | None, int]:
+        """(positions, scores, vote registers, steps held, last position), the arrays
+        ``(heads, n)``, all read under one hold of the lock; the registers and steps
+        held only when asked for and kept (else None)."""
         with self._lock:
             n = self._n
             positions = np.empty((self._heads, n), dtype=np.uint32)
@@ -403,7 +410,7 @@ class NativePolicy:
             if with_history and self._vote_rate:
                 held = np.empty((self._heads, n), dtype=np.uint32)
                 check(lib.sh_policy_export_held(self._ptr, ffi.from_buffer("uint32_t[]", held), held.size))
-            return positions, scores, history, held
+            return positions, scores, history, held, self._last
 
     def _shaped(self, arr: np.ndarray) -> np.ndarray:
         return arr[0] if self._heads == 1 else arr
@@ -478,14 +485,13 @@ class NativePolicy:
         :meth:`from_state_dict` of either backend; versioned. A Scissorhands policy
         with a history window adds ``"history"`` (its vote registers) and one with a
         vote rate ``"steps_held"``, both shaped like ``"kept"``."""
-        positions, scores, history, held = self._export(with_history=True)
+        positions, scores, history, held, last = self._export(with_history=True)
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "policy": self.name,
             "params": self._params(),
             "kept": positions.tolist(),
-            "last_position": self._last,
         }
         if self._score_name is not None:
             state[self._score_name] = scores.tolist()
@@ -493,6 +499,7 @@ class NativePolicy:
             state["history"] = history.tolist()
         if held is not None:
             state["steps_held"] = held.tolist()
+        state["last_position"] = last  # read under the same lock as the arrays
         return state
 
     @classmethod
@@ -517,12 +524,9 @@ class NativePolicy:
         they existed) loads with their defaults.
         """
         optional_keys = ("history", "steps_held") if "history_window" in cls._optional_params else ()
-        params, kept, scores, last = parse_state(state, cls.name, cls._score_name, cls._param_names,
-                                                 tuple(cls._optional_params), optional_keys)
-        policy = cls(**params)
+        policy, kept, scores, last = parse_state(state, cls.name, cls._score_name, cls._param_names,
+                                                 cls, tuple(cls._optional_params), optional_keys)
         h, n = kept.shape
-        if h != policy._heads:
-            raise InvalidInputError(f"state has {h} rows of positions, params say heads={policy._heads}")
         history = held = None
         if optional_keys:
             history = parse_history(state, policy._history_window, scores)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -47,15 +48,18 @@ def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
 
 def parse_state(
     state: Any, name: str, score_name: str | None, param_names: tuple[str, ...],
-    optional_params: tuple[str, ...] = (), optional_keys: tuple[str, ...] = (),
-) -> tuple[dict[str, Any], np.ndarray, np.ndarray | None, int]:
+    build: Callable[..., Any], optional_params: tuple[str, ...] = (),
+    optional_keys: tuple[str, ...] = (),
+) -> tuple[Any, np.ndarray, np.ndarray | None, int]:
     """Check ``state`` against the ``state_dict()`` format for policy ``name`` and
-    return ``(params, kept, scores, last_position)``, arrays ``(heads, n)``.
+    return ``(policy, kept, scores, last_position)``, arrays ``(heads, n)``; the
+    policy is ``build(**params)``, called as soon as the parameters are checked (the
+    reference's order: format, version, policy, params, kept, last_position, scores).
 
     ``params`` must hold every name of ``param_names`` and may hold those of
     ``optional_params`` (states written before those existed lack them); the state may
-    hold the keys of ``optional_keys``, which the caller checks."""
-    if not isinstance(state, dict):
+    hold the keys of ``optional_keys``, which the caller checks. Any mapping is read."""
+    if not isinstance(state, Mapping):
         raise InvalidTypeError(f"state must be a dict, not {type(state).__name__}")
     keys = {"format", "version", "policy", "params", "kept", "last_position"}
     if score_name is not None:
@@ -70,26 +74,32 @@ def parse_state(
     if state.get("policy") != name:
         raise InvalidInputError(f"state is of policy {state.get('policy')!r}, not {name!r}")
     params = state.get("params")
-    if not isinstance(params, dict):
+    if not isinstance(params, Mapping):
         raise InvalidTypeError("state['params'] must be a dict")
     if not set(param_names) <= set(params) <= set(param_names) | set(optional_params):
         raise InvalidInputError(f"state params must be {sorted(param_names)}"
                                 + (f" (optionally {sorted(optional_params)})" if optional_params else "")
                                 + f", got {sorted(params)}")
-    kept = _int_rows(_rows(state, "kept"), "kept")
-    scores = None
-    if score_name == "votes":
-        scores = _int_rows(_rows(state, "votes"), "votes")
-    elif score_name == "scores":
-        scores = _float_rows(_rows(state, "scores"), "scores")
-    if scores is not None and scores.shape != kept.shape:
-        raise InvalidInputError(f"state[{score_name!r}] shape {scores.shape} differs from kept {kept.shape}")
-    last = check_int("last_position", state.get("last_position"), 0, UINT32_MAX)
-    if kept.shape[1] < 1:
+    policy = build(**params)
+    rows = _rows(state, "kept")
+    if len(rows) != policy.heads:
+        raise InvalidInputError(f"state has {len(rows)} rows of positions, params say heads={policy.heads}")
+    if len(rows[0]) < 1:
         raise InvalidInputError("state must hold at least one position per row")
-    if np.any(np.diff(kept.astype(np.int64), axis=1) <= 0) or int(kept.max()) > last:
-        raise InvalidInputError("state['kept'] rows must be strictly ascending and <= last_position")
-    return dict(params), kept, scores, last
+    kept = _int_rows(rows, "kept")
+    if np.any(np.diff(kept.astype(np.int64), axis=1) <= 0):
+        raise InvalidInputError("state['kept'] rows must be strictly ascending")
+    last = check_int("last_position", state.get("last_position"), 0, UINT32_MAX)
+    if int(kept.max()) > last:
+        raise InvalidInputError("state['kept'] holds a position above last_position")
+    scores = None
+    if score_name is not None:
+        rows = _rows(state, score_name)
+        if (len(rows), len(rows[0])) != kept.shape:
+            raise InvalidInputError(f"state[{score_name!r}] shape {(len(rows), len(rows[0]))} "
+                                    f"differs from kept {kept.shape}")
+        scores = _int_rows(rows, "votes") if score_name == "votes" else _float_rows(rows, "scores")
+    return policy, kept, scores, last
 
 
 def parse_history(state: dict[str, Any], window: int | None, votes: np.ndarray) -> np.ndarray | None:

@@ -27,8 +27,9 @@ class Scissorhands(NativePolicy):
     recent_window : int or float, default 32
         The most recent positions never evicted: an int in ``[0, budget - 1]``, or a
         float (or ``Fraction``) in ``[0, 1)`` taken as that fraction of the budget,
-        rounded down (``recent_window=0.5`` holds ``budget // 2``; ``self.recent_window``
-        and the state keep the resolved count).
+        rounded down, a float read as the decimal it prints as (``recent_window=0.5``
+        holds ``budget // 2``; ``0.7`` of 10 is 7); ``self.recent_window`` and the state
+        keep the resolved count.
     rng : object, optional
         Accepted for the shared constructor shape and ignored: the policy is
         deterministic.
