@@ -803,7 +803,7 @@ def _report_order(result: dict[str, Any]) -> tuple[Any, ...]:
         window = (1, _spec_fraction(spec))
     history = result.get("history_window")
     return ({"streaming-llm": 0, "h2o": 1, "scissorhands": 2}.get(result["policy"], 3),
-            result.get("sinks") or 0, window, history is not None, history or 0,
+            window, result.get("sinks") or 0, history is not None, history or 0,
             bool(result.get("vote_rate")))
 
 
@@ -834,8 +834,8 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     Columns are (text, budget) pairs, texts told apart by the SHA-256 of their token ids
     and named after their source; rows are configurations (:func:`_report_series`), the
-    full cache first, then StreamingLLM, H2O and Scissorhands, each by sinks, recent
-    window (in positions before fractions of the budget), history window and vote rate.
+    full cache first, then StreamingLLM, H2O and Scissorhands, each by recent window
+    (in positions before fractions of the budget), sinks, history window and vote rate.
     A configuration measured twice keeps its first value, and a note says so when the
     two differ.
 
