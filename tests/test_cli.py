@@ -310,3 +310,10 @@ def test_report_merges_spellings_of_one_window(tmp_path, capsys):
     assert main(["report", _write(tmp_path, "a.json", a), _write(tmp_path, "b.json", b)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[:3] for line in lines[3:]] == [["h2o", "rw=50%", "sinks=4"]]
+
+
+def test_replay_runs_a_window_given_twice_once(capsys):
+    """50%, 0.5x and 128 are one recent window at budget 256: one row, not three."""
+    assert main(["--policies", "scissorhands", "--recent-window", "50%", "0.5x", "128", *FAST]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("scissorhands")]
+    assert len(rows) == 1 and "recent window 128" in rows[0]

@@ -345,7 +345,10 @@ def _registry(backend: str) -> dict[str, type]:
 
 
 def _configs(args: argparse.Namespace, budgets: Sequence[int]) -> list[_Config]:
+    """The rows to replay: each policy's settings at each budget, a setting that resolves
+    to one already listed (``50%`` and ``0.5x``, or ``128`` at budget 256) only once."""
     configs: list[_Config] = []
+    seen: set[tuple[Any, ...]] = set()
     for name in args.policies:
         if name == "full":
             configs.append(_Config(name, {}, None))
@@ -360,7 +363,10 @@ def _configs(args: argparse.Namespace, budgets: Sequence[int]) -> list[_Config]:
                 resolved = dict(params)
                 if "recent_window" in resolved:
                     resolved["recent_window"] = resolve_recent_window(resolved["recent_window"], b)
-                configs.append(_Config(name, resolved, b))
+                key = (name, tuple(sorted(resolved.items())), b)
+                if key not in seen:
+                    seen.add(key)
+                    configs.append(_Config(name, resolved, b))
     return configs
 
 

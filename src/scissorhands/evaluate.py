@@ -889,7 +889,7 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
             name = names[key] = f"{name} ({key[:8]})"
         base = next((r for r in results if r["policy"] == "full"), None)
         if base is None:
-            raise ScissorhandsError(f"file {index + 1} has no full-cache run")
+            raise ScissorhandsError(f"{where} has no full-cache run")
         if name in full and abs(full[name] / base["perplexity"] - 1) > 1e-9:
             notes.append(f"{name}: full-cache perplexity {base['perplexity']:.6f} in file "
                          f"{index + 1} differs from {full[name]:.6f}; the first is kept")
