@@ -785,22 +785,28 @@ int sh_policy_prefill(sh_policy *p, int32_t dtype, const void *attn, size_t head
 
 /* ---------------------------------------------------------------- state */
 
+/* Copies the held slots of every row of a per-slot array (row h at base + h *
+   capacity elements of size bytes) out to dst, packed: heads * count elements. */
+static void copy_rows_out(const sh_policy *p, void *dst, const void *base, size_t size)
+{
+    size_t n = p->count;
+    for (size_t h = 0; h < p->heads; h++)
+        memcpy((char *)dst + h * n * size, (const char *)base + h * p->capacity * size, n * size);
+}
+
 int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
                      double *scores, size_t cap)
 {
     if (p == NULL)
         return SH_ERR_ARG;
-    size_t n = p->count;
-    if (cap / p->heads < n)
+    if (cap / p->heads < p->count)
         return SH_ERR_BUFFER;
-    for (size_t h = 0; h < p->heads; h++) {
-        if (positions != NULL)
-            memcpy(positions + h * n, row_positions(p, h), n * sizeof *positions);
-        if (votes != NULL && p->kind == SH_SCISSORHANDS)
-            memcpy(votes + h * n, row_votes(p, h), n * sizeof *votes);
-        if (scores != NULL && p->kind == SH_H2O)
-            memcpy(scores + h * n, row_scores(p, h), n * sizeof *scores);
-    }
+    if (positions != NULL)
+        copy_rows_out(p, positions, p->positions, sizeof *positions);
+    if (votes != NULL && p->kind == SH_SCISSORHANDS)
+        copy_rows_out(p, votes, p->values, sizeof *votes);
+    if (scores != NULL && p->kind == SH_H2O)
+        copy_rows_out(p, scores, p->values, sizeof *scores);
     return SH_OK;
 }
 
@@ -810,11 +816,9 @@ int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap)
         return SH_ERR_ARG;
     if (p->history == NULL)
         return SH_ERR_STATE;
-    size_t n = p->count;
-    if (cap / p->heads < n)
+    if (cap / p->heads < p->count)
         return SH_ERR_BUFFER;
-    for (size_t h = 0; h < p->heads; h++)
-        memcpy(history + h * n, row_history(p, h), n * sizeof *history);
+    copy_rows_out(p, history, p->history, sizeof *history);
     return SH_OK;
 }
 
@@ -824,11 +828,9 @@ int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap)
         return SH_ERR_ARG;
     if (!p->vote_rate)
         return SH_ERR_STATE;
-    size_t n = p->count;
-    if (cap / p->heads < n)
+    if (cap / p->heads < p->count)
         return SH_ERR_BUFFER;
-    for (size_t h = 0; h < p->heads; h++)
-        memcpy(held + h * n, row_held(p, h), n * sizeof *held);
+    copy_rows_out(p, held, row_held(p, 0), sizeof *held);
     return SH_OK;
 }
 
