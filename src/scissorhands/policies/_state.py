@@ -24,6 +24,23 @@ def _rows(state: dict[str, Any], key: str) -> list[list[Any]]:
     return rows
 
 
+def _rows_like(state: dict[str, Any], key: str, shape: tuple[int, ...]) -> list[list[Any]]:
+    """``state[key]`` as rows, which must have ``shape``: one value per kept slot."""
+    rows = _rows(state, key)
+    if (len(rows), len(rows[0])) != shape:
+        raise InvalidInputError(f"state[{key!r}] shape {(len(rows), len(rows[0]))} differs from kept {shape}")
+    return rows
+
+
+def _present_exactly_when(state: dict[str, Any], key: str, on: bool, option: str) -> bool:
+    """Whether ``state`` holds ``key``, which it must exactly when ``params[option]`` is on."""
+    if on and key not in state:
+        raise InvalidInputError(f"state[{key!r}] is missing (params[{option!r}] is set)")
+    if not on and key in state:
+        raise InvalidInputError(f"state[{key!r}] needs params[{option!r}]")
+    return on
+
+
 def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
               dtype: Any = np.uint32) -> np.ndarray:
     """Rows of integers in ``[0, high]`` as a C-contiguous ``dtype`` array."""
@@ -94,10 +111,7 @@ def parse_state(
         raise InvalidInputError("state['kept'] holds a position above last_position")
     scores = None
     if score_name is not None:
-        rows = _rows(state, score_name)
-        if (len(rows), len(rows[0])) != kept.shape:
-            raise InvalidInputError(f"state[{score_name!r}] shape {(len(rows), len(rows[0]))} "
-                                    f"differs from kept {kept.shape}")
+        rows = _rows_like(state, score_name, kept.shape)
         scores = _int_rows(rows, "votes") if score_name == "votes" else _float_rows(rows, "scores")
     return policy, kept, scores, last
 
@@ -108,15 +122,9 @@ def parse_history(state: dict[str, Any], window: int | None, votes: np.ndarray) 
 
     Present exactly when ``window`` is set; each register an integer below
     ``2**window`` whose popcount is the slot's vote count."""
-    if window is None:
-        if "history" in state:
-            raise InvalidInputError("state['history'] needs params['history_window']")
+    if not _present_exactly_when(state, "history", window is not None, "history_window"):
         return None
-    if "history" not in state:
-        raise InvalidInputError("state['history'] is missing (params['history_window'] is set)")
-    rows = _rows(state, "history")
-    if (len(rows), len(rows[0])) != votes.shape:
-        raise InvalidInputError(f"state['history'] shape {(len(rows), len(rows[0]))} differs from kept {votes.shape}")
+    rows = _rows_like(state, "history", votes.shape)
     history = _int_rows(rows, "history", (1 << window) - 1, np.uint64)
     counts = np.array([[int(v).bit_count() for v in row] for row in rows], dtype=np.int64)
     if np.any(counts != votes.astype(np.int64)):
@@ -132,16 +140,9 @@ def parse_held(state: dict[str, Any], vote_rate: bool, votes: np.ndarray,
     Present exactly when ``vote_rate`` is set; each slot has at least as many steps
     held as votes, and no register bit at or above its steps held (a slot votes only
     on steps it was held)."""
-    if not vote_rate:
-        if "steps_held" in state:
-            raise InvalidInputError("state['steps_held'] needs params['vote_rate']")
+    if not _present_exactly_when(state, "steps_held", vote_rate, "vote_rate"):
         return None
-    if "steps_held" not in state:
-        raise InvalidInputError("state['steps_held'] is missing (params['vote_rate'] is set)")
-    rows = _rows(state, "steps_held")
-    if (len(rows), len(rows[0])) != votes.shape:
-        raise InvalidInputError(f"state['steps_held'] shape {(len(rows), len(rows[0]))} differs from kept {votes.shape}")
-    held = _int_rows(rows, "steps_held")
+    held = _int_rows(_rows_like(state, "steps_held", votes.shape), "steps_held")
     if np.any(votes > held):
         raise InvalidInputError("a slot of state['votes'] has more votes than state['steps_held']")
     if history is not None:
