@@ -75,21 +75,39 @@ _positive_int = _int_at_least(1)
 _nonnegative_int = _int_at_least(0)
 
 
+def spec_fraction(spec: str) -> Fraction:
+    """The fraction of the budget a recent-window spec written ``50%`` or ``0.5x`` asks
+    for, exactly.
+
+    Raises
+    ------
+    ValueError
+        ``spec`` is not a fraction with one of those suffixes, or is outside
+        ``[0%, 100%)``.
+    """
+    raw = spec.strip().lower() if isinstance(spec, str) else ""
+    if not raw.endswith(("%", "x")):
+        raise ValueError(f"{spec!r} is not a fraction like 50% or 0.5x")
+    try:
+        fraction = Fraction(raw[:-1].strip())
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"{spec!r} is not a fraction like 50% or 0.5x") from None
+    if raw.endswith("%"):
+        fraction /= 100
+    if not 0 <= fraction < 1:
+        raise ValueError(f"{spec!r} is not in [0%, 100%) of the budget")
+    return fraction
+
+
 def parse_recent_window(text: str) -> int | str:
     """``--recent-window`` values: an integer, or a fraction of each budget written
     ``50%`` or ``0.5x`` (kept as that string; see :func:`resolve_recent_window`)."""
     raw = text.strip().lower()
     if raw.endswith(("%", "x")):
         try:
-            fraction = Fraction(raw[:-1].strip())
-        except (ValueError, ZeroDivisionError):
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a fraction like 50% or 0.5x"
-            ) from None
-        if raw.endswith("%"):
-            fraction /= 100
-        if not 0 <= fraction < 1:
-            raise argparse.ArgumentTypeError(f"{text!r} is not in [0%, 100%) of the budget")
+            spec_fraction(raw)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace(repr(raw), repr(text))) from None
         return raw[:-1].strip() + raw[-1]
     return _nonnegative_int(text)
 
@@ -102,10 +120,7 @@ def resolve_recent_window(spec: int | str, budget: int) -> int:
     for a ``50%`` / ``0.5x`` spec (as the constructors resolve a fractional
     ``recent_window``: :func:`scissorhands.errors.check_recent_window`)."""
     if isinstance(spec, str):
-        fraction = Fraction(spec[:-1])
-        if spec.endswith("%"):
-            fraction /= 100
-        return check_recent_window(fraction, budget)
+        return check_recent_window(spec_fraction(spec), budget)
     return int(spec)
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from .cli import spec_fraction
 from .errors import ScissorhandsError
 
 __all__ = [
@@ -767,20 +768,6 @@ def run_record(args: Any) -> int:
 # --------------------------------------------------------------------------- report
 
 
-def _spec_fraction(spec: Any) -> Fraction:
-    """The fraction of the budget a ``recent_window_spec`` (``"50%"``, ``"0.5x"``) asks for."""
-    from .cli import parse_recent_window
-
-    if not isinstance(spec, str) or not spec.endswith(("%", "x")):
-        raise ValueError(f"recent_window_spec {spec!r} is not like 50% or 0.5x")
-    try:
-        parse_recent_window(spec)
-    except Exception as exc:  # argparse.ArgumentTypeError
-        raise ValueError(str(exc)) from None
-    fraction = Fraction(spec[:-1].strip())
-    return fraction / 100 if spec.endswith("%") else fraction
-
-
 def _report_series(result: dict[str, Any]) -> str:
     """A result's configuration across budgets and files: :func:`_series_label`, with a
     fractional recent window written as a percentage (``0.5x`` and ``50%`` are one row)
@@ -790,7 +777,7 @@ def _report_series(result: dict[str, Any]) -> str:
         if result.get("sinks") is None:
             result["sinks"] = 0
         if result.get("recent_window_spec") is not None:
-            result["recent_window_spec"] = f"{float(100 * _spec_fraction(result['recent_window_spec'])):g}%"
+            result["recent_window_spec"] = f"{float(100 * spec_fraction(result['recent_window_spec'])):g}%"
     return _series_label(result)
 
 
@@ -800,7 +787,7 @@ def _report_order(result: dict[str, Any]) -> tuple[Any, ...]:
     if spec is None:
         window: tuple[int, Any] = (0, Fraction(int(result.get("recent_window") or 0)))
     else:
-        window = (1, _spec_fraction(spec))
+        window = (1, spec_fraction(spec))
     history = result.get("history_window")
     return ({"streaming-llm": 0, "h2o": 1, "scissorhands": 2}.get(result["policy"], 3),
             window, result.get("sinks") or 0, history is not None, history or 0,
