@@ -648,8 +648,9 @@ def run_eval(args: Any) -> int:
         "perplexity/agree/top-1 over the scored positions; KV held per layer and head after "
         "each step; ms per decode step: policy calls, cache bookkeeping (GQA mean, reordering, "
         "slots or gathers), model forward; ovh %: policy + cache as a share of the forward; "
-        "config: rw recent window (fraction of the budget), sinks, hw history window, "
-        "rate: evicting by votes per step held"
+        "config: rw recent window in positions (and the fraction of the budget it came "
+        "from, when given as one), sinks, hw history window, rate: evicting by votes per "
+        "step held"
     )
     for note in notes:
         print(f"note: {note}")
