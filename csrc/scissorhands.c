@@ -33,13 +33,6 @@
 _Static_assert(sizeof(struct sh_policy) <= SH_HEADER_BYTES,
                "the header must fit the bytes memory_bytes() reports for it");
 
-enum {
-    MAX_HEADS = 65536,
-    FULL_INITIAL_CAPACITY = 64,
-    MAX_INITIAL_CAPACITY = 4096,
-    MAX_HISTORY_WINDOW = 64
-};
-
 /* ---------------------------------------------------------------- layout */
 
 /* Whether this kind keeps a per-slot score and reads attention. */
@@ -229,7 +222,7 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
     int32_t kind = cfg->kind;
     if (kind < SH_FULL || kind > SH_SCISSORHANDS)
         return SH_ERR_ARG;
-    if (cfg->heads < 1 || cfg->heads > MAX_HEADS)
+    if (cfg->heads < 1 || cfg->heads > SH_MAX_HEADS)
         return SH_ERR_ARG;
     if (cfg->budget < 1)
         return SH_ERR_BUDGET;
@@ -238,7 +231,7 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
             return SH_ERR_ARG;
     }
     if (cfg->history_window != 0
-        && (kind != SH_SCISSORHANDS || cfg->history_window > MAX_HISTORY_WINDOW))
+        && (kind != SH_SCISSORHANDS || cfg->history_window > SH_MAX_HISTORY_WINDOW))
         return SH_ERR_ARG;
     if (cfg->vote_rate > 1 || (cfg->vote_rate != 0 && kind != SH_SCISSORHANDS))
         return SH_ERR_ARG;
@@ -257,9 +250,9 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
     p->sinks = cfg->sinks;
     uint64_t cap = (uint64_t)cfg->budget + 1;
     if (kind == SH_FULL)
-        cap = FULL_INITIAL_CAPACITY;
-    else if (cap > MAX_INITIAL_CAPACITY)
-        cap = MAX_INITIAL_CAPACITY;
+        cap = SH_FULL_INITIAL_CAPACITY;
+    else if (cap > SH_INITIAL_CAPACITY_LIMIT)
+        cap = SH_INITIAL_CAPACITY_LIMIT;
     storage s;
     if (storage_alloc(&s, kind, p->history_window != 0, p->vote_rate, p->heads, (size_t)cap)
         != SH_OK) {
@@ -851,31 +844,6 @@ int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
         return SH_ERR_ARG;
     if (p->kind == SH_H2O && scores == NULL)
         return SH_ERR_ARG;
-    for (size_t h = 0; h < heads; h++) {
-        const uint32_t *row = positions + h * n;
-        for (size_t i = 0; i < n; i++) {
-            if ((i > 0 && row[i] <= row[i - 1]) || row[i] > last_position)
-                return SH_ERR_STATE;
-        }
-    }
-    if (p->kind == SH_H2O && !weights_valid_f64(scores, heads * n))
-        return SH_ERR_STATE;
-    if (history != NULL) {
-        uint64_t mask = history_mask(p->history_window);
-        for (size_t i = 0; i < heads * n; i++) {
-            if ((history[i] & ~mask) != 0 || votes[i] != popcount64(history[i]))
-                return SH_ERR_STATE;
-        }
-    }
-    if (held != NULL) {
-        /* A slot votes at most once per step held, and only on steps it was held. */
-        for (size_t i = 0; i < heads * n; i++) {
-            if (votes[i] > held[i])
-                return SH_ERR_STATE;
-            if (history != NULL && held[i] < 64 && (history[i] >> held[i]) != 0)
-                return SH_ERR_STATE;
-        }
-    }
     int rc = ensure_capacity(p, n);
     if (rc != SH_OK)
         return rc;
@@ -886,8 +854,7 @@ int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
         if (p->kind == SH_SCISSORHANDS)
             memcpy(row_votes(p, h), votes + h * n, n * sizeof *votes);
         else if (p->kind == SH_H2O)
-            for (size_t i = 0; i < n; i++) /* + 0.0 turns -0.0 into 0.0: keys are bits */
-                row_scores(p, h)[i] = scores[h * n + i] + 0.0;
+            memcpy(row_scores(p, h), scores + h * n, n * sizeof *scores);
         if (history != NULL)
             memcpy(row_history(p, h), history + h * n, n * sizeof *history);
         if (held != NULL)
@@ -896,24 +863,6 @@ int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
     p->count = (uint32_t)n;
     p->last_position = last_position;
     return SH_OK;
-}
-
-int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
-                     const uint32_t *votes, const double *scores,
-                     uint32_t last_position)
-{
-    return sh_policy_import_state(p, heads, n, positions, votes, scores, NULL, NULL,
-                                  last_position);
-}
-
-int sh_policy_import_history(sh_policy *p, size_t heads, size_t n,
-                             const uint32_t *positions, const uint32_t *votes,
-                             const uint64_t *history, uint32_t last_position)
-{
-    if (history == NULL)
-        return SH_ERR_ARG;
-    return sh_policy_import_state(p, heads, n, positions, votes, NULL, history, NULL,
-                                  last_position);
 }
 
 int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos)

@@ -66,9 +66,16 @@ enum sh_flags {
     SH_STEP_EVICT = 2  /* then evict down to budget */
 };
 
-/* Bytes counted for the object itself by sh_policy_memory_bytes. */
+/* Limits and sizes (scissorhands/_shared.py states the same numbers for both
+   backends; a test checks that they agree). SH_HEADER_BYTES: counted for the object
+   itself by sh_policy_memory_bytes. A row's first capacity is min(budget + 1,
+   SH_INITIAL_CAPACITY_LIMIT) slots (SH_FULL_INITIAL_CAPACITY for SH_FULL). */
 enum sh_sizes {
-    SH_HEADER_BYTES = 64
+    SH_HEADER_BYTES = 64,
+    SH_MAX_HEADS = 65536,
+    SH_MAX_HISTORY_WINDOW = 64,
+    SH_INITIAL_CAPACITY_LIMIT = 4096,
+    SH_FULL_INITIAL_CAPACITY = 64
 };
 
 /* Construction parameters. recent_window and sinks are the protected suffix and
@@ -154,34 +161,21 @@ int sh_policy_prefill(sh_policy *p, int32_t dtype, const void *attn, size_t head
 int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
                      double *scores, size_t cap);
 
-/* Replaces the state with heads rows of n positions (strictly ascending per row,
-   none above last_position) and their scores (votes for Scissorhands, scores for
-   H2O: finite, >= 0). On any error the old state stays. A Scissorhands policy with
-   a history window or a vote rate needs those arrays too: sh_policy_import_state. */
-int sh_policy_import(sh_policy *p, size_t heads, size_t n, const uint32_t *positions,
-                     const uint32_t *votes, const double *scores,
-                     uint32_t last_position);
-
 /* Copies the vote registers of a Scissorhands policy with a history window out:
    heads * count entries, row-major; bit j of a register is the vote of the decode
    step j steps back (bit 0: the latest). SH_ERR_STATE when there is no history. */
 int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap);
 
-/* sh_policy_import for a Scissorhands policy with a history window: also takes the
-   registers (heads * n, none with a bit at or above history_window), and each vote
-   must equal the popcount of its register. On any error the old state stays. */
-int sh_policy_import_history(sh_policy *p, size_t heads, size_t n,
-                             const uint32_t *positions, const uint32_t *votes,
-                             const uint64_t *history, uint32_t last_position);
-
 /* Copies the steps held of a Scissorhands policy with a vote rate out: heads *
    count entries, row-major. SH_ERR_STATE when it keeps none. */
 int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap);
 
-/* sh_policy_import with every per-slot array: history must be given exactly when the
-   policy has a history window and held exactly when it has a vote rate (else
-   SH_ERR_ARG). Each vote is at most its steps held, and a register has no bit at or
-   above its steps held. On any error the old state stays. */
+/* Replaces the state with heads rows of n positions and their per-slot arrays, all
+   row-major: votes (Scissorhands) or scores (H2O), history exactly when the policy has
+   a history window and held exactly when it has a vote rate (else SH_ERR_ARG).
+   Only what memory safety needs is checked here (presence, heads, 1 <= n <=
+   UINT32_MAX); the caller validates the values (ascending positions, finite scores,
+   consistent registers: scissorhands/_shared.py). On any error the old state stays. */
 int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
                            const uint32_t *positions, const uint32_t *votes,
                            const double *scores, const uint64_t *history,

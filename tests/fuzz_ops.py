@@ -42,7 +42,8 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from scissorhands.errors import UINT32_MAX, ScissorhandsError
+from scissorhands._shared import UINT32_MAX
+from scissorhands.errors import ScissorhandsError
 
 #: Examples (sequences) of the bounded run; about a minute on this 2-core machine.
 FUZZ_EXAMPLES = int(os.environ.get("SCISSORHANDS_FUZZ_EXAMPLES", "1200"))

@@ -21,7 +21,7 @@ from conftest import BACKENDS, POLICY_NAMES, load_backend
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from scissorhands.errors import UINT32_MAX
+from scissorhands._shared import UINT32_MAX
 
 GRID = [i / 8 for i in range(9)]
 HEAVY_NAMES = ("scissorhands", "h2o")

@@ -14,15 +14,10 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import unchanged
 
-from scissorhands.errors import (
-    UINT32_MAX,
-    InvalidInputError,
-    InvalidTypeError,
-    ScissorhandsError,
-)
+from scissorhands._shared import UINT32_MAX
+from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError
 
 HEAVY = ("Scissorhands", "H2O")
 ALL = ("Scissorhands", "H2O", "StreamingLLM", "Full")
@@ -154,8 +149,8 @@ def test_maximal_parameters_accepted(backend):
 
 def test_registry(backend):
     """POLICIES maps the four registry names to the backend's classes."""
-    assert backend.POLICIES == {"full": backend.Full, "streaming-llm": backend.StreamingLLM,
-                                "h2o": backend.H2O, "scissorhands": backend.Scissorhands}
+    assert {"full": backend.Full, "streaming-llm": backend.StreamingLLM,
+                                "h2o": backend.H2O, "scissorhands": backend.Scissorhands} == backend.POLICIES
     for name, cls in backend.POLICIES.items():
         assert cls.name == name
         assert cls().state_dict()["policy"] == name

@@ -22,6 +22,7 @@ from scissorhands.traces import (
     trace_hash,
 )
 
+
 def _parity() -> dict:
     """The seed's parity data for decode-4096 (``../shared/conformance/trace-prefix.json``)."""
     return load_conformance("trace-prefix.json")["traces"]["decode-4096"]

@@ -12,11 +12,11 @@ from scissorhands.policies import H2O, POLICIES, Full, Scissorhands, StreamingLL
 __version__ = "0.1.0"
 
 __all__ = [
-    "Full",
     "H2O",
+    "POLICIES",
+    "Full",
     "InvalidInputError",
     "InvalidTypeError",
-    "POLICIES",
     "Scissorhands",
     "ScissorhandsError",
     "StreamingLLM",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from scissorhands._sh_cffi import ffi, lib
 from scissorhands.errors import InvalidInputError, ScissorhandsError
 
-__all__ = ["ffi", "lib", "check"]
+__all__ = ["check", "ffi", "lib"]
 
 _MESSAGES = {
     lib.SH_ERR_ARG: (ScissorhandsError, "invalid argument to the C core"),

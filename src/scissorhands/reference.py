@@ -37,94 +37,36 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import (
+from ._shared import (
+    FULL_INITIAL_CAPACITY,
+    HEADER_BYTES,
+    HELD_BYTES,
+    HISTORY_BYTES,
+    INITIAL_CAPACITY_LIMIT,
+    MAX_HEADS,
+    SLOT_BYTES,
+    STATE_FORMAT,
+    STATE_VERSION,
     UINT32_MAX,
-    InvalidInputError,
-    InvalidTypeError,
-    check_flag,
     check_int,
-    check_recent_window,
+    parse_held,
+    parse_history,
+    parse_state,
+    read_weights,
 )
+from .errors import InvalidInputError, InvalidTypeError
+from .options import SPECS, protected_message, shown_values
 
-__all__ = ["Scissorhands", "H2O", "StreamingLLM", "Full", "POLICIES"]
+__all__ = ["H2O", "POLICIES", "Full", "Scissorhands", "StreamingLLM"]
 
-#: ``state_dict()["format"]`` and ``["version"]``.
-STATE_FORMAT = "scissorhands.policy"
-STATE_VERSION = 1
-#: Largest ``heads``.
-MAX_HEADS = 65536
-#: ``memory_bytes()`` counts this much for the object itself, plus the slots.
-HEADER_BYTES = 64
-#: Initial capacity per head is ``min(budget + 1, INITIAL_CAPACITY_LIMIT)``.
-INITIAL_CAPACITY_LIMIT = 4096
-#: Initial capacity per head of :class:`Full`, which has no budget to size it.
-FULL_INITIAL_CAPACITY = 64
 #: H2O scores saturate here (the largest finite double).
 DBL_MAX = sys.float_info.max
-#: Largest Scissorhands ``history_window`` (the C core keeps the vote bits in 64 bits).
-MAX_HISTORY_WINDOW = 64
 
 
 # --------------------------------------------------------------------------------------
 # Reading attention weights.  Stages (4) type, (5) rank and length, (6) values of the
 # validation order in docs/architecture.md.  Nothing here touches a policy.
 # --------------------------------------------------------------------------------------
-
-
-def _is_real(x: Any) -> bool:
-    """True for a real number (Python or NumPy int/float), False for bool and the rest."""
-    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
-
-
-def _check_array_dtype(arr: np.ndarray) -> None:
-    """Stage (4) for an array: real dtypes pass, object arrays need real elements."""
-    if arr.dtype.kind in "fiu":
-        return
-    if arr.dtype.kind == "O" and all(_is_real(x) for x in arr.flat):
-        return
-    raise InvalidTypeError(f"attn must hold real numbers, not dtype {arr.dtype}")
-
-
-def _check_nested(seq: list | tuple) -> None:
-    """Stage (4) for a list or tuple: every leaf a real number (bool, str, complex refused)."""
-    for item in seq:
-        if isinstance(item, (list, tuple)):
-            _check_nested(item)
-        elif isinstance(item, np.ndarray):
-            _check_array_dtype(item)
-        elif not _is_real(item):
-            raise InvalidTypeError(f"attn must hold real numbers, not {type(item).__name__}")
-
-
-def _read_array(attn: Any) -> np.ndarray:
-    """Return ``attn`` as an array of real numbers, refusing what is not (stage 4).
-
-    The array is float/int typed, or object typed with real scalar elements (lists are
-    read that way so that no value is rounded before stage 6).  Its shape is not checked,
-    except that a ragged nest of lists is refused as a shape error.
-    """
-    if isinstance(attn, (list, tuple)):
-        _check_nested(attn)
-        try:
-            arr = np.array(attn, dtype=object)
-        except ValueError:  # ragged in a way NumPy cannot even box
-            raise InvalidInputError("attn is ragged: rows of different lengths") from None
-        if any(not _is_real(x) for x in arr.flat):  # a row left boxed: ragged
-            raise InvalidInputError("attn is ragged: rows of different lengths")
-        return arr
-    if isinstance(attn, np.ma.MaskedArray):
-        raise InvalidTypeError("attn must not be a masked array: fill the masked weights first "
-                               "(for example attn.filled(0.0))")
-    if isinstance(attn, np.ndarray):
-        arr = attn
-    elif hasattr(attn, "__array__") or isinstance(attn, memoryview):  # torch CPU tensors, buffers
-        arr = np.asarray(attn)
-    elif _is_real(attn):
-        return np.asarray(attn)  # a scalar: rank 0, refused at stage 5
-    else:
-        raise InvalidTypeError(f"attn must be an array of real numbers, not {type(attn).__name__}")
-    _check_array_dtype(arr)
-    return arr
 
 
 def _widen(values: Any) -> list[float]:
@@ -170,16 +112,9 @@ class _Policy:
     eviction drops).
     """
 
-    #: Registry name, also ``state_dict()["policy"]``.
+    #: Registry name, also ``state_dict()["policy"]``; its spec in
+    #: :data:`scissorhands.options.SPECS` lists the options the constructor takes.
     name: ClassVar[str]
-    #: Bytes per slot reported by :meth:`memory_bytes`.
-    bytes_per_slot: ClassVar[int]
-    #: Constructor parameters always saved in ``state_dict()["params"]``, in repr order.
-    _param_names: ClassVar[tuple[str, ...]]
-    #: Options saved in ``state_dict()["params"]`` (after those) only when not at their
-    #: default, name -> default: a default configuration's state is as it was before the
-    #: options existed, and a state without them loads with the defaults.
-    _optional_params: ClassVar[dict[str, Any]] = {}
     #: Key of the per-position scores in the state dict (None: the policy keeps none).
     _score_key: ClassVar[str | None] = None
     #: Whether on_decode_step reads ``attn`` at all.
@@ -187,6 +122,8 @@ class _Policy:
 
     budget: int | None
     heads: int
+    #: The option values (name -> value), checked by the spec.
+    _options: dict[str, Any]
     _kept: list[list[int]]
     _scores: list[list[Any]]
     #: Per slot, the vote bits of the last ``history_window`` steps (None: not kept).
@@ -195,6 +132,15 @@ class _Policy:
     _held: list[list[int]] | None
     _last: int
     _capacity: int
+
+    def _configure(self, budget: Any, **options: Any) -> None:
+        """Validate ``budget``, then the options of the policy's spec in their order
+        (their protected sum against the budget after the last of them), and keep each
+        as an attribute of the same name."""
+        self.budget = check_int("budget", budget, 1, UINT32_MAX)
+        self._options = SPECS[self.name].check(self.budget, options)
+        for name, value in self._options.items():
+            setattr(self, name, value)
 
     def _setup(self, heads: Any) -> None:
         """Validate ``heads`` and start holding ``{0}`` in every row."""
@@ -212,10 +158,6 @@ class _Policy:
         """Growth doubles but stops once at ``budget + 1`` (None: doubling only)."""
         return self.budget + 1 if self.budget is not None else None
 
-    def _min_budget(self) -> int:
-        """Smallest budget an eviction accepts (above the protected positions)."""
-        return 1
-
     def _new_score(self) -> Any:
         return 0
 
@@ -228,8 +170,10 @@ class _Policy:
         return False
 
     def _slot_bytes(self) -> int:
-        """Bytes per slot counted by :meth:`memory_bytes`."""
-        return self.bytes_per_slot
+        """Bytes per slot counted by :meth:`memory_bytes`: the policy's own, plus a vote
+        register with a history window and a step count with a vote rate."""
+        return (SLOT_BYTES[self.name] + (HISTORY_BYTES if self._keeps_history() else 0)
+                + (HELD_BYTES if self._keeps_held() else 0))
 
     def _update(self, head: int, weights: list[float]) -> None:
         """Apply one step's weights (validated, aligned with the row) to row ``head``."""
@@ -250,16 +194,21 @@ class _Policy:
         return pos
 
     def _check_budget(self, budget: Any) -> int | None:
-        """Stage (3): the per-call budget, or the configured one when None."""
+        """Stage (3): the per-call budget, or the configured one when None; it must be
+        above the protected positions (recent window and sinks)."""
         if budget is None:
             return self.budget
-        return check_int("budget", budget, self._min_budget(), UINT32_MAX)
+        budget = check_int("budget", budget, 1, UINT32_MAX)
+        protected = {o.name: self._options[o.name] for o in SPECS[self.name].options if o.protects}
+        if sum(protected.values()) >= budget:
+            raise InvalidInputError(protected_message(protected, budget))
+        return budget
 
     def _read_step(self, attn: Any) -> list[list[float]] | None:
         """Stages (4) to (6): one step's weights as ``heads`` rows, or None for no update."""
         if attn is None or not self._reads_attention:
             return None
-        arr = _read_array(attn)
+        arr = read_weights(attn)
         n = self.kept_count()
         if arr.shape != (self.heads, n) and not (self.heads == 1 and arr.shape == (n,)):
             want = f"({n},) or (1, {n})" if self.heads == 1 else f"({self.heads}, {n})"
@@ -272,7 +221,7 @@ class _Policy:
         A policy that ignores attention reads only the shape.
         """
         if self._reads_attention:
-            arr = _read_array(attn)
+            arr = read_weights(attn)
             shape = arr.shape
         else:
             try:
@@ -478,7 +427,7 @@ class _Policy:
         return i if i < len(row) and row[i] == pos else None
 
     def memory_bytes(self) -> int:
-        """``64 + capacity * heads * bytes_per_slot``, the C object's footprint.
+        """``64 + capacity * heads * bytes per slot``, the C object's footprint.
 
         Capacity per head starts at ``min(budget + 1, 4096)`` and, when a position is
         admitted into a full row, grows to ``min(2 * capacity, budget + 1)`` while below
@@ -496,11 +445,12 @@ class _Policy:
         self._last = 0
 
     def _params(self) -> dict[str, Any]:
-        params = {name: getattr(self, name) for name in self._param_names}
-        for name, default in self._optional_params.items():
-            if getattr(self, name) != default:
-                params[name] = getattr(self, name)
-        return params
+        """``state_dict()["params"]``: budget, the first option, heads, then the other
+        options not at their default (the C-backed classes record the same)."""
+        shown = shown_values(self.name, self._options)
+        first = dict(list(shown.items())[:1])
+        return {"budget": self.budget, **first, "heads": self.heads,
+                **{k: v for k, v in shown.items() if k not in first}}
 
     @_locked
     def state_dict(self) -> dict[str, Any]:
@@ -555,57 +505,23 @@ class _Policy:
             register with a bit at or above the window, or a vote count that is not its
             register's number of bits.
         """
-        if not isinstance(state, Mapping):
-            raise InvalidTypeError(f"state must be a dict, not {type(state).__name__}")
-        keys = {"format", "version", "policy", "params", "kept", "last_position"}
-        if cls._score_key is not None:
-            keys.add(cls._score_key)
-        optional_keys = ({"history", "steps_held"} if "history_window" in cls._optional_params
-                         else set())
-        if not keys <= set(state) <= keys | optional_keys:
-            raise InvalidInputError(f"state keys must be {sorted(keys)}, got {sorted(state)}")
-        if state["format"] != STATE_FORMAT:
-            raise InvalidInputError(f"state format must be {STATE_FORMAT!r}")
-        check_int("version", state["version"], STATE_VERSION, STATE_VERSION)
-        if state["policy"] != cls.name:
-            raise InvalidInputError(f"state is for policy {state['policy']!r}, not {cls.name!r}")
-        params = state["params"]
-        if not isinstance(params, Mapping):
-            raise InvalidTypeError("state params must be a dict")
-        required, optional = set(cls._param_names), set(cls._optional_params)
-        if not required <= set(params) <= required | optional:
-            raise InvalidInputError(f"state params must be {sorted(required)} "
-                                    f"(optionally {sorted(optional)})")
-        policy = cls(**params)
-        kept = _read_rows(state["kept"], policy.heads, None, "kept")
-        n = len(kept[0])
-        for row in kept:
-            row[:] = [check_int("kept position", p) for p in row]
-            if any(a >= b for a, b in zip(row, row[1:])):
-                raise InvalidInputError("kept positions must be strictly ascending")
-        last = check_int("last_position", state["last_position"])
-        if any(row[-1] > last for row in kept):
-            raise InvalidInputError("a kept position is above last_position")
-        if cls._score_key is not None:
-            scores = _read_rows(state[cls._score_key], policy.heads, n, cls._score_key)
-            policy._scores = [[policy._load_score(v) for v in row] for row in scores]
-        if ("history" in state) != policy._keeps_history():
-            raise InvalidInputError("state history must be present exactly when params set "
-                                    "a history_window")
-        if policy._history is not None:
-            policy._history = policy._load_history(_read_rows(state["history"], policy.heads, n, "history"))
-        if ("steps_held" in state) != policy._keeps_held():
-            raise InvalidInputError("state steps_held must be present exactly when params set "
-                                    "vote_rate")
-        if policy._held is not None:
-            policy._held = policy._load_held(_read_rows(state["steps_held"], policy.heads, n, "steps_held"))
-        policy._kept = kept
+        spec = SPECS[cls.name]
+        names = [o.name for o in spec.options]
+        keeps_registers = spec.takes("history_window")
+        policy, kept, scores, last = parse_state(
+            state, cls.name, cls._score_key, ("budget", *names[:1], "heads"), cls, tuple(names[1:]),
+            ("history", "steps_held") if keeps_registers else ())
+        if scores is not None:
+            policy._scores = scores.tolist()
+        if keeps_registers:
+            history = parse_history(state, policy._options["history_window"], scores)
+            held = parse_held(state, policy._options["vote_rate"], scores, history)
+            policy._history = None if history is None else history.tolist()
+            policy._held = None if held is None else held.tolist()
+        policy._kept = kept.tolist()
         policy._last = last
-        policy._grow_to(n)
+        policy._grow_to(kept.shape[1])
         return policy
-
-    def _load_score(self, value: Any) -> Any:
-        raise NotImplementedError
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickle and copy.deepcopy go through the state dict.
@@ -616,19 +532,6 @@ class _Policy:
         return f"{type(self).__name__}({params}, held={self.kept_count()})"
 
 
-def _read_rows(value: Any, heads: int, n: int | None, name: str) -> list[list[Any]]:
-    """A state field as ``heads`` non-empty lists of equal length (``n`` if given)."""
-    if not isinstance(value, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in value):
-        raise InvalidTypeError(f"state {name} must be a list of lists")
-    rows = [list(r) for r in value]
-    if len(rows) != heads:
-        raise InvalidInputError(f"state {name} must have {heads} rows, got {len(rows)}")
-    want = len(rows[0]) if n is None else n
-    if want < 1 or any(len(r) != want for r in rows):
-        raise InvalidInputError(f"state {name} rows must be non-empty and all {want} long")
-    return rows
-
-
 class _HeavyHitters(_Policy):
     """Score-based eviction with sinks and a recent window, shared by Scissorhands and H2O.
 
@@ -637,27 +540,14 @@ class _HeavyHitters(_Policy):
     lowest-scored slots go first, equal scores evicting the lower position.
     """
 
-    _param_names = ("budget", "recent_window", "heads")
-    _optional_params: ClassVar[dict[str, Any]] = {"sinks": 0}
     _reads_attention = True
+    recent_window: int
+    sinks: int
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0) -> None:
-        self._configure(budget, recent_window, sinks)
+        self._configure(budget, recent_window=recent_window, sinks=sinks)
         self._setup(heads)
-
-    def _configure(self, budget: Any, recent_window: Any, sinks: Any) -> None:
-        """Validate budget, recent_window, sinks and ``recent_window + sinks < budget``."""
-        self.budget = check_int("budget", budget, 1, UINT32_MAX)
-        self.recent_window = check_recent_window(recent_window, self.budget)
-        self.sinks = check_int("sinks", sinks, 0, self.budget - 1)
-        if self.recent_window + self.sinks >= self.budget:
-            raise InvalidInputError(
-                f"recent_window + sinks ({self.recent_window} + {self.sinks}) must be below "
-                f"the budget ({self.budget})")
-
-    def _min_budget(self) -> int:
-        return self.recent_window + self.sinks + 1
 
     def _victim_slots(self, head: int, count: int) -> list[int]:
         scores = self._scores[head]
@@ -728,19 +618,14 @@ class Scissorhands(_HeavyHitters):
     """
 
     name = "scissorhands"
-    bytes_per_slot = 9  # uint32 position + uint32 votes + 1 byte eviction scratch
-    history_bytes = 8  # + a uint64 register of vote bits, with a history window
-    held_bytes = 4  # + a uint32 count of steps held, with a vote rate
-    _optional_params: ClassVar[dict[str, Any]] = {"sinks": 0, "history_window": None,
-                                                  "vote_rate": False}
     _score_key = "votes"
+    history_window: int | None
+    vote_rate: bool
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0, history_window: int | None = None, vote_rate: bool = False) -> None:
-        self._configure(budget, recent_window, sinks)
-        self.history_window = (None if history_window is None else
-                               check_int("history_window", history_window, 1, MAX_HISTORY_WINDOW))
-        self.vote_rate = check_flag("vote_rate", vote_rate)
+        self._configure(budget, recent_window=recent_window, sinks=sinks,
+                        history_window=history_window, vote_rate=vote_rate)
         self._setup(heads)
 
     def _keeps_history(self) -> bool:
@@ -748,10 +633,6 @@ class Scissorhands(_HeavyHitters):
 
     def _keeps_held(self) -> bool:
         return self.vote_rate
-
-    def _slot_bytes(self) -> int:
-        return (self.bytes_per_slot + (self.history_bytes if self._keeps_history() else 0)
-                + (self.held_bytes if self._keeps_held() else 0))
 
     def _victim_slots(self, head: int, count: int) -> list[int]:
         if self._held is None:
@@ -778,24 +659,6 @@ class Scissorhands(_HeavyHitters):
             registers[i] = ((registers[i] << 1) | int(w > share)) & keep
             votes[i] = registers[i].bit_count()
 
-    def _load_score(self, value: Any) -> int:
-        return check_int("vote", value)
-
-    def _load_held(self, rows: list[list[Any]]) -> list[list[int]]:
-        """A state's steps held (rows shaped like the votes; votes and registers already
-        loaded): integers with no fewer steps than votes and no register bit at or above
-        the step count (a slot votes only on steps it was held)."""
-        held = [[check_int("steps_held", v) for v in row] for row in rows]
-        registers = self._history if self._history is not None else [[0] * len(r) for r in held]
-        for row, votes, regs in zip(held, self._scores, registers):
-            for steps, count, register in zip(row, votes, regs):
-                if count > steps:
-                    raise InvalidInputError(f"votes {count} exceed the {steps} steps held")
-                if register >> steps:
-                    raise InvalidInputError(f"history register {register} has a vote bit older "
-                                            f"than its {steps} steps held")
-        return held
-
     @property
     def steps_held(self) -> np.ndarray:
         """Decode steps that carried attention since each position was admitted, aligned
@@ -809,18 +672,6 @@ class Scissorhands(_HeavyHitters):
         if self._held is None:
             raise InvalidInputError("steps_held is kept only with vote_rate=True")
         return self._as_array(self._held, np.uint32)
-
-    def _load_history(self, rows: list[list[Any]]) -> list[list[int]]:
-        """A state's vote registers (rows shaped like the votes, already loaded): each an
-        integer below ``2**history_window`` with as many bits set as its slot has votes."""
-        top = (1 << self.history_window) - 1  # type: ignore[operator]
-        registers = [[check_int("history register", v, 0, top) for v in row] for row in rows]
-        for row, votes in zip(registers, self._scores):
-            for register, count in zip(row, votes):
-                if register.bit_count() != count:
-                    raise InvalidInputError(f"votes {count} differ from the {register.bit_count()} "
-                                            f"vote bits of history register {register}")
-        return registers
 
     @property
     def votes(self) -> np.ndarray:
@@ -880,7 +731,6 @@ class H2O(_HeavyHitters):
     """
 
     name = "h2o"
-    bytes_per_slot = 13  # uint32 position + float64 score + 1 byte eviction scratch
     _score_key = "scores"
 
     def _new_score(self) -> float:
@@ -890,14 +740,6 @@ class H2O(_HeavyHitters):
         scores = self._scores[head]
         for i, w in enumerate(weights):
             scores[i] = min(scores[i] + w, DBL_MAX)  # +inf would not survive state_dict()
-
-    def _load_score(self, value: Any) -> float:
-        if not _is_real(value):
-            raise InvalidTypeError(f"scores must be real numbers, not {type(value).__name__}")
-        v = float(value)
-        if not math.isfinite(v) or v < 0.0:
-            raise InvalidInputError(f"scores must be finite and >= 0, got {v}")
-        return v
 
     @property
     def scores(self) -> np.ndarray:
@@ -950,16 +792,11 @@ class StreamingLLM(_Policy):
     """
 
     name = "streaming-llm"
-    bytes_per_slot = 4  # uint32 position
-    _param_names = ("budget", "sinks", "heads")
+    sinks: int
 
     def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
-        self.budget = check_int("budget", budget, 1, UINT32_MAX)
-        self.sinks = check_int("sinks", sinks, 0, self.budget - 1)
+        self._configure(budget, sinks=sinks)
         self._setup(heads)
-
-    def _min_budget(self) -> int:
-        return self.sinks + 1
 
     def _victim_slots(self, head: int, count: int) -> list[int]:
         return list(range(self.sinks, self.sinks + count))
@@ -988,11 +825,10 @@ class Full(_Policy):
     """
 
     name = "full"
-    bytes_per_slot = 4  # uint32 position
-    _param_names = ("budget", "heads")
 
     def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:
         self.budget = None if budget is None else check_int("budget", budget, 1, UINT32_MAX)
+        self._options = {}
         self._setup(heads)
 
     def _initial_capacity(self) -> int:

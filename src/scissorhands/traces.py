@@ -73,24 +73,25 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from .errors import UINT32_MAX, InvalidInputError, ScissorhandsError, check_int
+from ._shared import UINT32_MAX, check_int
+from .errors import InvalidInputError, ScissorhandsError
 
 __all__ = [
-    "Trace",
-    "splitmix32",
-    "Xoshiro128StarStar",
-    "DecodeTrace",
-    "decode_trace",
-    "step_offsets",
-    "fnv1a_32",
-    "trace_hash",
-    "RecordedStream",
-    "RecordedTrace",
-    "TraceFormatError",
-    "save_recorded_trace",
-    "load_recorded_trace",
     "TRACE_FORMAT",
     "TRACE_VERSION",
+    "DecodeTrace",
+    "RecordedStream",
+    "RecordedTrace",
+    "Trace",
+    "TraceFormatError",
+    "Xoshiro128StarStar",
+    "decode_trace",
+    "fnv1a_32",
+    "load_recorded_trace",
+    "save_recorded_trace",
+    "splitmix32",
+    "step_offsets",
+    "trace_hash",
 ]
 
 _MASK32 = 0xFFFFFFFF

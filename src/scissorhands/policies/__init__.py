@@ -13,4 +13,4 @@ POLICIES = {
     "scissorhands": Scissorhands,
 }
 
-__all__ = ["Full", "H2O", "POLICIES", "Scissorhands", "StreamingLLM"]
+__all__ = ["H2O", "POLICIES", "Full", "Scissorhands", "StreamingLLM"]

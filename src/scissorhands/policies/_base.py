@@ -14,29 +14,19 @@ from typing import Any, ClassVar
 import numpy as np
 
 from scissorhands._native import check, ffi, lib
-from scissorhands.policies._state import (
+from scissorhands._shared import (
+    MAX_HEADS,
     STATE_FORMAT,
     STATE_VERSION,
+    UINT32_MAX,
+    check_int,
     parse_held,
     parse_history,
     parse_state,
+    read_weights,
 )
-from scissorhands.errors import (
-    UINT32_MAX,
-    InvalidInputError,
-    InvalidTypeError,
-    check_flag,
-    check_int,
-    check_recent_window,
-)
-
-#: Why a masked array is refused (both backends): its mask has no meaning for a weight.
-MASKED_MESSAGE = ("attn must not be a masked array: fill the masked weights first "
-                  "(for example attn.filled(0.0))")
-
-MAX_HEADS = 65536
-#: Largest ``history_window`` (the vote registers are 64-bit).
-MAX_HISTORY_WINDOW = 64
+from scissorhands.errors import InvalidInputError, InvalidTypeError
+from scissorhands.options import SPECS, protected_message, shown_values
 
 _DTYPE_CODES = {np.dtype(np.float32): lib.SH_DTYPE_F32, np.dtype(np.float64): lib.SH_DTYPE_F64}
 _ADMIT = lib.SH_STEP_ADMIT
@@ -49,22 +39,13 @@ _from_buffer = ffi.from_buffer
 _unpack = ffi.unpack
 
 
-def _contains_bool(seq: Any) -> bool:
-    """True if a (nested) list/tuple holds a bool anywhere."""
-    for item in seq:
-        if isinstance(item, (bool, np.bool_)):
-            return True
-        if isinstance(item, (list, tuple)) and _contains_bool(item):
-            return True
-    return False
-
-
 def as_weights(attn: Any) -> np.ndarray:
     """Read attention weights as a C-contiguous float32 or float64 array.
 
     float32 and float64 C-contiguous arrays are returned as they are (no copy); other
-    real dtypes (float16, integers, ...), strided or Fortran-order arrays, lists,
-    tuples and objects with ``__array__`` are converted once.
+    real dtypes (float16, integers, torch's bfloat16, ...), strided or Fortran-order
+    arrays, lists, tuples and objects with ``__array__`` are converted once
+    (:func:`scissorhands._shared.read_weights` decides what is real numbers).
 
     Raises
     ------
@@ -73,37 +54,14 @@ def as_weights(attn: Any) -> np.ndarray:
     InvalidInputError
         Ragged nesting, or integers too large for a float64.
     """
-    if isinstance(attn, np.ma.MaskedArray):
-        raise InvalidTypeError(MASKED_MESSAGE)
-    if isinstance(attn, np.ndarray):
-        arr = attn
-    else:
-        if isinstance(attn, (str, bytes)):
-            raise InvalidTypeError("attention weights must be real numbers, not a string")
-        if isinstance(attn, (list, tuple)) and _contains_bool(attn):
-            raise InvalidTypeError("attention weights must be real numbers, not bools")
-        try:
-            arr = np.asarray(attn)
-        except (ValueError, TypeError) as exc:
-            raise InvalidInputError(f"attention weights are not a rectangular array: {exc}") from None
-    kind = arr.dtype.kind
-    if kind == "O":
-        for item in arr.flat:
-            if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Real):
-                raise InvalidTypeError(
-                    f"attention weights must be real numbers, found {type(item).__name__}"
-                )
+    arr = read_weights(attn)
+    if arr.dtype.kind == "O":
         try:
             arr = arr.astype(np.float64)
         except OverflowError:
             raise InvalidInputError("attention weight too large for a float64") from None
-        except (TypeError, ValueError):
-            raise InvalidTypeError("attention weights must be real numbers") from None
-    elif kind in "iuf":
-        if arr.dtype not in _DTYPE_CODES:
-            arr = arr.astype(np.float64)
-    else:
-        raise InvalidTypeError(f"attention weights must be real numbers, not dtype {arr.dtype}")
+    elif arr.dtype not in _DTYPE_CODES:
+        arr = arr.astype(np.float64)
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     return arr
@@ -112,41 +70,30 @@ def as_weights(attn: Any) -> np.ndarray:
 class NativePolicy:
     """Base of the C-backed policies; see the subclasses for the public API."""
 
-    #: Registry name, also written into ``state_dict()["policy"]``.
+    #: Registry name (``state_dict()["policy"]``); its :class:`~scissorhands.options.PolicySpec`
+    #: in ``SPECS`` declares the options the constructor takes.
     name: ClassVar[str]
     _kind: ClassVar[int]
     #: Name of the per-slot score property (``"votes"``, ``"scores"``) or None.
     _score_name: ClassVar[str | None] = None
-    _reads_attention: ClassVar[bool] = False
-    _evicts: ClassVar[bool] = True
-    #: Constructor parameters always recorded in ``state_dict()["params"]``.
-    _param_names: ClassVar[tuple[str, ...]]
-    #: Options recorded in ``state_dict()["params"]`` only when not at their default
-    #: (name -> default), so that a state of the default configuration is unchanged
-    #: by their arrival; a state lacking them loads with the default.
-    _optional_params: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, *, budget: int, heads: int, recent_window: int = 0, sinks: int = 0,
-                 history_window: int | None = None, vote_rate: bool = False) -> None:
-        # The reference's order: budget, recent_window, sinks, their sum, history_window,
-        # vote_rate, heads.
+    def __init__(self, *, budget: int, heads: int, **options: Any) -> None:
+        """Validate in the order both backends share (budget, then the spec's options
+        with their sum against the budget, then heads) and build the C object; each
+        option goes to the ``sh_config`` field of the same name."""
+        spec = SPECS[self.name]
+        self._reads_attention = spec.reads_attention
+        self._evicts = spec.evicts
         self._budget = check_int("budget", budget, 1, UINT32_MAX)
-        self._recent_window = check_recent_window(recent_window, self._budget)
-        self._sinks = check_int("sinks", sinks, 0, self._budget - 1)
-        if self._recent_window + self._sinks >= self._budget:
-            raise InvalidInputError(self._budget_message(self._budget))
-        self._history_window = (None if history_window is None else
-                                check_int("history_window", history_window, 1, MAX_HISTORY_WINDOW))
-        self._vote_rate = check_flag("vote_rate", vote_rate)
+        self._options = spec.check(self._budget, options)
+        self._protected = {o.name: self._options[o.name] for o in spec.options if o.protects}
         self._heads = check_int("heads", heads, 1, MAX_HEADS)
         cfg = ffi.new("sh_config *")
         cfg.kind = self._kind
         cfg.heads = self._heads
         cfg.budget = self._budget
-        cfg.recent_window = self._recent_window
-        cfg.sinks = self._sinks
-        cfg.history_window = self._history_window or 0
-        cfg.vote_rate = int(self._vote_rate)
+        for name, value in self._options.items():
+            setattr(cfg, name, 0 if value is None else int(value))
         out = ffi.new("sh_policy **")
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
@@ -167,21 +114,12 @@ class NativePolicy:
 
     # ------------------------------------------------------------ validation
 
-    def _budget_message(self, budget: int) -> str:
-        if self._sinks and self._recent_window:
-            limit = f"recent_window + sinks ({self._recent_window} + {self._sinks})"
-        elif self._sinks:
-            limit = f"sinks ({self._sinks})"
-        else:
-            limit = f"recent_window ({self._recent_window})"
-        return f"budget must be greater than {limit}, got {budget}"
-
     def _check_budget(self, budget: Any) -> int:
         if budget is None:
             return self._budget
         budget = check_int("budget", budget, 1)
-        if self._recent_window + self._sinks >= budget:
-            raise InvalidInputError(self._budget_message(budget))
+        if sum(self._protected.values()) >= budget:
+            raise InvalidInputError(protected_message(self._protected, budget))
         return budget
 
     def _check_position(self, pos: Any) -> int:
@@ -402,12 +340,12 @@ class NativePolicy:
             check(lib.sh_policy_export(self._ptr, ffi.from_buffer("uint32_t[]", positions),
                                        votes_ptr, scores_ptr, positions.size))
             history = None
-            if with_history and self._history_window is not None:
+            if with_history and self._options.get("history_window") is not None:
                 history = np.empty((self._heads, n), dtype=np.uint64)
                 check(lib.sh_policy_export_history(self._ptr, ffi.from_buffer("uint64_t[]", history),
                                                    history.size))
             held = None
-            if with_history and self._vote_rate:
+            if with_history and self._options.get("vote_rate"):
                 held = np.empty((self._heads, n), dtype=np.uint32)
                 check(lib.sh_policy_export_held(self._ptr, ffi.from_buffer("uint32_t[]", held), held.size))
             return positions, scores, history, held, self._last
@@ -468,17 +406,17 @@ class NativePolicy:
     # ------------------------------------------------------------ state
 
     def _params(self) -> dict[str, Any]:
-        """The constructor parameters but rng: those of ``_param_names``, then the
-        options of ``_optional_params`` that are not at their default."""
-        params = {name: getattr(self, "_" + name) for name in self._param_names}
-        for name, default in self._optional_params.items():
-            value = getattr(self, "_" + name)
-            if value != default:
-                params[name] = value
-        return params
+        """The constructor parameters but rng, as ``state_dict()["params"]`` records
+        them: budget, the policy's first option, heads, then its other options that are
+        not at their default (so that a default configuration's state is as it was
+        before those options existed)."""
+        shown = shown_values(self.name, self._options)
+        first = dict(list(shown.items())[:1])
+        return {"budget": self._budget, **first, "heads": self._heads,
+                **{k: v for k, v in shown.items() if k not in first}}
 
     def _sink_count(self) -> int:
-        return min(self._sinks, self._n)
+        return min(self._options["sinks"], self._n)
 
     def state_dict(self) -> dict[str, Any]:
         """The policy as plain data (ints, floats, lists, str), loadable by
@@ -523,14 +461,18 @@ class NativePolicy:
         ``history_window`` and ``vote_rate`` of Scissorhands: states written before
         they existed) loads with their defaults.
         """
-        optional_keys = ("history", "steps_held") if "history_window" in cls._optional_params else ()
-        policy, kept, scores, last = parse_state(state, cls.name, cls._score_name, cls._param_names,
-                                                 cls, tuple(cls._optional_params), optional_keys)
+        spec = SPECS[cls.name]
+        names = [o.name for o in spec.options]
+        required = ("budget", *names[:1], "heads")
+        keeps_registers = spec.takes("history_window")
+        optional_keys = ("history", "steps_held") if keeps_registers else ()
+        policy, kept, scores, last = parse_state(state, cls.name, cls._score_name, required,
+                                                 cls, tuple(names[1:]), optional_keys)
         h, n = kept.shape
         history = held = None
-        if optional_keys:
-            history = parse_history(state, policy._history_window, scores)
-            held = parse_held(state, policy._vote_rate, scores, history)
+        if keeps_registers:
+            history = parse_history(state, policy._options["history_window"], scores)
+            held = parse_held(state, policy._options["vote_rate"], scores, history)
         votes_ptr = scores_ptr = ffi.NULL
         if cls._score_name == "votes":
             votes_ptr = ffi.from_buffer("uint32_t[]", scores)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scissorhands._native import lib
-from scissorhands.errors import UINT32_MAX, check_int
+from scissorhands._shared import UINT32_MAX, check_int
 from scissorhands.policies._base import NativePolicy
 
 
@@ -29,8 +29,6 @@ class Full(NativePolicy):
 
     name = "full"
     _kind = lib.SH_FULL
-    _param_names = ("budget", "heads")
-    _evicts = False
 
     def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:
         self._configured = None if budget is None else check_int("budget", budget, 1)

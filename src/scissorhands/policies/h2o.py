@@ -52,10 +52,7 @@ class H2O(NativePolicy):
 
     name = "h2o"
     _kind = lib.SH_H2O
-    _param_names = ("budget", "recent_window", "heads")
-    _optional_params = {"sinks": 0}
     _score_name = "scores"
-    _reads_attention = True
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0) -> None:
@@ -64,12 +61,12 @@ class H2O(NativePolicy):
     @property
     def recent_window(self) -> int:
         """The most recent positions that are never evicted."""
-        return self._recent_window
+        return self._options["recent_window"]
 
     @property
     def sinks(self) -> int:
         """The first positions held that are never evicted."""
-        return self._sinks
+        return self._options["sinks"]
 
     def sink_count(self) -> int:
         """Sinks held: ``min(sinks, kept_count())``."""

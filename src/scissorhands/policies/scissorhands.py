@@ -73,10 +73,7 @@ class Scissorhands(NativePolicy):
 
     name = "scissorhands"
     _kind = lib.SH_SCISSORHANDS
-    _param_names = ("budget", "recent_window", "heads")
-    _optional_params = {"sinks": 0, "history_window": None, "vote_rate": False}
     _score_name = "votes"
-    _reads_attention = True
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0, history_window: int | None = None, vote_rate: bool = False) -> None:
@@ -86,22 +83,22 @@ class Scissorhands(NativePolicy):
     @property
     def recent_window(self) -> int:
         """The most recent positions that are never evicted."""
-        return self._recent_window
+        return self._options["recent_window"]
 
     @property
     def sinks(self) -> int:
         """The first positions held that are never evicted."""
-        return self._sinks
+        return self._options["sinks"]
 
     @property
     def history_window(self) -> int | None:
         """Decode steps a vote counts for, or None (forever)."""
-        return self._history_window
+        return self._options["history_window"]
 
     @property
     def vote_rate(self) -> bool:
         """Whether eviction ranks positions by votes per step held."""
-        return self._vote_rate
+        return self._options["vote_rate"]
 
     @property
     def steps_held(self) -> np.ndarray:
@@ -114,7 +111,7 @@ class Scissorhands(NativePolicy):
         InvalidInputError
             The policy was built without ``vote_rate`` (it keeps no such count).
         """
-        if not self._vote_rate:
+        if not self._options["vote_rate"]:
             raise InvalidInputError("steps_held is kept only with vote_rate=True")
         return self._shaped(self._export(with_history=True)[3])
 

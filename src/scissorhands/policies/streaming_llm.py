@@ -40,7 +40,6 @@ class StreamingLLM(NativePolicy):
 
     name = "streaming-llm"
     _kind = lib.SH_STREAMING_LLM
-    _param_names = ("budget", "sinks", "heads")
 
     def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
         super().__init__(budget=budget, sinks=sinks, heads=heads)
@@ -48,7 +47,7 @@ class StreamingLLM(NativePolicy):
     @property
     def sinks(self) -> int:
         """Leading positions that are never evicted."""
-        return self._sinks
+        return self._options["sinks"]
 
     def sink_count(self) -> int:
         """Sinks held: ``min(sinks, kept_count())``."""

@@ -1,0 +1,392 @@
+"""What both backends share: the limits, reading inputs, and checking a saved state.
+
+The C-backed classes (:mod:`scissorhands.policies`) and the pure-Python reference
+(:mod:`scissorhands.reference`) import this module and nothing else of each other, so a
+value is refused for the same reason, with the same exception class, on either path.
+It holds no policy semantics (votes, scores, selection): those live in ``csrc/`` and in
+the reference, each stated once.
+
+* **Limits**: the largest position, head count and history window, the bytes per slot
+  that ``memory_bytes()`` counts, and how storage starts and grows.  The C header
+  repeats the ones C needs (``SH_MAX_HEADS``, ...); a test checks they agree.
+* **Input coercion**: integers, flags and the recent window of a constructor, and
+  attention weights (stage 4 of the validation order in ``docs/architecture.md``: the
+  value must be real numbers).
+* **State validation**: ``state_dict()`` data checked field by field, before either
+  backend builds anything from it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidInputError, InvalidTypeError
+
+__all__ = [
+    "FULL_INITIAL_CAPACITY",
+    "HEADER_BYTES",
+    "HELD_BYTES",
+    "HISTORY_BYTES",
+    "INITIAL_CAPACITY_LIMIT",
+    "MASKED_MESSAGE",
+    "MAX_HEADS",
+    "MAX_HISTORY_WINDOW",
+    "SLOT_BYTES",
+    "STATE_FORMAT",
+    "STATE_VERSION",
+    "UINT32_MAX",
+    "check_flag",
+    "check_int",
+    "check_recent_window",
+    "parse_held",
+    "parse_history",
+    "parse_state",
+    "read_weights",
+]
+
+# ----------------------------------------------------------------------------- limits
+
+#: Largest position, budget or vote count the policies can hold (``2**32 - 1``).
+UINT32_MAX = 2**32 - 1
+#: Largest ``heads`` (rows) of one policy object.
+MAX_HEADS = 65536
+#: Largest Scissorhands ``history_window``: the vote bits live in a 64-bit register.
+MAX_HISTORY_WINDOW = 64
+#: Bytes ``memory_bytes()`` counts for the object itself (the C header).
+HEADER_BYTES = 64
+#: A row's first capacity is ``min(budget + 1, INITIAL_CAPACITY_LIMIT)`` slots.
+INITIAL_CAPACITY_LIMIT = 4096
+#: A row's first capacity for :class:`Full`, which has no budget to size it.
+FULL_INITIAL_CAPACITY = 64
+#: Bytes of state per slot, by registry name: the uint32 position, then the score
+#: (uint32 votes, float64 H2O score) and one byte of selection scratch.
+SLOT_BYTES = {"full": 4, "streaming-llm": 4, "h2o": 13, "scissorhands": 9}
+#: Extra bytes per slot for a Scissorhands history window (a uint64 register of vote bits).
+HISTORY_BYTES = 8
+#: Extra bytes per slot for a Scissorhands vote rate (a uint32 count of steps held).
+HELD_BYTES = 4
+
+# ----------------------------------------------------------------------------- integers
+
+
+def check_int(name: str, value: Any, low: int = 0, high: int = UINT32_MAX) -> int:
+    """Return ``value`` as a Python ``int`` if it is an integer in ``[low, high]``.
+
+    Python and NumPy integers are accepted; ``bool`` is refused even though it is an
+    ``int`` subclass, and so are floats (``3.0`` included) and strings.
+
+    Raises
+    ------
+    InvalidTypeError
+        ``value`` is not an integer (or is a bool).
+    InvalidInputError
+        ``value`` is outside ``[low, high]``.
+    """
+    if type(value) is int:  # the common case, without the ABC check
+        if low <= value <= high:
+            return value
+    elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidTypeError(f"{name} must be an integer, not {type(value).__name__}")
+    value = int(value)
+    if value < low or value > high:
+        raise InvalidInputError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """Return ``value`` as a Python ``bool`` if it is one (NumPy's ``bool_`` too).
+
+    Raises
+    ------
+    InvalidTypeError
+        ``value`` is not a bool (``0``, ``1`` and ``None`` included).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise InvalidTypeError(f"{name} must be a bool, not {type(value).__name__}")
+
+
+def check_recent_window(value: Any, budget: int) -> int:
+    """Return the recent window, in positions, that ``value`` asks of ``budget``.
+
+    An integer is a count of positions in ``[0, budget - 1]``.  A non-integer real
+    (``float``, NumPy floating, ``fractions.Fraction``) in ``[0, 1)`` is a fraction of
+    the budget, rounded down: ``0.5`` with budget 409 gives 204.  A float counts as the
+    decimal it prints as (``0.7`` is exactly 7/10, so ``0.7`` of 10 is 7, not the 6 its
+    binary value would give), as the command line's ``70%`` does.
+
+    Raises
+    ------
+    InvalidTypeError
+        ``value`` is neither an integer nor a real number (or is a bool).
+    InvalidInputError
+        An integer outside ``[0, budget - 1]``, or a fraction outside ``[0, 1)``
+        (NaN and infinities included).
+    """
+    if isinstance(value, numbers.Real) and not isinstance(value, (numbers.Integral, bool)):
+        if isinstance(value, Fraction):
+            fraction = value
+        elif math.isfinite(value):
+            fraction = Fraction(str(value))  # the shortest decimal that reads back as value
+        else:
+            fraction = None
+        if fraction is None or not 0 <= fraction < 1:
+            raise InvalidInputError(
+                f"recent_window as a fraction of the budget must be in [0, 1), got {value}")
+        return math.floor(fraction * budget)
+    if not isinstance(value, numbers.Integral):
+        raise InvalidTypeError("recent_window must be an integer or a fraction of the budget "
+                               f"in [0, 1), not {type(value).__name__}")
+    return check_int("recent_window", value, 0, budget - 1)
+
+
+# ----------------------------------------------------------------------------- weights
+
+#: Why a masked array is refused (both backends): its mask has no meaning for a weight.
+MASKED_MESSAGE = ("attn must not be a masked array: fill the masked weights first "
+                  "(for example attn.filled(0.0))")
+
+
+def _is_real(x: Any) -> bool:
+    """True for a real number (Python or NumPy int/float), False for bool and the rest."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_nested(seq: list[Any] | tuple[Any, ...]) -> None:
+    """Every leaf of a list or tuple a real number (bool, str, complex refused)."""
+    for item in seq:
+        if isinstance(item, (list, tuple)):
+            _check_nested(item)
+        elif isinstance(item, np.ndarray):
+            _check_dtype(item)
+        elif not _is_real(item):
+            raise InvalidTypeError(f"attn must hold real numbers, not {type(item).__name__}")
+
+
+def _check_dtype(arr: np.ndarray) -> None:
+    """Real dtypes pass; an object array must hold real numbers only."""
+    if arr.dtype.kind in "fiu":
+        return
+    if arr.dtype.kind == "O" and all(_is_real(x) for x in arr.flat):
+        return
+    raise InvalidTypeError(f"attn must hold real numbers, not dtype {arr.dtype}")
+
+
+def _from_array_like(attn: Any) -> np.ndarray:
+    """``np.asarray`` of an object with ``__array__`` (a torch tensor, ...), widening a
+    bfloat16 tensor exactly to float32 on its own side first (NumPy has no bfloat16)."""
+    if hasattr(attn, "detach") and hasattr(attn, "dtype"):  # torch: no grad, CPU, widened
+        attn = attn.detach()
+        if str(attn.dtype) == "torch.bfloat16":
+            attn = attn.float()
+    try:
+        return np.asarray(attn)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidTypeError(
+            f"attn of type {type(attn).__name__} cannot be read as an array of real numbers "
+            f"({exc})") from None
+
+
+def read_weights(attn: Any) -> np.ndarray:
+    """Read attention weights as an array of real numbers, refusing what is not.
+
+    A list or tuple becomes an ``object`` array of its numbers (nothing is rounded
+    here; ragged nesting is refused); an ndarray is returned as it is; an object with
+    ``__array__`` (a torch CPU tensor of any float dtype, bfloat16 included, widened
+    exactly) is converted; a real scalar becomes a 0-d array (refused later as a rank
+    error).  The shape is not checked here.
+
+    Raises
+    ------
+    InvalidTypeError
+        Bools, complex numbers, strings, masked arrays, or anything else that is not
+        real numbers.
+    InvalidInputError
+        Ragged nesting (rows of different lengths).
+    """
+    if isinstance(attn, (list, tuple)):
+        _check_nested(attn)
+        try:
+            arr = np.array(attn, dtype=object)
+        except ValueError:  # ragged in a way NumPy cannot even box
+            raise InvalidInputError("attn is ragged: rows of different lengths") from None
+        if any(not _is_real(x) for x in arr.flat):  # a row left boxed: ragged
+            raise InvalidInputError("attn is ragged: rows of different lengths")
+        return arr
+    if isinstance(attn, np.ma.MaskedArray):
+        raise InvalidTypeError(MASKED_MESSAGE)
+    if isinstance(attn, np.ndarray):
+        arr = attn
+    elif hasattr(attn, "__array__") or isinstance(attn, memoryview):
+        arr = _from_array_like(attn)
+    elif _is_real(attn):
+        return np.asarray(attn)
+    elif isinstance(attn, (str, bytes)):
+        raise InvalidTypeError("attn must be real numbers, not a string")
+    else:
+        raise InvalidTypeError(f"attn must be an array of real numbers, not {type(attn).__name__}")
+    _check_dtype(arr)
+    return arr
+
+
+# ----------------------------------------------------------------------------- state
+
+#: ``state_dict()["format"]`` and ``["version"]``.
+STATE_FORMAT = "scissorhands.policy"
+STATE_VERSION = 1
+
+
+def _rows(state: Mapping[str, Any], key: str) -> list[list[Any]]:
+    rows = state.get(key)
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in rows):
+        raise InvalidTypeError(f"state[{key!r}] must be a list of lists")
+    if not rows or len({len(r) for r in rows}) != 1:
+        raise InvalidInputError(f"state[{key!r}] must hold one or more rows of equal length")
+    return [list(r) for r in rows]
+
+
+def _rows_like(state: Mapping[str, Any], key: str, shape: tuple[int, ...]) -> list[list[Any]]:
+    """``state[key]`` as rows, which must have ``shape``: one value per kept slot."""
+    rows = _rows(state, key)
+    if (len(rows), len(rows[0])) != shape:
+        raise InvalidInputError(f"state[{key!r}] shape {(len(rows), len(rows[0]))} differs from kept {shape}")
+    return rows
+
+
+def _present_exactly_when(state: Mapping[str, Any], key: str, on: bool, option: str) -> bool:
+    """Whether ``state`` holds ``key``, which it must exactly when ``params[option]`` is on."""
+    if on and key not in state:
+        raise InvalidInputError(f"state[{key!r}] is missing (params[{option!r}] is set)")
+    if not on and key in state:
+        raise InvalidInputError(f"state[{key!r}] needs params[{option!r}]")
+    return on
+
+
+def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
+              dtype: Any = np.uint32) -> np.ndarray:
+    """Rows of integers in ``[0, high]`` as a C-contiguous ``dtype`` array."""
+    for row in rows:
+        for v in row:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise InvalidTypeError(f"state[{key!r}] must hold integers, found {type(v).__name__}")
+            if not 0 <= v <= high:
+                raise InvalidInputError(f"state[{key!r}] value {v} outside [0, {high}]")
+    return np.ascontiguousarray(np.array([[int(v) for v in row] for row in rows], dtype=dtype))
+
+
+def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
+    for row in rows:
+        for v in row:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise InvalidTypeError(f"state[{key!r}] must hold real numbers, found {type(v).__name__}")
+            if not (math.isfinite(v) and v >= 0):
+                raise InvalidInputError(f"state[{key!r}] value {v} is not finite and >= 0")
+    # + 0.0 turns -0.0 into 0.0: the C selection orders scores by their bits.
+    return np.ascontiguousarray(np.array(rows, dtype=np.float64) + 0.0)
+
+
+def parse_state(
+    state: Any, name: str, score_name: str | None, param_names: tuple[str, ...],
+    build: Callable[..., Any], optional_params: tuple[str, ...] = (),
+    optional_keys: tuple[str, ...] = (),
+) -> tuple[Any, np.ndarray, np.ndarray | None, int]:
+    """Check ``state`` against the ``state_dict()`` format for policy ``name`` and
+    return ``(policy, kept, scores, last_position)``, arrays ``(heads, n)``; the
+    policy is ``build(**params)``, called as soon as the parameters are checked (order:
+    format, version, policy, params, kept, last_position, scores).
+
+    ``params`` must hold every name of ``param_names`` and may hold those of
+    ``optional_params`` (states written before those existed lack them); the state may
+    hold the keys of ``optional_keys``, which the caller checks. Any mapping is read.
+
+    Raises
+    ------
+    InvalidTypeError
+        ``state`` or a field of the wrong kind.
+    InvalidInputError
+        Wrong format, version or policy name; missing or unknown keys or parameters;
+        rows not ``heads`` of them, empty or of unequal length; positions not strictly
+        ascending or above ``last_position``; a vote out of the uint32 range; a score
+        NaN, infinite or negative.
+    """
+    if not isinstance(state, Mapping):
+        raise InvalidTypeError(f"state must be a dict, not {type(state).__name__}")
+    keys = {"format", "version", "policy", "params", "kept", "last_position"}
+    if score_name is not None:
+        keys.add(score_name)
+    if not keys <= set(state) <= keys | set(optional_keys):
+        raise InvalidInputError(f"state keys must be {sorted(keys)}"
+                                + (f" (optionally {sorted(optional_keys)})" if optional_keys else "")
+                                + f", got {sorted(state)}")
+    if state.get("format") != STATE_FORMAT:
+        raise InvalidInputError(f"not a scissorhands policy state (format {state.get('format')!r})")
+    check_int("version", state.get("version"), STATE_VERSION, STATE_VERSION)
+    if state.get("policy") != name:
+        raise InvalidInputError(f"state is of policy {state.get('policy')!r}, not {name!r}")
+    params = state.get("params")
+    if not isinstance(params, Mapping):
+        raise InvalidTypeError("state['params'] must be a dict")
+    if not set(param_names) <= set(params) <= set(param_names) | set(optional_params):
+        raise InvalidInputError(f"state params must be {sorted(param_names)}"
+                                + (f" (optionally {sorted(optional_params)})" if optional_params else "")
+                                + f", got {sorted(params)}")
+    policy = build(**params)
+    rows = _rows(state, "kept")
+    if len(rows) != policy.heads:
+        raise InvalidInputError(f"state has {len(rows)} rows of positions, params say heads={policy.heads}")
+    if len(rows[0]) < 1:
+        raise InvalidInputError("state must hold at least one position per row")
+    kept = _int_rows(rows, "kept")
+    if np.any(np.diff(kept.astype(np.int64), axis=1) <= 0):
+        raise InvalidInputError("state['kept'] rows must be strictly ascending")
+    last = check_int("last_position", state.get("last_position"), 0, UINT32_MAX)
+    if int(kept.max()) > last:
+        raise InvalidInputError("state['kept'] holds a position above last_position")
+    scores = None
+    if score_name is not None:
+        rows = _rows_like(state, score_name, kept.shape)
+        scores = _int_rows(rows, "votes") if score_name == "votes" else _float_rows(rows, "scores")
+    return policy, kept, scores, last
+
+
+def parse_history(state: Mapping[str, Any], window: int | None, votes: np.ndarray) -> np.ndarray | None:
+    """The vote registers of a Scissorhands state (``state["history"]``), as a
+    ``(heads, n)`` ``uint64`` array, or None for a policy without a history window.
+
+    Present exactly when ``window`` is set; each register an integer below
+    ``2**window`` whose popcount is the slot's vote count."""
+    if not _present_exactly_when(state, "history", window is not None, "history_window") or window is None:
+        return None
+    rows = _rows_like(state, "history", votes.shape)
+    history = _int_rows(rows, "history", (1 << window) - 1, np.uint64)
+    counts = np.array([[int(v).bit_count() for v in row] for row in rows], dtype=np.int64)
+    if np.any(counts != votes.astype(np.int64)):
+        raise InvalidInputError("state['votes'] must equal the number of vote bits in state['history']")
+    return history
+
+
+def parse_held(state: Mapping[str, Any], vote_rate: bool, votes: np.ndarray,
+               history: np.ndarray | None) -> np.ndarray | None:
+    """The steps held of a Scissorhands state (``state["steps_held"]``), as a
+    ``(heads, n)`` ``uint32`` array, or None for a policy without a vote rate.
+
+    Present exactly when ``vote_rate`` is set; each slot has at least as many steps
+    held as votes, and no register bit at or above its steps held (a slot votes only
+    on steps it was held)."""
+    if not _present_exactly_when(state, "steps_held", vote_rate, "vote_rate"):
+        return None
+    held = _int_rows(_rows_like(state, "steps_held", votes.shape), "steps_held")
+    if np.any(votes > held):
+        raise InvalidInputError("a slot of state['votes'] has more votes than state['steps_held']")
+    if history is not None:
+        for register, steps in zip(history.ravel().tolist(), held.ravel().tolist()):
+            if steps < 64 and register >> steps:
+                raise InvalidInputError("a register of state['history'] has a vote bit older than "
+                                        "its state['steps_held']")
+    return held

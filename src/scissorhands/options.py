@@ -1,0 +1,591 @@
+"""The policies' registry and options: one declaration each, taken whole by every caller.
+
+Every policy is described once, by a :class:`PolicySpec` in :data:`SPECS`: its registry
+name, the options it takes (in constructor order) and their defaults, and the paper.
+Every option is described once, by an :class:`OptionSpec`: its constructor keyword,
+its default (the seed's semantics: off), how a value is checked against a budget, how
+it is written on the command line and in tables.  :class:`PolicyOptions` holds one
+configuration's values; the CLI, the evaluation, the transformers cache and the bench
+take it whole and ask :func:`make_policy` for a policy, so none of them re-declares an
+option or decides by policy name which option applies.
+
+Adding an option therefore means: the C core (``csrc/``), one :class:`OptionSpec` here
+(and the field of :class:`PolicyOptions`), the constructor of the policy class in both
+backends (:mod:`scissorhands.policies`, :mod:`scissorhands.reference`), and tests.
+
+This module imports no native code and no torch: the reference backend uses it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from ._shared import MAX_HISTORY_WINDOW, check_flag, check_int, check_recent_window
+from .errors import InvalidInputError, ScissorhandsError
+
+__all__ = [
+    "BACKENDS",
+    "OPTIONS",
+    "POLICY_NAMES",
+    "SPECS",
+    "OptionSpec",
+    "PolicyOptions",
+    "PolicySpec",
+    "make_policy",
+    "parse_recent_window",
+    "policy_classes",
+    "spec_fraction",
+    "sweep",
+]
+
+#: The two implementations of every policy: ``native`` (the C core) and ``reference``
+#: (pure Python, :mod:`scissorhands.reference`).
+BACKENDS = ("native", "reference")
+
+
+# ----------------------------------------------------------------------------- recent window
+
+
+def spec_fraction(spec: str) -> Fraction:
+    """The fraction of the budget a recent-window spec written ``50%`` or ``0.5x`` asks
+    for, exactly.
+
+    Raises
+    ------
+    InvalidInputError
+        ``spec`` is not a fraction with one of those suffixes, or is outside
+        ``[0%, 100%)``.
+    """
+    raw = spec.strip().lower() if isinstance(spec, str) else ""
+    if not raw.endswith(("%", "x")):
+        raise InvalidInputError(f"{spec!r} is not a fraction like 50% or 0.5x")
+    try:
+        fraction = Fraction(raw[:-1].strip())
+    except (ValueError, ZeroDivisionError):
+        raise InvalidInputError(f"{spec!r} is not a fraction like 50% or 0.5x") from None
+    if raw.endswith("%"):
+        fraction /= 100
+    if not 0 <= fraction < 1:
+        raise InvalidInputError(f"{spec!r} is not in [0%, 100%) of the budget")
+    return fraction
+
+
+def parse_recent_window(text: str) -> int | str:
+    """A recent window as written on the command line: an integer count of positions,
+    or a fraction of each budget written ``50%`` or ``0.5x`` (kept as that normalised
+    string, resolved per budget by :func:`resolve_recent_window`).
+
+    Raises
+    ------
+    InvalidInputError
+        Neither a non-negative integer nor a fraction in ``[0%, 100%)``.
+    """
+    raw = text.strip().lower()
+    if raw.endswith(("%", "x")):
+        spec_fraction(raw)
+        return raw[:-1].strip() + raw[-1]
+    return _parse_count(text)
+
+
+def resolve_recent_window(value: Any, budget: int) -> int:
+    """The recent window for ``budget``: a count as it is, a ``50%``/``0.5x`` spec or a
+    float/``Fraction`` as ``floor(fraction * budget)`` (the constructors' rule,
+    :func:`scissorhands._shared.check_recent_window`)."""
+    if isinstance(value, str):
+        return check_recent_window(spec_fraction(value), budget)
+    return check_recent_window(value, budget)
+
+
+def _parse_count(text: str) -> int:
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        raise InvalidInputError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise InvalidInputError(f"{value} is below the minimum 0")
+    return value
+
+
+def _parse_history_window(text: str) -> int | None:
+    raw = text.strip().lower()
+    if raw in ("none", "off"):
+        return None
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise InvalidInputError(f"{text!r} is not an integer or 'none'") from None
+    if not 0 <= value <= MAX_HISTORY_WINDOW:
+        raise InvalidInputError(f"{value} is not in [1, {MAX_HISTORY_WINDOW}] (or 0/none: off)")
+    return value or None
+
+
+def _parse_on_off(text: str) -> bool:
+    raw = text.strip().lower()
+    if raw in ("on", "true", "1", "yes"):
+        return True
+    if raw in ("off", "false", "0", "no"):
+        return False
+    raise InvalidInputError(f"{text!r} is not on or off")
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One policy option, declared once.
+
+    Attributes
+    ----------
+    name : str
+        The constructor keyword, ``state_dict()["params"]`` key and JSON field.
+    default : object
+        The value that means "off": the seed system's semantics.
+    check : callable
+        ``check(value, budget) -> value``: the constructors' validation (raising
+        ``InvalidTypeError``/``InvalidInputError``), returning the value kept.
+    protects : bool
+        The option counts positions that are never evicted; the sum of such options
+        must stay below the budget.
+    short, long : str
+        Names in table labels (``rw=32``) and in settings (``recent window 32``).
+    flag : str
+        The command-line flag; it takes several values, each a run of its own.
+    parse : callable
+        ``parse(text) -> value`` for one command-line value (``InvalidInputError`` if bad).
+    help : str
+        The flag's help text.
+    show_off : bool
+        Labels show the option even at its default (``hw=off``); else only when set.
+    """
+
+    name: str
+    default: Any
+    check: Callable[[Any, int], Any]
+    short: str
+    long: str
+    flag: str
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str
+    protects: bool = False
+    show_off: bool = True
+
+    def text(self, value: Any) -> str:
+        """``value`` as labels write it: ``off`` for None, the value otherwise."""
+        return "off" if value is None else str(value)
+
+
+def _check_history_window(value: Any, budget: int) -> int | None:
+    return None if value is None else check_int("history_window", value, 1, MAX_HISTORY_WINDOW)
+
+
+RECENT_WINDOW = OptionSpec(
+    name="recent_window", default=32, check=check_recent_window, short="rw", long="recent window",
+    flag="--recent-window", parse=parse_recent_window, metavar="R", protects=True,
+    help="recent window of h2o and scissorhands: the newest positions, never evicted; in "
+    "positions or as a fraction of each budget (50%% or 0.5x, rounded down); several values "
+    "run each (default: 32)")
+SINKS = OptionSpec(
+    name="sinks", default=0, check=lambda v, b: check_int("sinks", v, 0, b - 1), short="sinks",
+    long="sinks", flag="--sinks", parse=_parse_count, metavar="S", protects=True,
+    help="attention sinks: the first positions held, never evicted, of every policy taking "
+    "them; several values run each (default: each policy's own, streaming-llm 4, h2o and "
+    "scissorhands 0)")
+HISTORY_WINDOW = OptionSpec(
+    name="history_window", default=None, check=_check_history_window, short="hw",
+    long="history window", flag="--history-window", parse=_parse_history_window, metavar="W",
+    help=f"scissorhands' history window in decode steps (1-{MAX_HISTORY_WINDOW}; 0 or none: "
+    "off); several values run each (default: none)")
+VOTE_RATE = OptionSpec(
+    name="vote_rate", default=False, check=lambda v, b: check_flag("vote_rate", v), short="rate",
+    long="vote rate", flag="--vote-rate", parse=_parse_on_off, metavar="ON|OFF", show_off=False,
+    help="scissorhands evicts by votes per decode step held (on) or by votes (off); "
+    "'off on' runs both (default: off)")
+
+#: Every option, in the order constructors take (and validate) them.
+OPTIONS: tuple[OptionSpec, ...] = (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE)
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy, declared once: what the registry, the constructors, the CLI, the
+    evaluation and the cache know of it.
+
+    Attributes
+    ----------
+    name : str
+        Registry name (``state_dict()["policy"]``, ``--policies``).
+    class_name : str
+        The class of both backends (``scissorhands.X`` and ``scissorhands.reference.X``).
+    options : tuple of OptionSpec
+        The options its constructor takes, in order.
+    defaults : mapping
+        Defaults that differ from the options' own (StreamingLLM's 4 sinks).
+    evicts : bool
+        False for the full cache, whose budget is never enforced.
+    reads_attention : bool
+        Whether the policy reads the attention weights at all.
+    paper : str
+        Where the behaviour comes from.
+    """
+
+    name: str
+    class_name: str
+    options: tuple[OptionSpec, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    evicts: bool = True
+    reads_attention: bool = True
+    paper: str = ""
+
+    def default(self, option: str) -> Any:
+        """This policy's default value of ``option``."""
+        return self.defaults.get(option, _BY_NAME[option].default)
+
+    def takes(self, option: str) -> bool:
+        """Whether the constructor takes ``option``."""
+        return any(o.name == option for o in self.options)
+
+    def check(self, budget: int, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate this policy's option ``values`` against ``budget``, in constructor
+        order (each option, then, after the last option that protects positions, their
+        sum against the budget); return every option's kept value.
+
+        Raises
+        ------
+        InvalidTypeError, InvalidInputError
+            An option of the wrong kind or out of range, or protected positions (recent
+            window plus sinks) not below the budget.
+        """
+        out: dict[str, Any] = {}
+        protecting = [o for o in self.options if o.protects]
+        for option in self.options:
+            value = values.get(option.name, self.default(option.name))
+            out[option.name] = option.check(value, budget)
+            if protecting and option is protecting[-1]:
+                protected = sum(out[o.name] for o in protecting)
+                if protected >= budget:
+                    raise InvalidInputError(protected_message(
+                        {o.name: out[o.name] for o in protecting}, budget))
+        return out
+
+
+def protected_message(protected: Mapping[str, int], budget: int) -> str:
+    """Why ``budget`` is refused for these protected counts (recent window, sinks): the
+    counts that are set, named (``recent_window + sinks (32 + 4)``)."""
+    shown = {k: v for k, v in protected.items() if v} or dict(list(protected.items())[:1])
+    names = " + ".join(shown)
+    values = " + ".join(str(v) for v in shown.values())
+    return f"budget must be greater than {names} ({values}), got {budget}"
+
+
+#: Every policy, by registry name, in the order tables list them.
+SPECS: dict[str, PolicySpec] = {
+    "full": PolicySpec(
+        "full", "Full", (), evicts=False, reads_attention=False,
+        paper="the full cache (the baseline)"),
+    "streaming-llm": PolicySpec(
+        "streaming-llm", "StreamingLLM", (SINKS,), defaults={"sinks": 4}, reads_attention=False,
+        paper="Xiao et al., ICLR 2024, arXiv 2309.17453"),
+    "h2o": PolicySpec(
+        "h2o", "H2O", (RECENT_WINDOW, SINKS),
+        paper="Zhang et al., NeurIPS 2023, arXiv 2306.14048"),
+    "scissorhands": PolicySpec(
+        "scissorhands", "Scissorhands", (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE),
+        paper="Liu et al., NeurIPS 2023, arXiv 2305.17118"),
+}
+#: The registry names, in table order.
+POLICY_NAMES: tuple[str, ...] = tuple(SPECS)
+
+
+def policy_spec(name: str) -> PolicySpec:
+    """The spec of registry name ``name``.
+
+    Raises
+    ------
+    InvalidInputError
+        Unknown name (the message lists the known ones).
+    """
+    try:
+        return SPECS[name]
+    except (KeyError, TypeError):
+        raise InvalidInputError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}") from None
+
+
+# ----------------------------------------------------------------------------- one configuration
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """The option values of one configuration, for any policy.
+
+    Each policy takes the options its :class:`PolicySpec` lists and ignores the rest,
+    so one ``PolicyOptions`` configures every policy of a comparison alike.
+
+    Parameters
+    ----------
+    recent_window : int, float, Fraction or str, default 32
+        Newest positions never evicted (H2O, Scissorhands): a count, a fraction of the
+        budget in ``[0, 1)``, or a ``"50%"``/``"0.5x"`` spec, rounded down.
+    sinks : int or None, default None
+        First positions never evicted (StreamingLLM, H2O, Scissorhands); None: each
+        policy's own default (StreamingLLM 4, the others 0).
+    history_window : int or None, default None
+        Scissorhands: decode steps a vote counts for (1-64); None: forever.
+    vote_rate : bool, default False
+        Scissorhands: evict by votes per decode step held.
+    """
+
+    recent_window: int | float | Fraction | str = 32
+    sinks: int | None = None
+    history_window: int | None = None
+    vote_rate: bool = False
+
+    def values(self, policy: str, budget: int | None) -> dict[str, Any]:
+        """The constructor keywords of ``policy`` at ``budget``: only the options it
+        takes, a recent-window spec resolved to positions, ``sinks=None`` left out (the
+        policy's default)."""
+        spec = policy_spec(policy)
+        out: dict[str, Any] = {}
+        for option in spec.options:
+            value = getattr(self, option.name)
+            if option is SINKS and value is None:
+                continue
+            if option is RECENT_WINDOW and isinstance(value, str):
+                value = resolve_recent_window(value, budget if budget is not None else 0)
+            out[option.name] = value
+        return out
+
+    def replace(self, **changes: Any) -> PolicyOptions:
+        """A copy with some values changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def policy_classes(backend: str = "native") -> Mapping[str, type]:
+    """The registry of a backend: registry name -> class.
+
+    Raises
+    ------
+    InvalidInputError
+        Unknown backend.
+    ScissorhandsError
+        The native extension cannot be imported (not built).
+    """
+    if backend not in BACKENDS:
+        raise InvalidInputError(f"backend must be 'native' or 'reference', got {backend!r}")
+    module = "scissorhands.policies" if backend == "native" else "scissorhands.reference"
+    try:
+        registry: Mapping[str, type] = importlib.import_module(module).POLICIES
+    except ImportError as exc:
+        raise ScissorhandsError(
+            f"the {backend} backend is not available ({exc}); build the extension "
+            "(pip install -e .) or use the reference backend") from None
+    return registry
+
+
+def make_policy(name: str, budget: int | None, options: PolicyOptions | None = None, *,
+                heads: int = 1, backend: str = "native") -> Any:
+    """Build one policy of the registry, configured by ``options``.
+
+    Parameters
+    ----------
+    name : {"full", "streaming-llm", "h2o", "scissorhands"}
+    budget : int or None
+        Positions held per row after each eviction; None only for ``full``.
+    options : PolicyOptions, optional
+        The option values (default: every option at its default); options the policy
+        does not take are ignored.
+    heads : int, default 1
+        Independent rows in the policy object.
+    backend : {"native", "reference"}
+
+    Raises
+    ------
+    InvalidInputError, InvalidTypeError
+        Unknown name or backend, a missing budget, or values the policy refuses.
+    """
+    spec = policy_spec(name)
+    cls = policy_classes(backend)[name]
+    if not spec.evicts:
+        return cls(budget=budget, heads=heads)
+    if budget is None:
+        raise InvalidInputError(f"policy {name!r} needs a budget")
+    return cls(budget=budget, heads=heads, **(options or PolicyOptions()).values(name, budget))
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def _shown(spec: PolicySpec, values: Mapping[str, Any]) -> list[tuple[OptionSpec, Any]]:
+    return [(o, values.get(o.name, spec.default(o.name))) for o in spec.options]
+
+
+def setting(policy: str, values: Mapping[str, Any]) -> str:
+    """A configuration as the replay table names it: the policy's first option, then
+    the others that are not at their default (``recent window 32, sinks 4``); ``-`` for
+    a policy without options."""
+    spec = policy_spec(policy)
+    parts = [f"{o.long} {o.text(v)}" for i, (o, v) in enumerate(_shown(spec, values))
+             if i == 0 or v != spec.default(o.name)]
+    return ", ".join(parts) or "-"
+
+
+def config_label(policy: str, values: Mapping[str, Any], window_spec: str | None = None) -> str:
+    """A configuration as the eval table labels it: every option of the policy
+    (``rw=51 (50%) sinks=0 hw=off``), a flag only when on; ``-`` without options.
+    ``window_spec`` is the fraction the recent window came from, when given as one."""
+    spec = policy_spec(policy)
+    parts = []
+    for option, value in _shown(spec, values):
+        if not option.show_off:
+            if value:
+                parts.append(option.short)
+            continue
+        text = f"{option.short}={option.text(value)}"
+        if option is RECENT_WINDOW and window_spec is not None:
+            text += f" ({window_spec})"
+        parts.append(text)
+    return " ".join(parts) or "-"
+
+
+def series_label(policy: str, values: Mapping[str, Any], window_spec: str | None = None) -> str:
+    """A configuration across budgets (a plot line, a report row): the policy and its
+    options as given (a recent window given as a fraction stays that fraction), options
+    off by default shown only when set (``scissorhands rw=50% sinks=4 hw=32 rate``)."""
+    spec = policy_spec(policy)
+    parts = [policy]
+    for option, value in _shown(spec, values):
+        if option is RECENT_WINDOW:
+            parts.append(f"rw={value if window_spec is None else window_spec}")
+        elif not option.show_off:
+            if value:
+                parts.append(option.short)
+        elif option.default is None and value is None:
+            continue
+        else:
+            parts.append(f"{option.short}={option.text(value)}")
+    return " ".join(parts)
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration of a sweep: a policy at a budget (None: never evicts) with its
+    option values, resolved (``values``), and the fraction a recent window came from."""
+
+    policy: str
+    budget: int | None
+    values: Mapping[str, Any]
+    window_spec: str | None = None
+
+    @property
+    def options(self) -> PolicyOptions:
+        """The values as a :class:`PolicyOptions`."""
+        return PolicyOptions(**{k: v for k, v in self.values.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data: ``policy``, ``budget``, each option value (the recent window
+        followed by ``recent_window_spec`` when it came from a fraction)."""
+        out: dict[str, Any] = {"policy": self.policy, "budget": self.budget}
+        for name, value in self.values.items():
+            out[name] = value
+            if name == "recent_window" and self.window_spec is not None:
+                out["recent_window_spec"] = self.window_spec
+        return out
+
+
+def shown_values(policy: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a replay names (its first option, then those not at their default)."""
+    spec = policy_spec(policy)
+    return {o.name: v for i, (o, v) in enumerate(_shown(spec, values))
+            if i == 0 or v != spec.default(o.name)}
+
+
+def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, Sequence[Any] | None],
+          *, by: str = "budget", strict: bool = False) -> tuple[list[Run], list[str]]:
+    """Every configuration of a sweep, and notes on the combinations skipped.
+
+    Each policy runs every combination of the values given for the options it takes
+    (``values[name]``: a list, each value a run; None, empty or missing: the policy's
+    default), at every budget.  A combination that repeats an earlier run (``50%`` and
+    ``0.5x`` of the same budget) is skipped with a note, and so is one the policy
+    refuses at a budget (``recent_window + sinks >= budget``), unless ``strict``.
+
+    Parameters
+    ----------
+    by : {"budget", "policy"}
+        ``"budget"`` (eval): the full cache first, once, then budget by budget, each
+        policy's configurations in turn.  ``"policy"`` (replay): policy by policy as
+        listed (the full cache where listed), each configuration at every budget.
+    strict : bool
+        Raise the refusal (naming the policy, setting and budget) instead of noting it.
+
+    Raises
+    ------
+    InvalidInputError
+        An unknown policy name; with ``strict``, a configuration a policy refuses.
+    """
+    names = list(dict.fromkeys(policies))
+    for name in names:
+        policy_spec(name)
+    runs: list[Run] = []
+    notes: list[str] = []
+    seen: set[tuple[Any, ...]] = set()
+
+    def add(name: str, budget: int, combo: tuple[Any, ...]) -> None:
+        spec = SPECS[name]
+        given = dict(zip((o.name for o in spec.options), combo))
+        window_spec = given["recent_window"] if isinstance(given.get("recent_window"), str) else None
+        try:
+            if window_spec is not None:
+                given["recent_window"] = resolve_recent_window(window_spec, budget)
+            resolved = spec.check(budget, given)
+        except ScissorhandsError as exc:
+            if strict:
+                where = f"{name} ({setting(name, given)}) at budget {budget}"
+                raise type(exc)(f"{where}: {exc}") from None
+            notes.append(f"skipped {name} budget {budget} ({config_label(name, given, window_spec)}): {exc}")
+            return
+        key = (name, budget, tuple(resolved.items()))
+        if key in seen:
+            if not strict:
+                notes.append(f"skipped {name} budget {budget} ({config_label(name, resolved, window_spec)}): "
+                             "the same run as an earlier configuration")
+            return
+        seen.add(key)
+        runs.append(Run(name, budget, resolved, window_spec))
+
+    def combos(name: str) -> list[tuple[Any, ...]]:
+        spec = SPECS[name]
+        axes = [list(dict.fromkeys(values.get(o.name) or [spec.default(o.name)])) for o in spec.options]
+        return list(itertools.product(*axes))
+
+    if by == "budget":
+        runs.append(Run("full", None, {}))
+        if "full" not in names:
+            notes.append("full cache run anyway: it is the reference for agreement")
+        for budget in dict.fromkeys(budgets):
+            for name in names:
+                if SPECS[name].evicts:
+                    for combo in combos(name):
+                        add(name, budget, combo)
+    elif by == "policy":
+        for name in names:
+            if not SPECS[name].evicts:
+                runs.append(Run(name, None, {}))
+                continue
+            for combo in combos(name):
+                for budget in dict.fromkeys(budgets):
+                    add(name, budget, combo)
+    else:
+        raise InvalidInputError(f"by must be 'budget' or 'policy', got {by!r}")
+    return runs, notes
