@@ -44,8 +44,10 @@ import scissorhands
 from bench.numpy_policy import NUMPY_POLICIES
 from bench.timing import Settings, Stat, time_batches, time_eaches
 from scissorhands._native import check, ffi, lib
+from scissorhands._shared import SLOT_BYTES
+from scissorhands.options import SPECS, shown_values
 
-__all__ = ["Case", "Context", "CASES", "POLICY_NAMES", "DECODE_BUDGETS", "BATCH_SHAPES"]
+__all__ = ["BATCH_SHAPES", "CASES", "DECODE_BUDGETS", "POLICY_NAMES", "Case", "Context"]
 
 #: Policies compared on every case.
 POLICY_NAMES = ("scissorhands", "h2o", "streaming-llm")
@@ -56,14 +58,13 @@ DECODE_BUDGETS = (128, 512, 2048, 8192)
 BATCH_SHAPES = ((3, 512), (8, 512), (32, 512), (3, 4096), (8, 4096), (32, 4096), (256, 4096))
 #: Budget of the ``decode-4096`` replay.
 REPLAY_BUDGET = 512
-#: The constructor parameter each policy protects: the seed's defaults.
-POLICY_PARAMS = {
-    "scissorhands": {"recent_window": 32},
-    "h2o": {"recent_window": 32},
-    "streaming-llm": {"sinks": 4},
-}
-#: Bytes per slot the design promises.
-SLOT_BYTES = {"scissorhands": 9, "h2o": 13, "streaming-llm": 4}
+
+
+def default_params(policy: str, budget: int) -> dict[str, Any]:
+    """The options a state of ``policy`` records at their defaults (the seed's): the
+    protected recent window, or StreamingLLM's sinks (:mod:`scissorhands.options`)."""
+    return shown_values(policy, SPECS[policy].check(budget, {}))
+
 
 _ADMIT = int(lib.SH_STEP_ADMIT)
 _EVICT = int(lib.SH_STEP_EVICT)
@@ -140,7 +141,7 @@ class State:
         return self.kept.shape[1]
 
     def params(self) -> dict[str, int]:
-        return {"budget": self.budget, **POLICY_PARAMS[self.policy], "heads": self.heads}
+        return {"budget": self.budget, **default_params(self.policy, self.budget), "heads": self.heads}
 
     def state_dict(self) -> dict[str, Any]:
         """The state in the ``state_dict()`` format both backends load."""
@@ -212,36 +213,28 @@ def c_policy(state: State, sd: dict[str, Any] | None = None) -> Any:
     return scissorhands.POLICIES[state.policy].from_state_dict(sd if sd is not None else state.state_dict())
 
 
-_KINDS = {"scissorhands": lib.SH_SCISSORHANDS, "h2o": lib.SH_H2O, "streaming-llm": lib.SH_STREAMING_LLM}
-
-
 class RawPolicy:
-    """The C object driven through the thin native layer alone (``lib.sh_policy_*``), not
-    the Python API: what ``c_raw`` and ``noop`` call, so that they depend on nothing
-    but the header."""
+    """A C-backed policy of the package driven through its thin native layer
+    (``scissorhands._native.lib``) rather than its Python methods: what ``c_raw`` and
+    ``noop`` call.  The object is the package's own (built by ``from_state_dict``);
+    only the per-call path is the bare C function."""
 
     def __init__(self, state: State) -> None:
-        cfg = ffi.new("sh_config *")
-        cfg.kind = _KINDS[state.policy]
-        cfg.heads = state.heads
-        cfg.budget = state.budget
-        cfg.recent_window = POLICY_PARAMS[state.policy].get("recent_window", 0)
-        cfg.sinks = POLICY_PARAMS[state.policy].get("sinks", 0)
-        out = ffi.new("sh_policy **")
-        check(lib.sh_policy_new(cfg, out))
-        self.ptr = ffi.gc(out[0], lib.sh_policy_free)
+        self.policy = c_policy(state)
+        self.ptr = self.policy._ptr
         self.heads = state.heads
-        self.load(state)
 
     def load(self, state: State) -> None:
-        """Replace the state (``sh_policy_import``: no Python parsing)."""
+        """Replace the state (``sh_policy_import_state``: no Python parsing, for the
+        untimed set-up between timed calls)."""
         votes = scores = ffi.NULL
         if state.policy == "scissorhands":
             votes = ffi.from_buffer("uint32_t[]", state.scores)
         elif state.policy == "h2o":
             scores = ffi.from_buffer("double[]", state.scores)
-        check(lib.sh_policy_import(self.ptr, state.heads, state.held, ffi.from_buffer("uint32_t[]", state.kept),
-                                   votes, scores, state.last))
+        check(lib.sh_policy_import_state(self.ptr, state.heads, state.held,
+                                         ffi.from_buffer("uint32_t[]", state.kept), votes, scores,
+                                         ffi.NULL, ffi.NULL, state.last))
 
     def count(self) -> int:
         return int(lib.sh_policy_count(self.ptr))
@@ -548,7 +541,7 @@ def run_replay_case(ctx: Context, case: Case) -> dict[str, Any]:
         return {"name": case.name, "group": case.group, "policy": case.policy, "skipped": str(exc)}
     trace = _trace(ctx)
     policy, budget = case.policy, case.budget
-    params = {"budget": budget, **POLICY_PARAMS[policy]}
+    params = {"budget": budget, **default_params(policy, budget)}
     makers: dict[str, Callable[[], Any]] = {
         "c": lambda: scissorhands.POLICIES[policy](**params),
         "numpy": lambda: NUMPY_POLICIES[policy](**params),
@@ -703,7 +696,7 @@ def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
         "dummy_pos": itertools.count(),
     }
     try:
-        from scissorhands.errors import check_int
+        from scissorhands._shared import check_int
         from scissorhands.policies import _base
 
         env["check_int"], env["as_weights"], env["codes"] = check_int, _base.as_weights, _base._DTYPE_CODES

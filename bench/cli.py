@@ -15,7 +15,7 @@ from bench.cases import CASES, Case, Context
 from bench.report import evaluate_targets, format_report, machine_info
 from bench.timing import Settings, loop_overhead_ns, timer_overhead_ns
 
-__all__ = ["main", "run", "select_cases", "FULL", "QUICK"]
+__all__ = ["FULL", "QUICK", "main", "run", "select_cases"]
 
 #: Timing of a full run: repeats of >= 0.25 ms per implementation, up to 101 rounds
 #: within 0.5 s per case.

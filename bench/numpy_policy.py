@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["NumpyPolicy", "NumpyScissorhands", "NumpyH2O", "NumpyStreamingLLM", "NUMPY_POLICIES"]
+__all__ = ["NUMPY_POLICIES", "NumpyH2O", "NumpyPolicy", "NumpyScissorhands", "NumpyStreamingLLM"]
 
 UINT32_MAX = 2**32 - 1
 

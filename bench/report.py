@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["machine_info", "evaluate_targets", "format_report", "fmt_ns"]
+__all__ = ["evaluate_targets", "fmt_ns", "format_report", "machine_info"]
 
 
 def machine_info() -> dict[str, Any]:

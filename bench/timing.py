@@ -26,11 +26,11 @@ from typing import Any
 __all__ = [
     "Settings",
     "Stat",
+    "loop_overhead_ns",
     "time_batch",
     "time_batches",
     "time_each",
     "time_eaches",
-    "loop_overhead_ns",
     "timer_overhead_ns",
 ]
 

@@ -106,7 +106,8 @@ def load_vectors() -> dict[str, dict[str, Any]]:
 
 
 def load_generator() -> ModuleType:
-    """``vectors/generate.py`` as a module (the vector interpreter and the generator)."""
+    """``vectors/generate.py`` as a module (the scenarios and the writer; the
+    interpreter is ``vector_runner``, beside the tests)."""
     spec = importlib.util.spec_from_file_location("scissorhands_vectors_generate",
                                                   VECTORS_DIR / "generate.py")
     assert spec is not None and spec.loader is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import POLICY_NAMES, VECTORS_DIR, load_generator, load_vectors
+from vector_runner import FORMAT, VERSION, VectorError, check_case
 
 from scissorhands import errors
 
@@ -23,14 +24,14 @@ def _cases() -> list[pytest.param]:
 @pytest.mark.parametrize(("policy", "case"), _cases())
 def test_vector(backend, policy, case):
     """Every step of one vector case gives its answer; every error leaves the state as it was."""
-    GENERATE.check_case(backend.module, errors, policy, case)
+    check_case(backend.module, errors, policy, case)
 
 
 def test_vector_files_are_well_formed():
     """Each file declares the format, version 1 and a known policy, with uniquely named cases."""
     assert sorted(doc["policy"] for doc in VECTORS.values()) == sorted(POLICY_NAMES)
     for file_name, doc in VECTORS.items():
-        assert (doc["format"], doc["version"]) == ("scissorhands-vectors", 1), file_name
+        assert (doc["format"], doc["version"]) == (FORMAT, VERSION) == ("scissorhands-vectors", 1), file_name
         assert file_name == f"{doc['policy']}.json"
         names = [c["name"] for c in doc["cases"]]
         assert names and len(names) == len(set(names)), file_name
@@ -60,5 +61,5 @@ def test_generator_refuses_a_wrong_hand_answer():
 
     case = GENERATE.case("wrong", "deliberately wrong", [GENERATE.s("kept_count", expect=2)],
                          budget=3, recent_window=1)
-    with pytest.raises(GENERATE.VectorError):
-        GENERATE.check_case(reference, errors, "scissorhands", case)
+    with pytest.raises(VectorError):
+        check_case(reference, errors, "scissorhands", case)
