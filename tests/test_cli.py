@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -131,9 +130,9 @@ def test_eval_and_record_namespaces():
     ev = parser.parse_args(["eval"])
     assert vars(ev) == {
         "command": "eval", "no_progress": False, "policies": ["full", "streaming-llm", "h2o", "scissorhands"],
-        "budgets": None, "recent_window": [32], "sinks": None, "backend": "native", "json": None,
+        "budgets": None, "recent_window": None, "sinks": None, "backend": "native", "json": None,
         "plot": None, "tokens": 512, "prompt_tokens": 64, "text": None, "model": None,
-        "head_mode": "per-head", "history_window": [None], "vote_rate": [False], "cache_mode": "reuse",
+        "head_mode": "per-head", "history_window": None, "vote_rate": None, "cache_mode": "reuse",
     }
     ev = parser.parse_args(["eval", "--tokens", "2048", "--budgets", "409", "204", "--recent-window",
                             "32", "204", "--sinks", "4", "0", "--head-mode", "mean", "--text", "t.txt"])
@@ -147,12 +146,13 @@ def test_eval_and_record_namespaces():
 
 
 def test_eval_and_record_dispatch(monkeypatch):
-    """eval and record call scissorhands.evaluate.run_eval / run_record and return their status."""
+    """eval and record call scissorhands.evaluate.run_eval / run_record with their requests
+    and return their status."""
+    from scissorhands import evaluate
+
     calls = []
-    fake = types.ModuleType("scissorhands.evaluate")
-    fake.run_eval = lambda args: calls.append(("eval", args.tokens)) or 0
-    fake.run_record = lambda args: calls.append(("record", args.out)) or 3
-    monkeypatch.setitem(sys.modules, "scissorhands.evaluate", fake)
+    monkeypatch.setattr(evaluate, "run_eval", lambda request: calls.append(("eval", request.tokens)) or 0)
+    monkeypatch.setattr(evaluate, "run_record", lambda request: calls.append(("record", request.out)) or 3)
     assert main(["eval", "--tokens", "64", "--no-progress"]) == 0
     assert main(["record", "--out", "o.npz"]) == 3
     assert calls == [("eval", 64), ("record", "o.npz")]

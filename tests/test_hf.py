@@ -7,7 +7,6 @@ well under two minutes on two cores.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -24,6 +23,7 @@ pytest.importorskip("gguf", reason="gguf is not installed (pip install .[hf])")
 
 from scissorhands import evaluate, hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, ScissorhandsError  # noqa: E402
+from scissorhands.options import SPECS, PolicyOptions, make_policy, policy_classes  # noqa: E402
 
 try:
     hf.default_gguf_path()
@@ -40,7 +40,7 @@ SINKS = 4
 
 def _backend() -> str:
     try:
-        hf.policy_registry("native")
+        policy_classes("native")
     except ScissorhandsError:
         return "reference"
     return "native"
@@ -98,14 +98,14 @@ def _run(
     if record:
         heads = model.config.num_key_value_heads
         policies = [
-            Recording(hf.make_policy(policy, budget, heads=heads, backend=BACKEND, **options))
+            Recording(make_policy(policy, budget, PolicyOptions(**options), heads=heads, backend=BACKEND))
             for _ in range(model.config.num_hidden_layers)
         ]
         cache = hf.EvictingCache(model.config, policies, budget=budget, cache_mode=cache_mode)
     else:
         cache = hf.EvictingCache.from_policy(
-            model.config, policy, budget, head_mode=head_mode, cache_mode=cache_mode,
-            backend=BACKEND, **options,
+            model.config, policy, budget, PolicyOptions(**options), head_mode=head_mode,
+            cache_mode=cache_mode, backend=BACKEND,
         )  # fmt: skip
     logits = [hf.prefill(model, cache, ids[:prompt])]
     held, kept, shapes = [], [], []
@@ -345,7 +345,7 @@ def test_layers_with_different_budgets_are_refused(model, ids):
     layers = model.config.num_hidden_layers
     heads = model.config.num_key_value_heads
     policies = [
-        hf.make_policy("streaming-llm", 8 if layer == 0 else 12, heads=heads, backend=BACKEND)
+        make_policy("streaming-llm", 8 if layer == 0 else 12, heads=heads, backend=BACKEND)
         for layer in range(layers)
     ]
     cache = hf.EvictingCache(model.config, policies)
@@ -357,12 +357,12 @@ def test_wrong_policies_are_refused(model):
     """A policy per layer is required, fresh and with one row per KV head (or one in mean mode)."""
     layers = model.config.num_hidden_layers
     with pytest.raises(InvalidInputError, match="one policy per layer"):
-        hf.EvictingCache(model.config, [hf.make_policy("full", None, backend=BACKEND)])
-    single = [hf.make_policy("h2o", 16, recent_window=4, backend=BACKEND) for _ in range(layers)]
+        hf.EvictingCache(model.config, [make_policy("full", None, backend=BACKEND)])
+    single = [make_policy("h2o", 16, PolicyOptions(recent_window=4), backend=BACKEND) for _ in range(layers)]
     with pytest.raises(InvalidInputError, match="heads=3"):
         hf.EvictingCache(model.config, single)
     assert hf.EvictingCache(model.config, single, head_mode="mean").policy_heads == 1
-    fused = hf.make_policy("h2o", 16, recent_window=4, heads=layers, backend=BACKEND)
+    fused = make_policy("h2o", 16, PolicyOptions(recent_window=4), heads=layers, backend=BACKEND)
     with pytest.raises(InvalidInputError, match=f"heads={3 * layers}"):
         hf.EvictingCache(model.config, fused)
     assert hf.EvictingCache(model.config, fused, head_mode="mean").fused
@@ -372,14 +372,13 @@ def test_wrong_policies_are_refused(model):
 
 def test_run_eval_reports_every_figure(model, tokenizer, monkeypatch, tmp_path, capsys):
     """run_eval prints a table and writes JSON with perplexity, agreement, KV held and timings."""
-    monkeypatch.setattr(evaluate, "_load", lambda path, progress: (model, tokenizer, 0.0))
+    monkeypatch.setattr(hf, "load_model", lambda path, progress: (model, tokenizer))
     out = tmp_path / "eval.json"
-    args = argparse.Namespace(
-        tokens=64, budgets=[24, 32], policies="full,scissorhands", prompt_tokens=8,
-        recent_window=[8], sinks=None, text=None, model=None, json=str(out), plot=None,
-        no_progress=True, head_mode="per-head", backend=BACKEND,
+    request = evaluate.EvalRequest(
+        tokens=64, budgets=[24, 32], policies=["full", "scissorhands"], prompt_tokens=8,
+        values={"recent_window": [8]}, json_path=str(out), progress=False, backend=BACKEND,
     )  # fmt: skip
-    assert evaluate.run_eval(args) == 0
+    assert evaluate.run_eval(request) == 0
     table = capsys.readouterr().out
     assert "scissorhands" in table and "perplexity" in table
     document = json.loads(out.read_text())
@@ -402,9 +401,10 @@ def test_run_eval_reports_every_figure(model, tokenizer, monkeypatch, tmp_path, 
 
 
 def _fake_evaluate_policy(calls):
-    def run(model, ids, policy, budget, **kwargs):
-        calls.append((policy, budget, kwargs["recent_window"], kwargs["sinks"],
-                      kwargs["history_window"], kwargs["cache_mode"]))  # fmt: skip
+    def run(model, ids, policy, budget, options, **kwargs):
+        values = options.values(policy, budget)
+        calls.append((policy, budget, values.get("recent_window", 0), values.get("sinks"),
+                      values.get("history_window"), kwargs["cache_mode"]))  # fmt: skip
         n = len(ids)
         steps = n - 1 - kwargs["prompt_tokens"]
         # A perplexity that grows with the eviction, distinct per configuration.
@@ -426,19 +426,18 @@ def test_eval_sweeps_recent_window_sinks_and_history_window(
 ):
     """--recent-window (also as a fraction of the budget), --sinks and --history-window run
     every valid combination per budget, label each, note the invalid and duplicate ones."""
-    from scissorhands.cli import build_parser
+    from scissorhands.cli import main
 
     calls = []
-    monkeypatch.setattr(evaluate, "_load", lambda path, progress: (model, tokenizer, 0.0))
-    monkeypatch.setattr(evaluate, "evaluate_policy", _fake_evaluate_policy(calls))
+    monkeypatch.setattr(hf, "load_model", lambda path, progress: (model, tokenizer))
+    monkeypatch.setattr(hf, "evaluate_policy", _fake_evaluate_policy(calls))
     out, plot = tmp_path / "eval.json", tmp_path / "eval.png"
-    args = build_parser().parse_args([
+    assert main([
         "eval", "--tokens", "64", "--prompt-tokens", "8", "--budgets", "12", "16",
         "--policies", "scissorhands,streaming-llm,h2o", "--recent-window", "8", "50%",
         "--sinks", "0", "4", "--history-window", "none", "8", "--cache-mode", "compact",
         "--json", str(out), "--plot", str(plot), "--no-progress", "--backend", BACKEND,
-    ])  # fmt: skip
-    assert evaluate.run_eval(args) == 0
+    ]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     expected = [("full", None, 0, None, None)]
     for budget in (12, 16):
@@ -470,24 +469,23 @@ def test_eval_sweeps_recent_window_sinks_and_history_window(
 def test_eval_sweeps_vote_rate(model, tokenizer, monkeypatch, tmp_path, capsys):
     """--vote-rate off on runs scissorhands both ways (the other policies once), labels the
     rate runs and records the swept values."""
-    from scissorhands.cli import build_parser
+    from scissorhands.cli import main
 
     calls = []
     fake = _fake_evaluate_policy(calls)
 
-    def run(model, ids, policy, budget, **kwargs):
-        calls.append(kwargs["vote_rate"])
-        return fake(model, ids, policy, budget, **kwargs)
+    def run(model, ids, policy, budget, options, **kwargs):
+        calls.append(options.vote_rate if SPECS[policy].takes("vote_rate") else False)
+        return fake(model, ids, policy, budget, options, **kwargs)
 
-    monkeypatch.setattr(evaluate, "_load", lambda path, progress: (model, tokenizer, 0.0))
-    monkeypatch.setattr(evaluate, "evaluate_policy", run)
+    monkeypatch.setattr(hf, "load_model", lambda path, progress: (model, tokenizer))
+    monkeypatch.setattr(hf, "evaluate_policy", run)
     out = tmp_path / "eval.json"
-    args = build_parser().parse_args([
+    assert main([
         "eval", "--tokens", "64", "--prompt-tokens", "8", "--budgets", "16",
         "--policies", "scissorhands,h2o", "--recent-window", "50%", "--sinks", "4",
         "--vote-rate", "off", "on", "--json", str(out), "--no-progress", "--backend", BACKEND,
-    ])  # fmt: skip
-    assert evaluate.run_eval(args) == 0
+    ]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     document = json.loads(out.read_text())
     assert document["config"]["vote_rate"] == [False, True]
@@ -501,16 +499,15 @@ def test_eval_sweeps_vote_rate(model, tokenizer, monkeypatch, tmp_path, capsys):
 def test_eval_sinks_default_to_each_policys_own(model, tokenizer, monkeypatch, capsys):
     """Without --sinks streaming-llm keeps its 4 sinks and h2o/scissorhands none; a window
     given as 0.25x is a quarter of each budget, rounded down."""
-    from scissorhands.cli import build_parser
+    from scissorhands.cli import build_parser, main
 
     calls = []
-    monkeypatch.setattr(evaluate, "_load", lambda path, progress: (model, tokenizer, 0.0))
-    monkeypatch.setattr(evaluate, "evaluate_policy", _fake_evaluate_policy(calls))
-    args = build_parser().parse_args([
+    monkeypatch.setattr(hf, "load_model", lambda path, progress: (model, tokenizer))
+    monkeypatch.setattr(hf, "evaluate_policy", _fake_evaluate_policy(calls))
+    assert main([
         "eval", "--tokens", "64", "--prompt-tokens", "8", "--budgets", "30",
         "--recent-window", "0.25x", "--no-progress", "--backend", BACKEND,
-    ])  # fmt: skip
-    assert evaluate.run_eval(args) == 0
+    ]) == 0  # fmt: skip
     assert [call[:5] for call in calls] == [
         ("full", None, 0, None, None), ("streaming-llm", 30, 0, 4, None),
         ("h2o", 30, 7, 0, None), ("scissorhands", 30, 7, 0, None),
@@ -526,12 +523,11 @@ def test_eval_sinks_default_to_each_policys_own(model, tokenizer, monkeypatch, c
 
 def test_run_eval_rejects_a_budget_beyond_the_text(capsys):
     """A budget >= tokens leaves nothing to score: exit status 2 and a message, no model loaded."""
-    args = argparse.Namespace(
-        tokens=64, budgets=[64], policies="full", prompt_tokens=8, recent_window=[8], sinks=[4],
-        text=None, model=None, json=None, plot=None, no_progress=True, head_mode="per-head",
-        backend=BACKEND,
+    request = evaluate.EvalRequest(
+        tokens=64, budgets=[64], policies=["full"], prompt_tokens=8,
+        values={"recent_window": [8], "sinks": [4]}, progress=False, backend=BACKEND,
     )  # fmt: skip
-    assert evaluate.run_eval(args) == 2
+    assert evaluate.run_eval(request) == 2
     assert "budgets" in capsys.readouterr().err
 
 
@@ -560,13 +556,11 @@ def test_record_then_replay_round_trip(model, tokenizer, monkeypatch, tmp_path, 
     from scissorhands.harness import replay
     from scissorhands.traces import load_recorded_trace
 
-    monkeypatch.setattr(evaluate, "_load", lambda path, progress: (model, tokenizer, 0.0))
+    monkeypatch.setattr(hf, "load_model", lambda path, progress: (model, tokenizer))
     out = tmp_path / "trace.npz"
-    args = argparse.Namespace(
-        tokens=20, layers=[3, 0], out=str(out), text=None, model=None, prompt_tokens=6,
-        no_progress=True,
-    )  # fmt: skip
-    assert evaluate.run_record(args) == 0
+    request = evaluate.RecordRequest(tokens=20, layers=[3, 0], out=str(out), prompt_tokens=6,
+                                     progress=False)
+    assert evaluate.run_record(request) == 0
     assert "recorded 20 tokens" in capsys.readouterr().out
     trace = load_recorded_trace(out)
     kv_heads = model.config.num_key_value_heads
@@ -577,10 +571,10 @@ def test_record_then_replay_round_trip(model, tokenizer, monkeypatch, tmp_path, 
     direct = hf.record_attention(model, ids, layers=[3, 0], prompt_tokens=6)
     assert np.array_equal(trace.weights16, direct.reshape(2 * kv_heads, -1))
     stream = trace.stream(kv_heads)  # layer 0, KV head 0
-    full = replay(hf.make_policy("full", None, backend=BACKEND), stream, None)
+    full = replay(make_policy("full", None, backend=BACKEND), stream, None)
     masses = [float(w.sum()) for _, w in stream]
     assert full.steps == 19 and abs(full.retained_mass - np.mean(masses)) < 1e-6
     evicting = replay(
-        hf.make_policy("scissorhands", 8, recent_window=4, backend=BACKEND), stream, 8
+        make_policy("scissorhands", 8, PolicyOptions(recent_window=4), backend=BACKEND), stream, 8
     )
     assert evicting.eviction_calls == 20 - 8 and evicting.retained_mass < full.retained_mass

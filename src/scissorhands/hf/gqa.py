@@ -1,0 +1,34 @@
+"""The one reduction every real-model number depends on: from query heads to KV heads.
+
+A policy row sees, per KV head, the mean of its GQA group's query-head weights (or, in
+``mean`` head mode, the mean over every query head of the layer), without the token's
+weight on itself, not renormalised.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["group_mean"]
+
+
+def group_mean(weights: torch.Tensor, rows: int) -> np.ndarray:
+    """Mean over each group of query heads, as float32 NumPy.
+
+    Parameters
+    ----------
+    weights : torch.Tensor
+        ``(..., num_heads, q, kv)`` attention weights, any float dtype.
+    rows : int
+        Rows per leading index: the KV heads (``per-head``), or 1 (``mean``); must
+        divide ``num_heads``, the heads of one row being consecutive.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(..., rows, q, kv)`` float32: ``sum(group) / len(group)`` (torch's mean).
+    """
+    shape = weights.shape
+    grouped = weights.detach().float().reshape(*shape[:-3], rows, -1, shape[-2], shape[-1])
+    return grouped.mean(dim=-3).numpy()

@@ -1,0 +1,267 @@
+"""``python -m scissorhands report``: several ``eval --json`` files as one table and plot.
+
+Rows are configurations (a policy and its options, a recent window given as a fraction
+of the budget staying one row across budgets), columns are (text, budget) pairs, each
+cell a perplexity and its change against the same text's full cache.  Files measured
+on other tokens, prompt, scored positions, head mode or model are refused: their
+perplexities do not compare.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from .errors import ScissorhandsError
+from .options import POLICY_NAMES, SPECS, series_label, spec_fraction
+
+__all__ = ["combine_reports", "format_report", "plot_report", "run_report"]
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _values(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A result row's option values (the sinks of older documents, recorded as None,
+    read as their default then: 0 for h2o and scissorhands)."""
+    spec = SPECS[result["policy"]]
+    values = {o.name: result.get(o.name) for o in spec.options}
+    if values.get("sinks", 0) is None:
+        values["sinks"] = spec.default("sinks")
+    return values
+
+
+def _window_spec(result: Mapping[str, Any]) -> str | None:
+    """A fractional recent window as a percentage (``0.5x`` and ``50%`` are one row)."""
+    spec = result.get("recent_window_spec")
+    return None if spec is None else f"{float(100 * spec_fraction(spec)):g}%"
+
+
+def _report_series(result: Mapping[str, Any]) -> str:
+    """A result's configuration across budgets and files (a report row)."""
+    return series_label(result["policy"], _values(result), _window_spec(result))
+
+
+def _report_order(result: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Where a configuration's row goes in a report: by policy, then its options in
+    constructor order (a recent window in positions before fractions of the budget)."""
+    key: list[Any] = [POLICY_NAMES.index(result["policy"])]
+    values = _values(result)
+    for option in SPECS[result["policy"]].options:
+        value = values[option.name]
+        if option.name == "recent_window":
+            spec = result.get("recent_window_spec")
+            key.append((0, Fraction(int(value or 0))) if spec is None else (1, spec_fraction(spec)))
+        elif option.default is None:  # off (None) before any value
+            key.append((value is not None, value or 0))
+        else:
+            key.append(value or 0)
+    return tuple(key)
+
+
+def _check_result(result: Any, where: str) -> None:
+    """A result row of an eval document: a known policy, an integer budget (None for the
+    full cache only) and a finite, positive perplexity."""
+    if not isinstance(result, dict) or result.get("policy") not in POLICY_NAMES:
+        raise ScissorhandsError(f"{where}: a result is not an eval result row")
+    budget = result.get("budget")
+    if result["policy"] == "full" and budget is not None:
+        raise ScissorhandsError(f"{where}: the full-cache run has a budget ({budget!r})")
+    if result["policy"] != "full" and (type(budget) is not int or budget < 1):
+        raise ScissorhandsError(f"{where}: budget {budget!r} of a {result['policy']} run is not a positive integer")
+    ppl = result.get("perplexity")
+    if isinstance(ppl, bool) or not isinstance(ppl, (int, float)) or not (math.isfinite(ppl) and ppl > 0):
+        raise ScissorhandsError(f"{where}: perplexity {ppl!r} is not a finite positive number")
+
+
+def _text_name(config: dict[str, Any]) -> str:
+    """A short name for a document's text: the file name, or the built-in text's module."""
+    source = str(config["text"]["source"])
+    return source.split(" ", 1)[0] if " (" in source else os.path.basename(source)
+
+
+def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Merge ``eval --json`` documents into one grid of perplexities.
+
+    Columns are (text, budget) pairs, texts told apart by the SHA-256 of their token ids
+    and named after their source; rows are configurations (:func:`_report_series`), the
+    full cache first, then StreamingLLM, H2O and Scissorhands, each by recent window
+    (in positions before fractions of the budget), sinks, history window and vote rate.
+    A configuration measured twice keeps its first value, and a note says so when the
+    two differ.
+
+    Returns
+    -------
+    dict
+        ``columns`` (list of ``(text name, budget)``), ``rows`` (list of labels),
+        ``full`` (text name -> full-cache perplexity), ``cells`` (``(label, column)`` ->
+        perplexity) and ``notes`` (list of str).
+
+    Raises
+    ------
+    ScissorhandsError
+        A document is not an eval result (or a field of it is malformed), lacks the
+        full-cache run, holds no other run, or was measured with other tokens, prompt,
+        scored positions, head mode or model than the first.
+    """
+    setup_keys = ("tokens", "prompt_tokens", "head_mode", "scored_positions")
+    setup = None
+    names: dict[str, str] = {}
+    full: dict[str, float] = {}
+    cells: dict[tuple[str, tuple[str, int]], float] = {}
+    rows: dict[str, tuple[Any, ...]] = {}
+    budgets: dict[str, set[int]] = {}
+    notes: list[str] = []
+    for index, doc in enumerate(documents):
+        where = f"file {index + 1}"
+        if not isinstance(doc, dict) or doc.get("format") != "scissorhands.eval":
+            raise ScissorhandsError(f"{where} is not a 'scissorhands eval --json' result")
+        if doc.get("version") != 1:
+            raise ScissorhandsError(f"{where}: eval result version {doc.get('version')!r} is not 1")
+        config, results = doc.get("config"), doc.get("results")
+        if (not isinstance(config, dict) or not isinstance(config.get("text"), dict)
+                or not isinstance(config["text"].get("token_ids_sha256"), str)
+                or not isinstance(results, list)):
+            raise ScissorhandsError(f"{where}: no config, text hash or results")
+        for result in results:
+            _check_result(result, where)
+        model = config.get("model")
+        this = tuple(config.get(k) for k in setup_keys) + (
+            os.path.basename(str(model.get("path") if isinstance(model, dict) else model)),)
+        if setup is None:
+            setup = this
+        elif this != setup:
+            raise ScissorhandsError(
+                f"{where} was measured with {this} (tokens, prompt, head mode, scored "
+                f"positions, model), the first with {setup}: their perplexities do not compare")
+        key = config["text"]["token_ids_sha256"]
+        name = names.setdefault(key, _text_name(config))
+        if name in [n for k, n in names.items() if k != key]:
+            name = names[key] = f"{name} ({key[:8]})"
+        base = next((r for r in results if r["policy"] == "full"), None)
+        if base is None:
+            raise ScissorhandsError(f"{where} has no full-cache run")
+        if name in full and abs(full[name] / base["perplexity"] - 1) > 1e-9:
+            notes.append(f"{name}: full-cache perplexity {base['perplexity']:.6f} in file "
+                         f"{index + 1} differs from {full[name]:.6f}; the first is kept")
+        full.setdefault(name, base["perplexity"])
+        for r in results:
+            if r["policy"] == "full":
+                continue
+            label = _report_series(r)
+            rows.setdefault(label, _report_order(r))
+            column = (name, int(r["budget"]))
+            budgets.setdefault(name, set()).add(int(r["budget"]))
+            old = cells.setdefault((label, column), r["perplexity"])
+            if abs(old / r["perplexity"] - 1) > 1e-9:
+                notes.append(f"{label} at {column[1]} on {name}: {r['perplexity']:.6f} in file "
+                             f"{index + 1} differs from {old:.6f}; the first is kept")
+    labels = sorted(rows, key=lambda lab: rows[lab])
+    columns = [(name, b) for name in dict.fromkeys(names.values()) for b in sorted(budgets.get(name, ()))]
+    if not columns:
+        raise ScissorhandsError("the files hold only full-cache runs: nothing to compare")
+    return {"columns": columns, "rows": labels, "full": full, "cells": cells, "notes": notes}
+
+
+def format_report(report: dict[str, Any], markdown: bool = False) -> str:
+    """The combined grid as text: one row per configuration, one column per (text,
+    budget), each cell the perplexity and its change against the full cache (``-``: not
+    measured). In Markdown the best configuration of each column is bold."""
+    columns, full, cells = report["columns"], report["full"], report["cells"]
+    best = {}
+    for column in columns:
+        measured = [(cells[(lab, column)], lab) for lab in report["rows"] if (lab, column) in cells]
+        if measured:
+            best[column] = min(measured)[1]
+
+    def cell(label: str, column: tuple[str, int]) -> str:
+        if (label, column) not in cells:
+            return "-"
+        value = cells[(label, column)]
+        text = f"{value:.3f} ({100 * (value / full[column[0]] - 1):+.1f}%)"
+        return f"**{text}**" if markdown and best.get(column) == label else text
+
+    head = ["configuration"] + [f"{name} @{budget}" for name, budget in columns]
+    body = [["full cache"] + [f"{full[name]:.3f}" for name, _ in columns]]
+    body += [[label] + [cell(label, column) for column in columns] for label in report["rows"]]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    fmt = lambda row: "  ".join(  # noqa: E731
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, body)])
+
+
+def plot_report(report: dict[str, Any], path: str | os.PathLike[str], title: str = "") -> None:
+    """Save the combined grid as a dot plot: one panel per text, one line per
+    configuration, the change in perplexity against the full cache (percent) on the x
+    axis, one marker per budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    columns, full, cells, labels = report["columns"], report["full"], report["cells"], report["rows"]
+    texts = list(dict.fromkeys(name for name, _ in columns))
+    budgets = sorted({b for _, b in columns})
+    fig = Figure(figsize=(5.2 * len(texts) + 2.4, 0.34 * len(labels) + 1.6), layout="constrained")
+    axes = fig.subplots(1, len(texts), sharey=True, squeeze=False)[0]
+    markers = "osD^v<>P"
+    ys = list(range(len(labels)))[::-1]
+    for ax, name in zip(axes, texts):
+        for j, budget in enumerate(budgets):
+            points = [(100 * (cells[(lab, (name, budget))] / full[name] - 1), y)
+                      for lab, y in zip(labels, ys) if (lab, (name, budget)) in cells]
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="none",
+                        marker=markers[j % len(markers)], color=f"C{j}", label=f"budget {budget}")
+        ax.set_title(f"{name} (full cache {full[name]:.2f})", fontsize=9)
+        ax.set_xlabel("perplexity vs full cache (%)")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.axvline(0, color="black", linewidth=0.8)
+        for y in ys:
+            ax.axhline(y, color="0.9", linewidth=0.5, zorder=0)
+    axes[0].set_yticks(ys, labels, fontsize=8)
+    axes[-1].legend(fontsize=8, loc="lower right")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=120)
+
+
+def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
+               plot: str | os.PathLike[str] | None = None) -> int:
+    """``python -m scissorhands report``: combine ``eval --json`` files into one table
+    (``markdown`` for a Markdown one, the best of each column in bold) printed on
+    stdout and, with ``plot``, one figure saved there. Returns 0.
+
+    Raises
+    ------
+    ScissorhandsError
+        A file cannot be read, is not an eval result, or does not compare with the
+        others (the CLI prints it on one line and exits 1).
+    """
+    documents = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                documents.append(json.load(handle))
+        except (OSError, ValueError) as exc:
+            raise ScissorhandsError(f"cannot read {path}: {exc}") from None
+    try:
+        report = combine_reports(documents)
+        table = format_report(report, markdown=markdown)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        # combine_reports checks the fields it knows; anything else malformed lands here.
+        raise ScissorhandsError(f"cannot combine the files: malformed field ({exc!r})") from None
+    print(table)
+    for note in report["notes"]:
+        print(f"note: {note}")
+    if plot:
+        plot_report(report, plot)
+    return 0
