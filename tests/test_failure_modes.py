@@ -589,6 +589,17 @@ def test_non_numeric_dtypes_refused_before_c(backend, heavy, attn):
     assert p.state_dict() == state and p.memory_bytes() == mem
 
 
+@pytest.mark.parametrize("where", ["read", "unread"])
+def test_integers_too_large_for_a_double_are_refused_where_no_step_reads_them(backend, heavy, where):
+    """An int beyond the double range raises InvalidInputError in both backends, read or not."""
+    p = make(backend, heavy, budget=8, protected=1)
+    prompt = [[0.0, 0.0], [0.5, 0.0]]
+    prompt[1 if where == "read" else 0][0 if where == "read" else 1] = 10**400
+    with pytest.raises(InvalidInputError):
+        p.prefill(prompt)
+    assert p.kept.tolist() == [0]
+
+
 def test_counts_disagreeing_with_the_data_are_refused(backend, heavy):
     """Weights, rows, prompts or state fields whose counts disagree: InvalidInputError, nothing changes."""
     p = make(backend, heavy, budget=8, protected=1, heads=2)

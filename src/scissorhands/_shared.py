@@ -178,6 +178,15 @@ def _check_dtype(arr: np.ndarray) -> None:
     raise InvalidTypeError(f"attn must hold real numbers, not dtype {arr.dtype}")
 
 
+def _check_double_range(arr: np.ndarray) -> None:
+    """Every number of an object array fits a double (a Python int may not), whether a
+    step reads it or not: the C path converts the whole array."""
+    try:
+        arr.astype(np.float64)
+    except OverflowError:
+        raise InvalidInputError("attention weight too large for a float64") from None
+
+
 def _from_array_like(attn: Any) -> np.ndarray:
     """``np.asarray`` of an object with ``__array__`` (a torch tensor, ...), widening a
     bfloat16 tensor exactly to float32 on its own side first (NumPy has no bfloat16)."""
@@ -208,7 +217,8 @@ def read_weights(attn: Any) -> np.ndarray:
         Bools, complex numbers, strings, masked arrays, or anything else that is not
         real numbers.
     InvalidInputError
-        Ragged nesting (rows of different lengths).
+        Ragged nesting (rows of different lengths), or an integer too large for a
+        double anywhere in the array (read by a step or not).
     """
     if isinstance(attn, (list, tuple)):
         _check_nested(attn)
@@ -218,6 +228,7 @@ def read_weights(attn: Any) -> np.ndarray:
             raise InvalidInputError("attn is ragged: rows of different lengths") from None
         if any(not _is_real(x) for x in arr.flat):  # a row left boxed: ragged
             raise InvalidInputError("attn is ragged: rows of different lengths")
+        _check_double_range(arr)
         return arr
     if isinstance(attn, np.ma.MaskedArray):
         raise InvalidTypeError(MASKED_MESSAGE)
@@ -232,6 +243,8 @@ def read_weights(attn: Any) -> np.ndarray:
     else:
         raise InvalidTypeError(f"attn must be an array of real numbers, not {type(attn).__name__}")
     _check_dtype(arr)
+    if arr.dtype.kind == "O":
+        _check_double_range(arr)
     return arr
 
 
