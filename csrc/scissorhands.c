@@ -19,6 +19,11 @@
  * steps held (steps capped at the history window, and at least 1) as a double: an
  * old position's head start in votes stops protecting it.
  *
+ * Each row keeps its own count (rows may differ, and a row may be empty); the
+ * capacity per row is shared. A chunk of tokens (sh_policy_extend) is applied as the
+ * decode steps it stands for, with per-row admission; sh_policy_select_rows copies
+ * rows into a new set (beams, batch changes).
+ *
  * Selection is O(count) time with one byte of scratch per slot: a byte-at-a-time
  * radix select finds the k-th smallest key (the scratch byte marks which slots are
  * still candidates), then one pass takes every key below that threshold and the
@@ -78,6 +83,51 @@ static uint32_t *row_held(const sh_policy *p, size_t h)
     return held_block(p->values, p->heads, p->capacity) + h * p->capacity;
 }
 
+/* Bytes per slot of the values block before the scratch: the score, and the steps
+   held with a vote rate. */
+static size_t values_bytes(int32_t kind, int with_held)
+{
+    return value_bytes(kind) + (with_held ? sizeof(uint32_t) : 0);
+}
+
+/* The selection scratch of row h: one byte per slot, after the values. */
+static uint8_t *row_scratch(const sh_policy *p, size_t h)
+{
+    size_t slots = (size_t)p->heads * p->capacity;
+    return (uint8_t *)p->values + slots * values_bytes(p->kind, p->vote_rate) + h * p->capacity;
+}
+
+/* Positions held by the fullest row. */
+static uint32_t max_count(const sh_policy *p)
+{
+    uint32_t most = 0;
+    for (size_t h = 0; h < p->heads; h++)
+        most = p->counts[h] > most ? p->counts[h] : most;
+    return most;
+}
+
+/* Positions held by all rows together. */
+static size_t total_count(const sh_policy *p)
+{
+    size_t total = 0;
+    for (size_t h = 0; h < p->heads; h++)
+        total += p->counts[h];
+    return total;
+}
+
+/* Whether nothing was admitted since construction or reset: every row holds {0} and
+   the last position is 0. */
+static int is_fresh(const sh_policy *p)
+{
+    if (p->last_position != 0)
+        return 0;
+    for (size_t h = 0; h < p->heads; h++) {
+        if (p->counts[h] != 1)
+            return 0;
+    }
+    return 1;
+}
+
 /* The register bits a history window of w steps keeps (w in 1..64). */
 static uint64_t history_mask(uint32_t w)
 {
@@ -108,11 +158,10 @@ static uint64_t next_capacity(uint64_t capacity, uint64_t budget)
     return doubled;
 }
 
-/* Allocated arrays of one layout, owned together. */
+/* Allocated arrays of one layout, owned together (the scratch lives in values). */
 typedef struct storage {
     uint32_t *positions;
     void *values;
-    uint8_t *scratch;
     uint64_t *history;
 } storage;
 
@@ -120,33 +169,30 @@ static void storage_free(storage *s)
 {
     free(s->positions);
     free(s->values);
-    free(s->scratch);
     free(s->history);
 }
 
 /* Allocates arrays for heads rows of capacity slots (vote registers too when
-   with_history, steps held after the votes when with_held); all or nothing. */
+   with_history, steps held after the votes when with_held, and a scratch byte per
+   slot after the values when the kind keeps scores); all or nothing. */
 static int storage_alloc(storage *s, int32_t kind, int with_history, int with_held,
                          size_t heads, size_t capacity)
 {
     size_t slots = heads * capacity;
-    size_t vb = value_bytes(kind) + (with_held ? sizeof(uint32_t) : 0);
+    size_t vb = values_bytes(kind, with_held);
     s->positions = NULL;
     s->values = NULL;
-    s->scratch = NULL;
     s->history = NULL;
     if (capacity != 0 && slots / capacity != heads)
         return SH_ERR_NOMEM;
-    if (slots > SIZE_MAX / sizeof(uint64_t))
+    if (slots > SIZE_MAX / 16)
         return SH_ERR_NOMEM;
     s->positions = malloc(slots * sizeof(uint32_t));
-    if (vb != 0) {
-        s->values = malloc(slots * vb);
-        s->scratch = malloc(slots);
-    }
+    if (vb != 0)
+        s->values = malloc(slots * (vb + 1));
     if (with_history)
         s->history = malloc(slots * sizeof(uint64_t));
-    if (s->positions == NULL || (vb != 0 && (s->values == NULL || s->scratch == NULL))
+    if (s->positions == NULL || (vb != 0 && s->values == NULL)
         || (with_history && s->history == NULL)) {
         storage_free(s);
         return SH_ERR_NOMEM;
@@ -154,8 +200,36 @@ static int storage_alloc(storage *s, int32_t kind, int with_history, int with_he
     return SH_OK;
 }
 
-/* Grows every row to hold at least `need` slots, copying the held count; on failure
-   nothing changes. */
+/* Takes the arrays of s as the policy's, freeing the old ones. */
+static void storage_install(sh_policy *p, storage *s)
+{
+    storage old = { p->positions, p->values, p->history };
+    storage_free(&old);
+    p->positions = s->positions;
+    p->values = s->values;
+    p->history = s->history;
+}
+
+/* Copies the held slots of row src of p to row dst of s, laid out for rows rows of
+   cap slots. */
+static void copy_row(const sh_policy *p, size_t src, storage *s, size_t rows, size_t cap,
+                     size_t dst)
+{
+    size_t n = p->counts[src];
+    size_t vb = value_bytes(p->kind);
+    memcpy(s->positions + dst * cap, row_positions(p, src), n * sizeof(uint32_t));
+    if (vb != 0)
+        memcpy((char *)s->values + dst * cap * vb, (char *)p->values + src * p->capacity * vb,
+               n * vb);
+    if (p->history != NULL)
+        memcpy(s->history + dst * cap, row_history(p, src), n * sizeof(uint64_t));
+    if (p->vote_rate)
+        memcpy(held_block(s->values, rows, cap) + dst * cap, row_held(p, src),
+               n * sizeof(uint32_t));
+}
+
+/* Grows every row to hold at least `need` slots, copying what each row holds; on
+   failure nothing changes. */
 static int ensure_capacity(sh_policy *p, uint64_t need)
 {
     if (need <= p->capacity)
@@ -172,26 +246,26 @@ static int ensure_capacity(sh_policy *p, uint64_t need)
                            (size_t)cap);
     if (rc != SH_OK)
         return rc;
-    size_t vb = value_bytes(p->kind);
-    for (size_t h = 0; h < p->heads; h++) {
-        memcpy(s.positions + h * cap, row_positions(p, h), p->count * sizeof(uint32_t));
-        if (vb != 0)
-            memcpy((char *)s.values + h * cap * vb, (char *)p->values + h * p->capacity * vb,
-                   p->count * vb);
-        if (p->history != NULL)
-            memcpy(s.history + h * cap, row_history(p, h), p->count * sizeof(uint64_t));
-        if (p->vote_rate)
-            memcpy(held_block(s.values, p->heads, (size_t)cap) + h * cap, row_held(p, h),
-                   p->count * sizeof(uint32_t));
-    }
-    storage old = { p->positions, p->values, p->scratch, p->history };
-    storage_free(&old);
-    p->positions = s.positions;
-    p->values = s.values;
-    p->scratch = s.scratch;
-    p->history = s.history;
+    for (size_t h = 0; h < p->heads; h++)
+        copy_row(p, h, &s, p->heads, (size_t)cap, h);
+    storage_install(p, &s);
     p->capacity = (uint32_t)cap;
     return SH_OK;
+}
+
+/* Slot c of row h becomes pos with a zero score (an empty vote register, no steps
+   held); the caller counts it. */
+static inline void put_slot(sh_policy *p, size_t h, size_t c, uint32_t pos)
+{
+    row_positions(p, h)[c] = pos;
+    if (p->kind == SH_SCISSORHANDS)
+        row_votes(p, h)[c] = 0;
+    else if (p->kind == SH_H2O)
+        row_scores(p, h)[c] = 0.0;
+    if (p->history != NULL)
+        row_history(p, h)[c] = 0;
+    if (p->vote_rate)
+        row_held(p, h)[c] = 0;
 }
 
 /* Every row back to {0} with a zero score (and an empty vote register, no steps
@@ -199,17 +273,9 @@ static int ensure_capacity(sh_policy *p, uint64_t need)
 static void hold_origin(sh_policy *p)
 {
     for (size_t h = 0; h < p->heads; h++) {
-        row_positions(p, h)[0] = 0;
-        if (p->kind == SH_SCISSORHANDS)
-            row_votes(p, h)[0] = 0;
-        else if (p->kind == SH_H2O)
-            row_scores(p, h)[0] = 0.0;
-        if (p->history != NULL)
-            row_history(p, h)[0] = 0;
-        if (p->vote_rate)
-            row_held(p, h)[0] = 0;
+        put_slot(p, h, 0, 0);
+        p->counts[h] = 1;
     }
-    p->count = 1;
     p->last_position = 0;
 }
 
@@ -253,15 +319,24 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
         cap = SH_FULL_INITIAL_CAPACITY;
     else if (cap > SH_INITIAL_CAPACITY_LIMIT)
         cap = SH_INITIAL_CAPACITY_LIMIT;
+    p->counts = &p->count;
+    if (p->heads > 1) {
+        p->counts = malloc(p->heads * sizeof *p->counts);
+        if (p->counts == NULL) {
+            free(p);
+            return SH_ERR_NOMEM;
+        }
+    }
     storage s;
     if (storage_alloc(&s, kind, p->history_window != 0, p->vote_rate, p->heads, (size_t)cap)
         != SH_OK) {
+        if (p->counts != &p->count)
+            free(p->counts);
         free(p);
         return SH_ERR_NOMEM;
     }
     p->positions = s.positions;
     p->values = s.values;
-    p->scratch = s.scratch;
     p->history = s.history;
     p->capacity = (uint32_t)cap;
     hold_origin(p);
@@ -273,8 +348,10 @@ void sh_policy_free(sh_policy *p)
 {
     if (p == NULL)
         return;
-    storage s = { p->positions, p->values, p->scratch, p->history };
+    storage s = { p->positions, p->values, p->history };
     storage_free(&s);
+    if (p->counts != &p->count)
+        free(p->counts);
     free(p);
 }
 
@@ -288,7 +365,22 @@ int sh_policy_reset(sh_policy *p)
 
 size_t sh_policy_count(const sh_policy *p)
 {
-    return p == NULL ? 0 : p->count;
+    return p == NULL ? 0 : max_count(p);
+}
+
+size_t sh_policy_row_count(const sh_policy *p, size_t head)
+{
+    return (p == NULL || head >= p->heads) ? 0 : p->counts[head];
+}
+
+int sh_policy_counts(const sh_policy *p, uint32_t *counts, size_t cap)
+{
+    if (p == NULL || counts == NULL)
+        return SH_ERR_ARG;
+    if (cap < p->heads)
+        return SH_ERR_BUFFER;
+    memcpy(counts, p->counts, p->heads * sizeof *counts);
+    return SH_OK;
 }
 
 size_t sh_policy_capacity(const sh_policy *p)
@@ -310,7 +402,8 @@ size_t sh_policy_memory_bytes(const sh_policy *p)
 {
     if (p == NULL)
         return 0;
-    return SH_HEADER_BYTES + (size_t)p->capacity * p->heads * sh_policy_slot_bytes(p);
+    size_t counts = p->heads > 1 ? (size_t)SH_COUNT_BYTES * p->heads : 0;
+    return SH_HEADER_BYTES + counts + (size_t)p->capacity * p->heads * sh_policy_slot_bytes(p);
 }
 
 uint32_t sh_policy_last_position(const sh_policy *p)
@@ -405,9 +498,12 @@ static void count_step(uint32_t *held, size_t n)
         held[i] += (uint32_t)(held[i] != UINT32_MAX);
 }
 
-/* Applies one row of weights (n of them, of dtype) to row h's scores. */
+/* Applies one row of weights (n of them, of dtype: row h's count) to row h's
+   scores; a row holding nothing votes nothing. */
 static void update_row(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n)
 {
+    if (n == 0)
+        return;
     if (p->vote_rate)
         count_step(row_held(p, h), n);
     if (p->kind == SH_SCISSORHANDS && p->history != NULL) {
@@ -438,19 +534,8 @@ static size_t dtype_size(int32_t dtype)
    every row (capacity already ensured). */
 static void admit(sh_policy *p, uint32_t pos)
 {
-    size_t c = p->count;
-    for (size_t h = 0; h < p->heads; h++) {
-        row_positions(p, h)[c] = pos;
-        if (p->kind == SH_SCISSORHANDS)
-            row_votes(p, h)[c] = 0;
-        else if (p->kind == SH_H2O)
-            row_scores(p, h)[c] = 0.0;
-        if (p->history != NULL)
-            row_history(p, h)[c] = 0;
-        if (p->vote_rate)
-            row_held(p, h)[c] = 0;
-    }
-    p->count++;
+    for (size_t h = 0; h < p->heads; h++)
+        put_slot(p, h, p->counts[h]++, pos);
     p->last_position = pos;
 }
 
@@ -499,7 +584,7 @@ static unsigned pick_bucket(const size_t hist[256], size_t *need)
 static void radix_select(const sh_policy *p, size_t h, size_t lo, size_t hi, size_t k,
                          uint64_t *prefix_out, uint64_t *mask_out, size_t *need)
 {
-    uint8_t *mark = p->scratch + h * p->capacity;
+    uint8_t *mark = row_scratch(p, h);
     uint64_t all = 0;
     for (size_t i = lo; i < hi; i++) {
         all |= key_at(p, h, i);
@@ -567,18 +652,18 @@ static size_t first_minimum(const sh_policy *p, size_t h, size_t lo, size_t hi)
     return i;
 }
 
-/* Removes the slots marked 1 in mark[lo, hi) from row h, keeping the order of the
-   rest (vote registers and steps held move with their slots): one memmove per array
-   per run of survivors. With hi == lo + 1 the single slot lo goes and mark is not
-   read. */
-static void compact_row(sh_policy *p, size_t h, size_t lo, size_t hi, const uint8_t *mark)
+/* Removes the slots marked 1 in mark[lo, hi) from row h, which holds n slots,
+   keeping the order of the rest (vote registers and steps held move with their
+   slots): one memmove per array per run of survivors. With hi == lo + 1 the single
+   slot lo goes and mark is not read. */
+static void compact_row(sh_policy *p, size_t h, size_t n, size_t lo, size_t hi,
+                        const uint8_t *mark)
 {
     uint32_t *pos = row_positions(p, h);
     size_t vb = value_bytes(p->kind);
     char *vals = (char *)p->values + h * p->capacity * vb;
     uint64_t *hist = p->history != NULL ? row_history(p, h) : NULL;
     uint32_t *held = p->vote_rate ? row_held(p, h) : NULL;
-    size_t n = p->count;
     if (hi == lo + 1) {
         memmove(pos + lo, pos + lo + 1, (n - lo - 1) * sizeof *pos);
         memmove(vals + lo * vb, vals + (lo + 1) * vb, (n - lo - 1) * vb);
@@ -612,20 +697,21 @@ static void compact_row(sh_policy *p, size_t h, size_t lo, size_t hi, const uint
     }
 }
 
-/* Evicts the k least-scored slots of [lo, hi) from row h (ties: the lower slot),
-   writing the victims ascending (and their slots), then compacting the row. */
-static void evict_row_by_score(sh_policy *p, size_t h, size_t lo, size_t hi, size_t k,
-                               uint32_t *victims, int64_t *slots)
+/* Evicts the k least-scored slots of [lo, hi) from row h, which holds n slots
+   (ties: the lower slot), writing the victims ascending (and their slots), then
+   compacting the row. */
+static void evict_row_by_score(sh_policy *p, size_t h, size_t n, size_t lo, size_t hi,
+                               size_t k, uint32_t *victims, int64_t *slots)
 {
     const uint32_t *pos = row_positions(p, h);
-    uint8_t *mark = p->scratch + h * p->capacity;
+    uint8_t *mark = row_scratch(p, h);
     if (k == 1) {
         /* The steady state: one victim, the first minimum. */
         size_t i = first_minimum(p, h, lo, hi);
         victims[0] = pos[i];
         if (slots != NULL)
             slots[0] = (int64_t)i;
-        compact_row(p, h, i, i + 1, mark);
+        compact_row(p, h, n, i, i + 1, mark);
         return;
     }
     uint64_t prefix, mask;
@@ -645,7 +731,20 @@ static void evict_row_by_score(sh_policy *p, size_t h, size_t lo, size_t hi, siz
             j++;
         }
     }
-    compact_row(p, h, lo, hi, mark);
+    compact_row(p, h, n, lo, hi, mark);
+}
+
+/* Evicts k slots from row h, which holds n of them (k <= n minus the protected
+   slots): the policy's victims, ascending, to victims (and slots). */
+static void evict_row(sh_policy *p, size_t h, size_t n, size_t k, uint32_t *victims,
+                      int64_t *slots)
+{
+    if (p->kind == SH_STREAMING_LLM) {
+        sh_streaming_evict_row(row_positions(p, h), n, p->sinks, k, victims, slots);
+    } else {
+        size_t sinks = p->sinks < n ? p->sinks : n;
+        evict_row_by_score(p, h, n, sinks, n - p->recent_window, k, victims, slots);
+    }
 }
 
 /* Checks budget against the protected prefix and suffix of this policy. */
@@ -660,10 +759,12 @@ static int check_budget(const sh_policy *p, uint32_t budget)
 
 /* ---------------------------------------------------------------- step */
 
-int sh_policy_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
-                   const void *attn, size_t heads, size_t n, uint32_t budget,
-                   uint32_t *victims, int64_t *slots, size_t victims_cap,
-                   size_t *n_victims)
+/* The work of sh_policy_step (row_victims NULL: every row must evict the same
+   number) and of sh_policy_step_rows (row_victims given: any numbers). */
+static int step_impl(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                     const void *attn, size_t heads, size_t n, uint32_t budget,
+                     uint32_t *victims, int64_t *slots, size_t victims_cap,
+                     uint32_t *row_victims, size_t *n_victims)
 {
     if (p == NULL || n_victims == NULL)
         return SH_ERR_ARG;
@@ -679,45 +780,97 @@ int sh_policy_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
     int scores_change = do_admit && dtype != SH_DTYPE_NONE && reads_attention(p->kind);
     if (do_admit && dtype != SH_DTYPE_NONE && dtype != SH_DTYPE_F32 && dtype != SH_DTYPE_F64)
         return SH_ERR_ARG;
+    uint32_t *counts = p->counts;
+    size_t rows = p->heads;
+    uint32_t most = counts[0], least = counts[0];
+    for (size_t h = 1; h < rows; h++) {
+        most = counts[h] > most ? counts[h] : most;
+        least = counts[h] < least ? counts[h] : least;
+    }
     if (scores_change) {
         if (attn == NULL)
             return SH_ERR_ARG;
-        if (heads != p->heads || n != p->count)
+        if (heads != rows)
             return SH_ERR_LENGTH;
-        if (!weights_valid(dtype, attn, heads * n))
-            return SH_ERR_WEIGHT;
+        if (n != most)
+            return (row_victims == NULL && least != most) ? SH_ERR_RAGGED : SH_ERR_LENGTH;
+        if (least == most) { /* every row reads all n: one pass over heads * n */
+            if (!weights_valid(dtype, attn, rows * n))
+                return SH_ERR_WEIGHT;
+        } else {
+            size_t row_bytes = n * dtype_size(dtype);
+            for (size_t h = 0; h < rows; h++) {
+                if (!weights_valid(dtype, (const char *)attn + h * row_bytes, counts[h]))
+                    return SH_ERR_WEIGHT;
+            }
+        }
     }
-    uint64_t held = (uint64_t)p->count + (uint64_t)do_admit;
-    size_t k = (do_evict && p->kind != SH_FULL && held > budget) ? (size_t)(held - budget) : 0;
-    if (k != 0 && (victims == NULL || victims_cap / p->heads < k))
+    int evicts = do_evict && p->kind != SH_FULL;
+    uint64_t k0 = 0, total = 0;
+    if (evicts && least == most) { /* every row evicts the same k0 */
+        uint64_t held = (uint64_t)most + (uint64_t)do_admit;
+        k0 = held > budget ? held - budget : 0;
+        total = k0 * rows;
+    } else if (evicts) {
+        for (size_t h = 0; h < rows; h++) {
+            uint64_t held = (uint64_t)counts[h] + (uint64_t)do_admit;
+            uint64_t k = held > budget ? held - budget : 0;
+            if (h == 0)
+                k0 = k;
+            else if (row_victims == NULL && k != k0)
+                return SH_ERR_RAGGED;
+            total += k;
+        }
+    }
+    if (total != 0 && (victims == NULL || victims_cap < total))
         return SH_ERR_BUFFER;
-    if (do_admit && (rc = ensure_capacity(p, held)) != SH_OK)
+    if (do_admit && (rc = ensure_capacity(p, (uint64_t)most + 1)) != SH_OK)
         return rc;
 
     /* Nothing below can fail. */
     if (scores_change) {
         size_t row_bytes = n * dtype_size(dtype);
-        for (size_t h = 0; h < p->heads; h++)
-            update_row(p, h, dtype, (const char *)attn + h * row_bytes, n);
+        for (size_t h = 0; h < rows; h++)
+            update_row(p, h, dtype, (const char *)attn + h * row_bytes, counts[h]);
     }
     if (do_admit)
         admit(p, pos);
-    if (k != 0) {
-        size_t count = p->count;
-        size_t sinks = p->sinks < count ? p->sinks : count;
-        for (size_t h = 0; h < p->heads; h++) {
-            int64_t *row_slots = slots == NULL ? NULL : slots + h * k;
-            if (p->kind == SH_STREAMING_LLM)
-                sh_streaming_evict_row(row_positions(p, h), count, p->sinks, k,
-                                       victims + h * k, row_slots);
-            else
-                evict_row_by_score(p, h, sinks, count - p->recent_window, k,
-                                   victims + h * k, row_slots);
+    size_t at = 0;
+    if (total != 0 || row_victims != NULL) {
+        for (size_t h = 0; h < rows; h++) {
+            size_t held = counts[h];
+            size_t k = (evicts && held > budget) ? held - budget : 0;
+            if (row_victims != NULL)
+                row_victims[h] = (uint32_t)k;
+            if (k != 0) {
+                evict_row(p, h, held, k, victims + at, slots == NULL ? NULL : slots + at);
+                counts[h] = (uint32_t)(held - k);
+                at += k;
+            }
         }
-        p->count = (uint32_t)(count - k);
     }
-    *n_victims = k;
+    *n_victims = row_victims == NULL ? (size_t)k0 : at;
     return SH_OK;
+}
+
+int sh_policy_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                   const void *attn, size_t heads, size_t n, uint32_t budget,
+                   uint32_t *victims, int64_t *slots, size_t victims_cap,
+                   size_t *n_victims)
+{
+    return step_impl(p, flags, pos, dtype, attn, heads, n, budget, victims, slots,
+                     victims_cap, NULL, n_victims);
+}
+
+int sh_policy_step_rows(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                        const void *attn, size_t heads, size_t n, uint32_t budget,
+                        uint32_t *victims, int64_t *slots, size_t victims_cap,
+                        uint32_t *row_victims, size_t *n_victims)
+{
+    if (row_victims == NULL)
+        return SH_ERR_ARG;
+    return step_impl(p, flags, pos, dtype, attn, heads, n, budget, victims, slots,
+                     victims_cap, row_victims, n_victims);
 }
 
 int sh_noop_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
@@ -732,59 +885,189 @@ int sh_noop_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
     return SH_OK;
 }
 
-/* ---------------------------------------------------------------- prefill */
+/* ---------------------------------------------------------------- extend */
+
+/* Whether token i of a chunk joins the row whose admit flags are adm (NULL: all). */
+static int joins(const uint8_t *adm, size_t i)
+{
+    return adm == NULL || adm[i] != 0;
+}
+
+/* Checks every weight token i's vote step reads in one row of a chunk: columns
+   [0, nh) and nh + j for each token j < i that joined (all of them when !gap). */
+static int chunk_weights_valid(int32_t dtype, const char *row, size_t nh, size_t i,
+                               const uint8_t *adm, int gap)
+{
+    size_t es = dtype_size(dtype);
+    if (!gap)
+        return weights_valid(dtype, row, nh + i);
+    if (!weights_valid(dtype, row, nh))
+        return 0;
+    for (size_t j = 0; j < i; j++) {
+        if (adm[j] && !weights_valid(dtype, row + (nh + j) * es, 1))
+            return 0;
+    }
+    return 1;
+}
+
+/* Copies the weights token i reads (columns [0, nh), then nh + j for each token
+   j < i that joined) to buf, contiguous and in kept order. */
+static void gather_weights(int32_t dtype, const char *row, size_t nh, size_t i,
+                             const uint8_t *adm, char *buf)
+{
+    size_t es = dtype_size(dtype);
+    size_t m = nh;
+    memcpy(buf, row, nh * es);
+    for (size_t j = 0; j < i; j++) {
+        if (adm[j])
+            memcpy(buf + (m++) * es, row + (nh + j) * es, es);
+    }
+}
+
+int sh_policy_extend(sh_policy *p, int32_t dtype, const void *attn, size_t heads,
+                     size_t chunk, size_t width, const uint8_t *admit)
+{
+    if (p == NULL || chunk < 1)
+        return SH_ERR_ARG;
+    int fresh = is_fresh(p);
+    if (fresh ? chunk - 1 > UINT32_MAX : (uint64_t)p->last_position + chunk > UINT32_MAX)
+        return SH_ERR_POSITION;
+    int reads = reads_attention(p->kind) && dtype != SH_DTYPE_NONE;
+    if (reads && (attn == NULL || (dtype != SH_DTYPE_F32 && dtype != SH_DTYPE_F64)))
+        return SH_ERR_ARG;
+    if ((reads || admit != NULL) && heads != p->heads)
+        return SH_ERR_LENGTH;
+    size_t rows = p->heads;
+    size_t base = fresh ? 0 : max_count(p);
+    if (reads && width != base + chunk)
+        return SH_ERR_LENGTH;
+    size_t es = dtype_size(dtype);
+    int skips = 0; /* some token is left out of some row */
+    uint64_t need = 0;
+    for (size_t h = 0; h < rows; h++) {
+        const uint8_t *adm = admit == NULL ? NULL : admit + h * chunk;
+        size_t nh = fresh ? 0 : p->counts[h];
+        const char *grid = reads ? (const char *)attn + h * chunk * width * es : NULL;
+        int gap = 0;
+        uint64_t held = nh;
+        for (size_t i = 0; i < chunk; i++) {
+            if (!joins(adm, i)) {
+                gap = skips = 1; /* it neither votes in this row nor joins it */
+                continue;
+            }
+            if (reads && !chunk_weights_valid(dtype, grid + i * width * es, nh, i, adm, gap))
+                return SH_ERR_WEIGHT;
+            held++;
+        }
+        need = held > need ? held : need;
+    }
+    char *buf = NULL;
+    if (reads && skips) {
+        buf = malloc(width * es);
+        if (buf == NULL)
+            return SH_ERR_NOMEM;
+    }
+    int rc = ensure_capacity(p, need);
+    if (rc != SH_OK) {
+        free(buf);
+        return rc;
+    }
+
+    /* Nothing below can fail. */
+    uint32_t first = fresh ? 0 : p->last_position + 1;
+    for (size_t h = 0; h < rows; h++) {
+        const uint8_t *adm = admit == NULL ? NULL : admit + h * chunk;
+        size_t nh = fresh ? 0 : p->counts[h];
+        const char *grid = reads ? (const char *)attn + h * chunk * width * es : NULL;
+        size_t held = nh;
+        int gap = 0;
+        for (size_t i = 0; i < chunk; i++) {
+            if (fresh && i == 0) {
+                /* Position 0, held since construction: kept as it is, or dropped. */
+                held = joins(adm, 0) ? 1 : 0;
+                gap = !joins(adm, 0);
+                continue;
+            }
+            if (!joins(adm, i)) {
+                gap = 1;
+                continue;
+            }
+            if (reads && held != 0) {
+                const char *row = grid + i * width * es;
+                if (gap)
+                    gather_weights(dtype, row, nh, i, adm, buf);
+                update_row(p, h, dtype, gap ? buf : row, held);
+            }
+            put_slot(p, h, held++, (uint32_t)(first + i));
+        }
+        p->counts[h] = (uint32_t)held;
+    }
+    p->last_position = (uint32_t)(first + chunk - 1);
+    free(buf);
+    return SH_OK;
+}
 
 int sh_policy_prefill(sh_policy *p, int32_t dtype, const void *attn, size_t heads,
                       size_t prompt_len)
 {
     if (p == NULL || prompt_len < 1)
         return SH_ERR_ARG;
-    if (p->count != 1 || p->last_position != 0)
+    if (!is_fresh(p))
         return SH_ERR_STATE;
-    if (prompt_len - 1 > UINT32_MAX)
-        return SH_ERR_POSITION;
-    int reads = reads_attention(p->kind) && dtype != SH_DTYPE_NONE;
-    if (reads) {
-        if (attn == NULL || (dtype != SH_DTYPE_F32 && dtype != SH_DTYPE_F64))
+    return sh_policy_extend(p, dtype, attn, heads, prompt_len, prompt_len, NULL);
+}
+
+/* ---------------------------------------------------------------- rows */
+
+int sh_policy_select_rows(sh_policy *p, const uint32_t *index, size_t rows)
+{
+    if (p == NULL || index == NULL || rows < 1 || rows > SH_MAX_HEADS)
+        return SH_ERR_ARG;
+    for (size_t r = 0; r < rows; r++) {
+        if (index[r] >= p->heads)
             return SH_ERR_ARG;
-        if (heads != p->heads)
-            return SH_ERR_LENGTH;
-        size_t es = dtype_size(dtype);
-        for (size_t h = 0; h < heads; h++) {
-            for (size_t i = 1; i < prompt_len; i++) {
-                const char *row = (const char *)attn + ((h * prompt_len + i) * prompt_len) * es;
-                if (!weights_valid(dtype, row, i))
-                    return SH_ERR_WEIGHT;
-            }
-        }
     }
-    int rc = ensure_capacity(p, prompt_len);
+    storage s;
+    int rc = storage_alloc(&s, p->kind, p->history != NULL, p->vote_rate, rows, p->capacity);
     if (rc != SH_OK)
         return rc;
+    uint32_t *counts = NULL;
+    if (rows > 1) {
+        counts = malloc(rows * sizeof *counts);
+        if (counts == NULL) {
+            storage_free(&s);
+            return SH_ERR_NOMEM;
+        }
+    }
 
     /* Nothing below can fail. */
-    for (size_t i = 1; i < prompt_len; i++) {
-        if (reads) {
-            size_t es = dtype_size(dtype);
-            for (size_t h = 0; h < p->heads; h++) {
-                const char *row = (const char *)attn + ((h * prompt_len + i) * prompt_len) * es;
-                update_row(p, h, dtype, row, i);
-            }
-        }
-        admit(p, (uint32_t)i);
+    uint32_t only = p->counts[index[0]];
+    for (size_t r = 0; r < rows; r++) {
+        copy_row(p, index[r], &s, rows, p->capacity, r);
+        if (counts != NULL)
+            counts[r] = p->counts[index[r]];
     }
+    storage_install(p, &s);
+    if (p->counts != &p->count)
+        free(p->counts);
+    p->heads = (uint32_t)rows;
+    p->count = only;
+    p->counts = counts != NULL ? counts : &p->count;
     return SH_OK;
 }
 
 /* ---------------------------------------------------------------- state */
 
 /* Copies the held slots of every row of a per-slot array (row h at base + h *
-   capacity elements of size bytes) out to dst, packed: heads * count elements. */
+   capacity elements of size bytes) out to dst, row after row. */
 static void copy_rows_out(const sh_policy *p, void *dst, const void *base, size_t size)
 {
-    size_t n = p->count;
-    for (size_t h = 0; h < p->heads; h++)
-        memcpy((char *)dst + h * n * size, (const char *)base + h * p->capacity * size, n * size);
+    size_t at = 0;
+    for (size_t h = 0; h < p->heads; h++) {
+        size_t n = p->counts[h];
+        memcpy((char *)dst + at * size, (const char *)base + h * p->capacity * size, n * size);
+        at += n;
+    }
 }
 
 int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
@@ -792,7 +1075,7 @@ int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
 {
     if (p == NULL)
         return SH_ERR_ARG;
-    if (cap / p->heads < p->count)
+    if (cap < total_count(p))
         return SH_ERR_BUFFER;
     if (positions != NULL)
         copy_rows_out(p, positions, p->positions, sizeof *positions);
@@ -803,13 +1086,23 @@ int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
     return SH_OK;
 }
 
+int sh_policy_export_row(const sh_policy *p, size_t head, uint32_t *positions, size_t cap)
+{
+    if (p == NULL || positions == NULL || head >= p->heads)
+        return SH_ERR_ARG;
+    if (cap < p->counts[head])
+        return SH_ERR_BUFFER;
+    memcpy(positions, row_positions(p, head), p->counts[head] * sizeof *positions);
+    return SH_OK;
+}
+
 int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap)
 {
     if (p == NULL || history == NULL)
         return SH_ERR_ARG;
     if (p->history == NULL)
         return SH_ERR_STATE;
-    if (cap / p->heads < p->count)
+    if (cap < total_count(p))
         return SH_ERR_BUFFER;
     copy_rows_out(p, history, p->history, sizeof *history);
     return SH_OK;
@@ -821,9 +1114,56 @@ int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap)
         return SH_ERR_ARG;
     if (!p->vote_rate)
         return SH_ERR_STATE;
-    if (cap / p->heads < p->count)
+    if (cap < total_count(p))
         return SH_ERR_BUFFER;
     copy_rows_out(p, held, row_held(p, 0), sizeof *held);
+    return SH_OK;
+}
+
+/* The work of both imports: row h holds counts[h] positions, or n each when counts
+   is NULL; the arrays hold the rows one after another. */
+static int import_rows(sh_policy *p, size_t heads, const uint32_t *counts, size_t n,
+                       const uint32_t *positions, const uint32_t *votes,
+                       const double *scores, const uint64_t *history,
+                       const uint32_t *held, uint32_t last_position)
+{
+    if (p == NULL || positions == NULL)
+        return SH_ERR_ARG;
+    if ((history != NULL) != (p->history != NULL) || (held != NULL) != (p->vote_rate != 0))
+        return SH_ERR_ARG;
+    if (heads != p->heads)
+        return SH_ERR_LENGTH;
+    if (p->kind == SH_SCISSORHANDS && votes == NULL)
+        return SH_ERR_ARG;
+    if (p->kind == SH_H2O && scores == NULL)
+        return SH_ERR_ARG;
+    uint64_t need = n;
+    if (counts != NULL) {
+        need = 0;
+        for (size_t h = 0; h < heads; h++)
+            need = counts[h] > need ? counts[h] : need;
+    }
+    int rc = ensure_capacity(p, need);
+    if (rc != SH_OK)
+        return rc;
+
+    /* Nothing below can fail. */
+    size_t at = 0;
+    for (size_t h = 0; h < heads; h++) {
+        size_t c = counts != NULL ? counts[h] : n;
+        memcpy(row_positions(p, h), positions + at, c * sizeof *positions);
+        if (p->kind == SH_SCISSORHANDS)
+            memcpy(row_votes(p, h), votes + at, c * sizeof *votes);
+        else if (p->kind == SH_H2O)
+            memcpy(row_scores(p, h), scores + at, c * sizeof *scores);
+        if (history != NULL)
+            memcpy(row_history(p, h), history + at, c * sizeof *history);
+        if (held != NULL)
+            memcpy(row_held(p, h), held + at, c * sizeof *held);
+        p->counts[h] = (uint32_t)c;
+        at += c;
+    }
+    p->last_position = last_position;
     return SH_OK;
 }
 
@@ -840,29 +1180,19 @@ int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
         return SH_ERR_LENGTH;
     if (n < 1 || n > UINT32_MAX)
         return SH_ERR_STATE;
-    if (p->kind == SH_SCISSORHANDS && votes == NULL)
-        return SH_ERR_ARG;
-    if (p->kind == SH_H2O && scores == NULL)
-        return SH_ERR_ARG;
-    int rc = ensure_capacity(p, n);
-    if (rc != SH_OK)
-        return rc;
+    return import_rows(p, heads, NULL, n, positions, votes, scores, history, held,
+                       last_position);
+}
 
-    /* Nothing below can fail. */
-    for (size_t h = 0; h < heads; h++) {
-        memcpy(row_positions(p, h), positions + h * n, n * sizeof *positions);
-        if (p->kind == SH_SCISSORHANDS)
-            memcpy(row_votes(p, h), votes + h * n, n * sizeof *votes);
-        else if (p->kind == SH_H2O)
-            memcpy(row_scores(p, h), scores + h * n, n * sizeof *scores);
-        if (history != NULL)
-            memcpy(row_history(p, h), history + h * n, n * sizeof *history);
-        if (held != NULL)
-            memcpy(row_held(p, h), held + h * n, n * sizeof *held);
-    }
-    p->count = (uint32_t)n;
-    p->last_position = last_position;
-    return SH_OK;
+int sh_policy_import_rows(sh_policy *p, size_t heads, const uint32_t *counts,
+                          const uint32_t *positions, const uint32_t *votes,
+                          const double *scores, const uint64_t *history,
+                          const uint32_t *held, uint32_t last_position)
+{
+    if (counts == NULL)
+        return SH_ERR_ARG;
+    return import_rows(p, heads, counts, 0, positions, votes, scores, history, held,
+                       last_position);
 }
 
 int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos)
@@ -870,7 +1200,7 @@ int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos)
     if (p == NULL || head >= p->heads)
         return -1;
     const uint32_t *row = row_positions(p, head);
-    size_t lo = 0, hi = p->count;
+    size_t lo = 0, hi = p->counts[head];
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         if (row[mid] < pos)
@@ -878,7 +1208,7 @@ int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos)
         else
             hi = mid;
     }
-    return (lo < p->count && row[lo] == pos) ? (int64_t)lo : -1;
+    return (lo < p->counts[head] && row[lo] == pos) ? (int64_t)lo : -1;
 }
 
 int64_t sh_policy_votes_of(const sh_policy *p, size_t head, uint32_t pos)

@@ -15,6 +15,10 @@
  * 64-bit register of vote bits per slot) and may rank positions by votes per decode
  * step held rather than by votes (a vote rate: one uint32 step counter per slot).
  *
+ * Rows may hold different counts (a row may even be empty): capacity is shared, each
+ * row keeps its own count. Calls that need equal counts say so and return
+ * SH_ERR_RAGGED otherwise; the *_rows calls take ragged rows.
+ *
  * Every exported function returns an sh_status and takes explicit lengths; a call
  * that fails leaves the object exactly as it was.  There is no global state: two
  * objects may be used from two threads at once, one object from one thread at a time.
@@ -42,7 +46,8 @@ enum sh_status {
     SH_ERR_POSITION = 5, /* a position not above every position admitted */
     SH_ERR_BUDGET = 6,   /* budget < 1, or not above the recent window + sinks */
     SH_ERR_STATE = 7,    /* prefill on a policy that is not fresh; a bad loaded state */
-    SH_ERR_BUFFER = 8    /* an output buffer too small for the victims */
+    SH_ERR_BUFFER = 8,   /* an output buffer too small for the victims */
+    SH_ERR_RAGGED = 9    /* rows hold different counts where the call needs them equal */
 };
 
 /* Policy kinds. */
@@ -68,10 +73,13 @@ enum sh_flags {
 
 /* Limits and sizes (scissorhands/_shared.py states the same numbers for both
    backends; a test checks that they agree). SH_HEADER_BYTES: counted for the object
-   itself by sh_policy_memory_bytes. A row's first capacity is min(budget + 1,
-   SH_INITIAL_CAPACITY_LIMIT) slots (SH_FULL_INITIAL_CAPACITY for SH_FULL). */
+   itself by sh_policy_memory_bytes (it holds the count of a single row);
+   SH_COUNT_BYTES: the count of each row, counted besides when heads > 1. A row's
+   first capacity is min(budget + 1, SH_INITIAL_CAPACITY_LIMIT) slots
+   (SH_FULL_INITIAL_CAPACITY for SH_FULL). */
 enum sh_sizes {
     SH_HEADER_BYTES = 64,
+    SH_COUNT_BYTES = 4,
     SH_MAX_HEADS = 65536,
     SH_MAX_HISTORY_WINDOW = 64,
     SH_INITIAL_CAPACITY_LIMIT = 4096,
@@ -106,17 +114,25 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out);
 /* Frees a policy; NULL is allowed. */
 void sh_policy_free(sh_policy *p);
 
-/* Back to holding {0} with zero scores; forgets every admitted position. Keeps
-   the allocated capacity. */
+/* Back to holding {0} with zero scores in every row; forgets every admitted
+   position. Keeps the allocated capacity and the number of rows. */
 int sh_policy_reset(sh_policy *p);
 
-/* Positions held per row (every row holds the same count). */
+/* Positions held by the fullest row (the count of every row when they agree). */
 size_t sh_policy_count(const sh_policy *p);
+
+/* Positions held by row head (0 when head is out of range). */
+size_t sh_policy_row_count(const sh_policy *p, size_t head);
+
+/* Copies the count of every row out: heads entries (SH_ERR_BUFFER when cap is
+   smaller). */
+int sh_policy_counts(const sh_policy *p, uint32_t *counts, size_t cap);
 
 /* Allocated slots per row. */
 size_t sh_policy_capacity(const sh_policy *p);
 
-/* SH_HEADER_BYTES + capacity * heads * bytes per slot. */
+/* SH_HEADER_BYTES + capacity * heads * bytes per slot, plus SH_COUNT_BYTES * heads
+   for the rows' counts when heads > 1. */
 size_t sh_policy_memory_bytes(const sh_policy *p);
 
 /* Bytes of state per slot: 9 Scissorhands (+8 with a history window, +4 with a
@@ -127,21 +143,36 @@ size_t sh_policy_slot_bytes(const sh_policy *p);
 uint32_t sh_policy_last_position(const sh_policy *p);
 
 /* One decode step, eviction, or both (flags from sh_flags):
-   - SH_STEP_ADMIT: attn holds heads * n weights (row-major, n = count), read as
-     dtype; every weight is checked (finite, >= 0) before any score changes; then
-     pos (> every position admitted) joins every row with a zero score.
+   - SH_STEP_ADMIT: attn holds heads * n weights (row-major, n = the largest count),
+     read as dtype; row h reads only its first count_h weights (the rest is neither
+     read nor checked). Every weight read is checked (finite, >= 0) before any score
+     changes; then pos (> every position admitted) joins every row with a zero score.
      dtype SH_DTYPE_NONE (attn NULL, n ignored) admits without touching scores
-     (nor the vote registers or steps held: it is not a vote step).
-   - SH_STEP_EVICT: if count > budget, evicts count - budget positions per row and
-     writes them, ascending, to victims[h * k + j] (and their slot indices before
-     the eviction to slots[h * k + j] when slots is not NULL); budget is checked
-     against recent_window + sinks even when nothing is evicted.
-   *n_victims receives k (victims per row). victims_cap is the length of victims
-   (and of slots) in elements. */
+     (nor the vote registers or steps held: it is not a vote step). A row holding
+     nothing votes nothing.
+   - SH_STEP_EVICT: each row holding count_h > budget evicts count_h - budget
+     positions; here every row must evict the same number k, else SH_ERR_RAGGED
+     before anything changes (sh_policy_step_rows takes any numbers). The victims go,
+     ascending, to victims[h * k + j] (and their slot indices before the eviction to
+     slots[h * k + j] when slots is not NULL); budget is checked against
+     recent_window + sinks even when nothing is evicted.
+   With equal counts a wrong n is SH_ERR_LENGTH; with rows of different counts it is
+   SH_ERR_RAGGED. *n_victims receives k (victims per row). victims_cap is the length
+   of victims (and of slots) in elements. */
 int sh_policy_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
                    const void *attn, size_t heads, size_t n, uint32_t budget,
                    uint32_t *victims, int64_t *slots, size_t victims_cap,
                    size_t *n_victims);
+
+/* sh_policy_step for rows that may evict different numbers: row h evicts
+   k_h = max(0, count_h - budget) (after the admission), written to row_victims[h]
+   (heads entries); the victims (and slots, when not NULL) go row after row, each
+   row ascending, to victims[0 .. sum k_h), and *n_victims receives sum k_h. Same
+   checks and order as sh_policy_step; a wrong n is SH_ERR_LENGTH. */
+int sh_policy_step_rows(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                        const void *attn, size_t heads, size_t n, uint32_t budget,
+                        uint32_t *victims, int64_t *slots, size_t victims_cap,
+                        uint32_t *row_victims, size_t *n_victims);
 
 /* A call with sh_policy_step's arguments that does nothing: the floor of the call
    overhead, for benchmarks. */
@@ -150,29 +181,61 @@ int sh_noop_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
                  uint32_t *victims, int64_t *slots, size_t victims_cap,
                  size_t *n_victims);
 
-/* Consumes a prompt's attention on a fresh policy: attn is heads * P * P weights
-   (row i = token i over positions 0..i; only j < i is read), applied exactly as
-   decode steps admitting positions 1..P-1. No eviction. */
+/* Consumes a prompt's attention on a fresh policy (every row holding {0}, nothing
+   admitted since construction or reset; else SH_ERR_STATE): attn is heads * P * P
+   weights (row i = token i over positions 0..i; only j < i is read), applied exactly
+   as decode steps admitting positions 1..P-1. No eviction. The same as
+   sh_policy_extend(p, dtype, attn, heads, P, P, NULL) on a fresh policy. */
 int sh_policy_prefill(sh_policy *p, int32_t dtype, const void *attn, size_t heads,
                       size_t prompt_len);
 
-/* Copies the held positions and scores out: heads * count entries each, row-major.
-   votes is read for Scissorhands, scores for H2O; either may be NULL. */
+/* A chunk of `chunk` tokens, each applied to every row as a decode step (a vote over
+   what the row holds at that moment, then admission), without eviction. The tokens
+   take positions last + 1 .. last + chunk, shared by all rows; on a fresh policy
+   (every row holding {0}, last position 0) positions 0 .. chunk - 1, token 0 being
+   the pre-held position 0 (kept as it is when admitted, dropped when not).
+   admit: heads * chunk bytes, row-major, nonzero = token i joins row h (NULL: every
+   token joins every row); a token left out of a row neither votes in it nor joins it
+   (none of its weights in that row is read).
+   attn: heads * chunk * width weights; width = base + chunk, base = the largest count
+   before the chunk (0 when fresh). For row h (n_h = its count before the chunk, 0
+   when fresh) a token that joins reads columns [0, n_h) (the positions held before,
+   in kept order) and n_h + j for each chunk token j < i that joined the row; nothing
+   else is read or checked. Every weight read is checked before anything changes.
+   SH_ERR_POSITION when the positions would pass UINT32_MAX; SH_ERR_LENGTH for a
+   wrong heads (checked when attention is read or admit is given) or width. Capacity
+   grows one doubling at a time until the fullest row fits. */
+int sh_policy_extend(sh_policy *p, int32_t dtype, const void *attn, size_t heads,
+                     size_t chunk, size_t width, const uint8_t *admit);
+
+/* Replaces the rows by `rows` rows, row r a copy of old row index[r] (positions,
+   per-slot arrays, count); repeats allowed. 1 <= rows <= SH_MAX_HEADS and every
+   index below heads, else SH_ERR_ARG. The capacity per row is kept. Everything is
+   allocated before anything changes (SH_ERR_NOMEM leaves the policy as it was). */
+int sh_policy_select_rows(sh_policy *p, const uint32_t *index, size_t rows);
+
+/* Copies the held positions and scores out, row after row (row h's count_h entries,
+   sum count_h in all: heads * count row-major when the counts agree). votes is read
+   for Scissorhands, scores for H2O; any of the three may be NULL. */
 int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
                      double *scores, size_t cap);
 
-/* Copies the vote registers of a Scissorhands policy with a history window out:
-   heads * count entries, row-major; bit j of a register is the vote of the decode
-   step j steps back (bit 0: the latest). SH_ERR_STATE when there is no history. */
+/* Copies the positions held by row head out (its count of them; SH_ERR_ARG for a
+   head out of range, SH_ERR_BUFFER when cap is smaller). */
+int sh_policy_export_row(const sh_policy *p, size_t head, uint32_t *positions, size_t cap);
+
+/* Copies the vote registers of a Scissorhands policy with a history window out, row
+   after row as sh_policy_export; bit j of a register is the vote of the decode step
+   j steps back (bit 0: the latest). SH_ERR_STATE when there is no history. */
 int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap);
 
-/* Copies the steps held of a Scissorhands policy with a vote rate out: heads *
-   count entries, row-major. SH_ERR_STATE when it keeps none. */
+/* Copies the steps held of a Scissorhands policy with a vote rate out, row after row
+   as sh_policy_export. SH_ERR_STATE when it keeps none. */
 int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap);
 
-/* Replaces the state with heads rows of n positions and their per-slot arrays, all
-   row-major: votes (Scissorhands) or scores (H2O), history exactly when the policy has
-   a history window and held exactly when it has a vote rate (else SH_ERR_ARG).
+/* Replaces the state with heads rows of n positions each and their per-slot arrays,
+   all row-major: votes (Scissorhands) or scores (H2O), history exactly when the policy
+   has a history window and held exactly when it has a vote rate (else SH_ERR_ARG).
    Only what memory safety needs is checked here (presence, heads, 1 <= n <=
    UINT32_MAX); the caller validates the values (ascending positions, finite scores,
    consistent registers: scissorhands/_shared.py). On any error the old state stays. */
@@ -180,6 +243,15 @@ int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
                            const uint32_t *positions, const uint32_t *votes,
                            const double *scores, const uint64_t *history,
                            const uint32_t *held, uint32_t last_position);
+
+/* sh_policy_import_state for rows of any counts: row h holds counts[h] positions
+   (0 allowed), the arrays holding the rows one after another (sum counts[h] entries).
+   Checks presence and heads only; capacity grows one doubling at a time until the
+   fullest row fits. On any error the old state stays. */
+int sh_policy_import_rows(sh_policy *p, size_t heads, const uint32_t *counts,
+                          const uint32_t *positions, const uint32_t *votes,
+                          const double *scores, const uint64_t *history,
+                          const uint32_t *held, uint32_t last_position);
 
 /* The slot index of pos in row head, or -1 when it is not held (or head is out
    of range). */

@@ -13,8 +13,10 @@
 
 /* Row h of an array with `capacity` slots per row starts at h * capacity. kind,
    vote_rate and history_window are narrow so that the whole header stays within
-   SH_HEADER_BYTES. With vote_rate, the steps-held counters live in the values
-   allocation, after the heads * capacity votes (same row layout). */
+   SH_HEADER_BYTES. The values allocation holds, in order: the heads * capacity
+   votes or scores, with vote_rate the heads * capacity steps-held counters (same
+   row layout), then heads * capacity bytes of selection scratch. Row h holds
+   counts[h] positions; with one row, counts points at `count` inside the header. */
 struct sh_policy {
     int8_t kind;
     uint8_t vote_rate;       /* Scissorhands: evict by votes per step held */
@@ -24,12 +26,13 @@ struct sh_policy {
     uint32_t recent_window;
     uint32_t sinks;
     uint32_t last_position; /* the largest position ever admitted */
-    uint32_t count;         /* positions held per row */
     uint32_t capacity;      /* slots allocated per row */
+    uint32_t count;         /* the count of the only row when heads == 1 */
+    uint32_t *counts;       /* positions held per row: &count, or heads entries */
     uint32_t *positions;    /* heads * capacity, ascending within each row */
     void *values;           /* uint32 votes (Scissorhands; then uint32 steps held with
-                               vote_rate), double scores (H2O), or NULL */
-    uint8_t *scratch;       /* one byte per slot for the selection, or NULL */
+                               vote_rate), double scores (H2O), then the scratch bytes;
+                               or NULL */
     uint64_t *history;      /* vote bits of the last history_window steps per slot, or NULL */
 };
 

@@ -144,7 +144,7 @@ def test_maximal_parameters_accepted(backend):
     p = backend.Scissorhands(budget=UINT32_MAX, recent_window=UINT32_MAX - 1)
     assert p.memory_bytes() == 64 + 4096 * 9
     q = backend.StreamingLLM(budget=2, sinks=1, heads=65536)
-    assert q.memory_bytes() == 64 + 3 * 65536 * 4
+    assert q.memory_bytes() == 64 + 4 * 65536 + 3 * 65536 * 4
 
 
 def test_registry(backend):
@@ -659,7 +659,7 @@ def test_full_never_evicts(backend):
         assert p.step(t, None).shape == (2, 0)
         sizes.add(p.memory_bytes())
     assert p.kept.tolist() == [list(range(200))] * 2
-    assert sorted(sizes) == [64 + c * 2 * 4 for c in (64, 128, 256)]
+    assert sorted(sizes) == [64 + 2 * 4 + c * 2 * 4 for c in (64, 128, 256)]
 
 
 # ---------------------------------------------------------------- memory
@@ -667,10 +667,13 @@ def test_full_never_evicts(backend):
 
 @pytest.mark.parametrize("cls_name", ALL)
 def test_memory_bytes_formula(backend, cls_name):
-    """memory_bytes = 64 + capacity * heads * bytes_per_slot, capacity starting at budget + 1."""
+    """memory_bytes = 64 + 4 * heads + capacity * heads * bytes_per_slot for several heads
+    (64 + capacity * bytes_per_slot for one), capacity starting at budget + 1."""
     p = make(getattr(backend, cls_name), budget=10, heads=3)
     cap = 64 if cls_name == "Full" else 11
-    assert p.memory_bytes() == 64 + cap * 3 * BYTES_PER_SLOT[cls_name]
+    assert p.memory_bytes() == 64 + 4 * 3 + cap * 3 * BYTES_PER_SLOT[cls_name]
+    one = make(getattr(backend, cls_name), budget=10, heads=1)
+    assert one.memory_bytes() == 64 + cap * BYTES_PER_SLOT[cls_name]
 
 
 def test_memory_grows_only_when_eviction_is_batched(heavy):

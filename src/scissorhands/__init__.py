@@ -6,6 +6,7 @@ ICLR 2024) and the Full baseline, all with one interface. The pure-Python refere
 with the identical API is :mod:`scissorhands.reference`.
 """
 
+from scissorhands._shared import RowVictims
 from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError
 from scissorhands.policies import H2O, POLICIES, Full, Scissorhands, StreamingLLM
 
@@ -17,6 +18,7 @@ __all__ = [
     "Full",
     "InvalidInputError",
     "InvalidTypeError",
+    "RowVictims",
     "Scissorhands",
     "ScissorhandsError",
     "StreamingLLM",

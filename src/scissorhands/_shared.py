@@ -12,6 +12,9 @@ the reference, each stated once.
 * **Input coercion**: integers, flags and the recent window of a constructor, and
   attention weights (stage 4 of the validation order in ``docs/architecture.md``: the
   value must be real numbers).
+* **Rows**: :class:`RowVictims` (what ``step_rows``/``evict_rows`` return), the
+  messages for rows that hold or would evict different counts, and reading the
+  ``admit`` mask of ``extend`` and the row index of ``select_rows``.
 * **State validation**: ``state_dict()`` data checked field by field, before either
   backend builds anything from it.
 """
@@ -22,13 +25,14 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .errors import InvalidInputError, InvalidTypeError
 
 __all__ = [
+    "COUNT_BYTES",
     "FULL_INITIAL_CAPACITY",
     "HEADER_BYTES",
     "HELD_BYTES",
@@ -41,12 +45,20 @@ __all__ = [
     "STATE_FORMAT",
     "STATE_VERSION",
     "UINT32_MAX",
+    "RowVictims",
+    "StateRows",
     "check_flag",
     "check_int",
     "check_recent_window",
+    "chunk_shape_error",
+    "memory_bytes",
     "parse_held",
     "parse_history",
     "parse_state",
+    "ragged_counts_error",
+    "ragged_evict_error",
+    "read_admit",
+    "read_row_index",
     "read_weights",
 ]
 
@@ -58,8 +70,11 @@ UINT32_MAX = 2**32 - 1
 MAX_HEADS = 65536
 #: Largest Scissorhands ``history_window``: the vote bits live in a 64-bit register.
 MAX_HISTORY_WINDOW = 64
-#: Bytes ``memory_bytes()`` counts for the object itself (the C header).
+#: Bytes ``memory_bytes()`` counts for the object itself (the C header, which holds
+#: the count of a single row).
 HEADER_BYTES = 64
+#: Bytes ``memory_bytes()`` counts for each row's count when ``heads > 1``.
+COUNT_BYTES = 4
 #: A row's first capacity is ``min(budget + 1, INITIAL_CAPACITY_LIMIT)`` slots.
 INITIAL_CAPACITY_LIMIT = 4096
 #: A row's first capacity for :class:`Full`, which has no budget to size it.
@@ -71,6 +86,13 @@ SLOT_BYTES = {"full": 4, "streaming-llm": 4, "h2o": 13, "scissorhands": 9}
 HISTORY_BYTES = 8
 #: Extra bytes per slot for a Scissorhands vote rate (a uint32 count of steps held).
 HELD_BYTES = 4
+
+
+def memory_bytes(capacity: int, heads: int, slot_bytes: int) -> int:
+    """``memory_bytes()`` of a policy: ``64 + capacity * slot_bytes`` for one row;
+    ``64 + 4 * heads + capacity * heads * slot_bytes`` for more (the rows' counts)."""
+    counts = COUNT_BYTES * heads if heads > 1 else 0
+    return HEADER_BYTES + counts + capacity * heads * slot_bytes
 
 # ----------------------------------------------------------------------------- integers
 
@@ -248,6 +270,167 @@ def read_weights(attn: Any) -> np.ndarray:
     return arr
 
 
+# ----------------------------------------------------------------------------- rows
+
+
+class RowVictims(NamedTuple):
+    """The victims of a call whose rows may evict different numbers of positions
+    (``step_rows``, ``evict_rows``).
+
+    Attributes
+    ----------
+    counts : numpy.ndarray
+        ``uint32``, shape ``(heads,)``: the victims of each row.
+    victims : numpy.ndarray
+        ``uint32``, shape ``(counts.sum(),)``: the victims, row after row, each row's
+        in ascending position order.
+    slots : numpy.ndarray
+        ``int64``, same shape: each victim's index in its row's kept order before the
+        eviction (what a cache needs to gather its keys and values).
+    """
+
+    counts: np.ndarray
+    victims: np.ndarray
+    slots: np.ndarray
+
+
+def ragged_counts_error(what: str) -> InvalidInputError:
+    """The error of a call that needs every row to hold the same count."""
+    return InvalidInputError(
+        f"{what}: the rows hold different counts; read counts, kept_row(head) or state_dict() instead")
+
+
+def ragged_evict_error(call: str) -> InvalidInputError:
+    """The error of ``step``/``evict`` when the rows would evict different numbers."""
+    return InvalidInputError(
+        f"{call}: the rows would evict different numbers of positions; use {call}_rows, which "
+        "returns them row by row")
+
+
+def chunk_shape_error(heads: int, base: int, shape: tuple[int, ...]) -> InvalidInputError:
+    """The error of ``extend`` for an attention of the wrong shape, naming the shape
+    expected: ``(heads, C, base + C)``, ``base`` the largest count before the chunk."""
+    want = f"({heads}, C, {base} + C)" + (f" or (C, {base} + C)" if heads == 1 else "")
+    return InvalidInputError(
+        f"extend attn must have shape {want} with C >= 1 tokens: each token's weights over the "
+        f"{base} positions held before the chunk (the largest count of a row; 0 on a fresh "
+        f"policy), then over the chunk's tokens; got {tuple(shape)}")
+
+
+def _check_bools(seq: list[Any] | tuple[Any, ...]) -> None:
+    """Every leaf of a list or tuple a bool (Python or NumPy)."""
+    for item in seq:
+        if isinstance(item, (list, tuple)):
+            _check_bools(item)
+        elif isinstance(item, np.ndarray):
+            if item.dtype != np.bool_:
+                raise InvalidTypeError(f"admit must hold bools, not dtype {item.dtype}")
+        elif not isinstance(item, (bool, np.bool_)):
+            raise InvalidTypeError(f"admit must hold bools, not {type(item).__name__}")
+
+
+def read_admit(admit: Any, heads: int, chunk: int) -> np.ndarray | None:
+    """``extend``'s admission mask as a C-contiguous ``uint8`` ``(heads, chunk)`` array
+    (1 = the token joins the row), or None when every token joins every row.
+
+    A bool array (NumPy, or anything with ``__array__`` such as a torch bool tensor)
+    or nested lists/tuples of bools, shaped ``(heads, chunk)``; ``(chunk,)`` also for
+    one head.
+
+    Raises
+    ------
+    InvalidTypeError
+        Anything but bools (integers 0/1 included).
+    InvalidInputError
+        The wrong shape (ragged nesting included).
+    """
+    if admit is None:
+        return None
+    if isinstance(admit, (list, tuple)):
+        _check_bools(admit)
+        try:
+            arr = np.array(admit, dtype=bool)
+        except ValueError:
+            raise InvalidInputError("admit is ragged: rows of different lengths") from None
+    elif isinstance(admit, np.ndarray) or hasattr(admit, "__array__"):
+        if isinstance(admit, np.ma.MaskedArray):
+            raise InvalidTypeError("admit must not be a masked array")
+        try:
+            arr = np.asarray(admit)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise InvalidTypeError(f"admit of type {type(admit).__name__} cannot be read ({exc})") from None
+        if arr.dtype != np.bool_:
+            raise InvalidTypeError(f"admit must be a bool array, not dtype {arr.dtype}")
+    else:
+        raise InvalidTypeError(f"admit must be a bool array or None, not {type(admit).__name__}")
+    if heads == 1 and arr.shape == (chunk,):
+        arr = arr.reshape(1, chunk)
+    if arr.shape != (heads, chunk):
+        want = f"({chunk},) or (1, {chunk})" if heads == 1 else f"({heads}, {chunk})"
+        raise InvalidInputError(f"admit must have shape {want} (heads, tokens), got {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.bool_).view(np.uint8)
+
+
+def _check_integers(seq: list[Any] | tuple[Any, ...]) -> None:
+    """Every leaf of a list or tuple an integer (Python or NumPy; bool refused)."""
+    for item in seq:
+        if isinstance(item, (list, tuple)):
+            _check_integers(item)
+        elif isinstance(item, np.ndarray):
+            if item.dtype.kind not in "iu":
+                raise InvalidTypeError(f"index must hold integers, not dtype {item.dtype}")
+        elif isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Integral):
+            raise InvalidTypeError(f"index must hold integers, not {type(item).__name__}")
+
+
+def read_row_index(index: Any, heads: int) -> np.ndarray:
+    """``select_rows``' index as a C-contiguous ``uint32`` array of row numbers.
+
+    A 1-D integer array-like (a NumPy array, a list or tuple of integers, or anything
+    with ``__array__`` such as a torch tensor) of 1 to ``MAX_HEADS`` rows, each in
+    ``[0, heads)``; repeats are allowed.
+
+    Raises
+    ------
+    InvalidTypeError
+        Not integers (bools and floats included).
+    InvalidInputError
+        Not 1-D, empty, longer than ``MAX_HEADS``, or a row out of range.
+    """
+    if isinstance(index, (list, tuple)):
+        _check_integers(index)
+        try:
+            arr = np.array(index, dtype=object)
+        except ValueError:
+            raise InvalidInputError("index must be 1-D: a sequence of row numbers") from None
+        if arr.ndim != 1 or any(isinstance(v, (list, tuple, np.ndarray)) for v in arr):
+            raise InvalidInputError("index must be 1-D: a sequence of row numbers")
+        values = [int(v) for v in index]
+    elif isinstance(index, np.ndarray) or hasattr(index, "__array__"):
+        try:
+            arr = np.asarray(index)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise InvalidTypeError(f"index of type {type(index).__name__} cannot be read ({exc})") from None
+        if arr.dtype.kind == "O":
+            if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) for v in arr.flat):
+                raise InvalidTypeError("index must hold integers")
+        elif arr.dtype.kind not in "iu":
+            raise InvalidTypeError(f"index must hold integers, not dtype {arr.dtype}")
+        if arr.ndim != 1:
+            raise InvalidInputError(f"index must be 1-D, got shape {arr.shape}")
+        values = [int(v) for v in arr.tolist()]
+    elif isinstance(index, numbers.Integral) and not isinstance(index, bool):
+        raise InvalidInputError("index must be 1-D: a sequence of row numbers, not one integer")
+    else:
+        raise InvalidTypeError(f"index must be a 1-D array of integers, not {type(index).__name__}")
+    if not 1 <= len(values) <= MAX_HEADS:
+        raise InvalidInputError(f"index must select between 1 and {MAX_HEADS} rows, got {len(values)}")
+    for v in values:
+        if not 0 <= v < heads:
+            raise InvalidInputError(f"index holds row {v}, outside [0, {heads})")
+    return np.array(values, dtype=np.uint32)
+
+
 # ----------------------------------------------------------------------------- state
 
 #: ``state_dict()["format"]`` and ``["version"]``.
@@ -255,20 +438,40 @@ STATE_FORMAT = "scissorhands.policy"
 STATE_VERSION = 1
 
 
+class StateRows(NamedTuple):
+    """Checked per-slot data of a state: row ``h`` holds ``counts[h]`` entries, and
+    the arrays hold the rows one after another (``counts.sum()`` entries; C-contiguous,
+    as ``sh_policy_import_rows`` takes them)."""
+
+    counts: np.ndarray
+    kept: np.ndarray
+    scores: np.ndarray | None
+    last: int
+
+    def split(self, flat: np.ndarray) -> list[list[Any]]:
+        """``flat`` (one of the arrays) as a list of rows of Python numbers."""
+        values = flat.tolist()
+        out, at = [], 0
+        for n in self.counts.tolist():
+            out.append(values[at:at + n])
+            at += n
+        return out
+
+
 def _rows(state: Mapping[str, Any], key: str) -> list[list[Any]]:
     rows = state.get(key)
     if not isinstance(rows, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in rows):
         raise InvalidTypeError(f"state[{key!r}] must be a list of lists")
-    if not rows or len({len(r) for r in rows}) != 1:
-        raise InvalidInputError(f"state[{key!r}] must hold one or more rows of equal length")
     return [list(r) for r in rows]
 
 
-def _rows_like(state: Mapping[str, Any], key: str, shape: tuple[int, ...]) -> list[list[Any]]:
-    """``state[key]`` as rows, which must have ``shape``: one value per kept slot."""
+def _rows_like(state: Mapping[str, Any], key: str, counts: np.ndarray) -> list[list[Any]]:
+    """``state[key]`` as rows, which must be as many and as long as kept's: one value
+    per kept slot."""
     rows = _rows(state, key)
-    if (len(rows), len(rows[0])) != shape:
-        raise InvalidInputError(f"state[{key!r}] shape {(len(rows), len(rows[0]))} differs from kept {shape}")
+    if [len(r) for r in rows] != counts.tolist():
+        raise InvalidInputError(f"state[{key!r}] row lengths {[len(r) for r in rows]} differ from "
+                                f"kept's {counts.tolist()}")
     return rows
 
 
@@ -283,14 +486,15 @@ def _present_exactly_when(state: Mapping[str, Any], key: str, on: bool, option: 
 
 def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
               dtype: Any = np.uint32) -> np.ndarray:
-    """Rows of integers in ``[0, high]`` as a C-contiguous ``dtype`` array."""
+    """Rows of integers in ``[0, high]``, one after another, as a C-contiguous
+    ``dtype`` array."""
     for row in rows:
         for v in row:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise InvalidTypeError(f"state[{key!r}] must hold integers, found {type(v).__name__}")
             if not 0 <= v <= high:
                 raise InvalidInputError(f"state[{key!r}] value {v} outside [0, {high}]")
-    return np.ascontiguousarray(np.array([[int(v) for v in row] for row in rows], dtype=dtype))
+    return np.array([int(v) for row in rows for v in row], dtype=dtype)
 
 
 def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
@@ -301,22 +505,35 @@ def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidInputError(f"state[{key!r}] value {v} is not finite and >= 0")
     # + 0.0 turns -0.0 into 0.0: the C selection orders scores by their bits.
-    return np.ascontiguousarray(np.array(rows, dtype=np.float64) + 0.0)
+    return np.array([v for row in rows for v in row], dtype=np.float64) + 0.0
+
+
+def _ascending_within_rows(flat: np.ndarray, counts: np.ndarray) -> bool:
+    """Whether each row of ``flat`` (rows of ``counts`` entries) strictly ascends."""
+    if flat.size < 2:
+        return True
+    rising = np.diff(flat.astype(np.int64)) > 0
+    starts = np.cumsum(counts.astype(np.int64))[:-1]  # where rows 1.. begin
+    starts = starts[(starts >= 1) & (starts <= flat.size - 1)]
+    rising[starts - 1] = True  # the step from one row's last to the next row's first
+    return bool(rising.all())
 
 
 def parse_state(
     state: Any, name: str, score_name: str | None, param_names: tuple[str, ...],
     build: Callable[..., Any], optional_params: tuple[str, ...] = (),
     optional_keys: tuple[str, ...] = (),
-) -> tuple[Any, np.ndarray, np.ndarray | None, int]:
+) -> tuple[Any, StateRows]:
     """Check ``state`` against the ``state_dict()`` format for policy ``name`` and
-    return ``(policy, kept, scores, last_position)``, arrays ``(heads, n)``; the
-    policy is ``build(**params)``, called as soon as the parameters are checked (order:
-    format, version, policy, params, kept, last_position, scores).
+    return ``(policy, rows)``, ``rows`` a :class:`StateRows` (positions and scores,
+    row after row); the policy is ``build(**params)``, called as soon as the
+    parameters are checked (order: format, version, policy, params, kept,
+    last_position, scores).
 
-    ``params`` must hold every name of ``param_names`` and may hold those of
-    ``optional_params`` (states written before those existed lack them); the state may
-    hold the keys of ``optional_keys``, which the caller checks. Any mapping is read.
+    Rows may hold different counts, and a row may be empty. ``params`` must hold every
+    name of ``param_names`` and may hold those of ``optional_params`` (states written
+    before those existed lack them); the state may hold the keys of
+    ``optional_keys``, which the caller checks. Any mapping is read.
 
     Raises
     ------
@@ -324,9 +541,9 @@ def parse_state(
         ``state`` or a field of the wrong kind.
     InvalidInputError
         Wrong format, version or policy name; missing or unknown keys or parameters;
-        rows not ``heads`` of them, empty or of unequal length; positions not strictly
-        ascending or above ``last_position``; a vote out of the uint32 range; a score
-        NaN, infinite or negative.
+        not ``heads`` rows; positions not strictly ascending within a row or above
+        ``last_position``; per-slot rows not as long as kept's; a vote out of the
+        uint32 range; a score NaN, infinite or negative.
     """
     if not isinstance(state, Mapping):
         raise InvalidTypeError(f"state must be a dict, not {type(state).__name__}")
@@ -353,52 +570,53 @@ def parse_state(
     rows = _rows(state, "kept")
     if len(rows) != policy.heads:
         raise InvalidInputError(f"state has {len(rows)} rows of positions, params say heads={policy.heads}")
-    if len(rows[0]) < 1:
-        raise InvalidInputError("state must hold at least one position per row")
+    counts = np.array([len(r) for r in rows], dtype=np.uint32)
     kept = _int_rows(rows, "kept")
-    if np.any(np.diff(kept.astype(np.int64), axis=1) <= 0):
+    if not _ascending_within_rows(kept, counts):
         raise InvalidInputError("state['kept'] rows must be strictly ascending")
     last = check_int("last_position", state.get("last_position"), 0, UINT32_MAX)
-    if int(kept.max()) > last:
+    if kept.size and int(kept.max()) > last:
         raise InvalidInputError("state['kept'] holds a position above last_position")
     scores = None
     if score_name is not None:
-        rows = _rows_like(state, score_name, kept.shape)
+        rows = _rows_like(state, score_name, counts)
         scores = _int_rows(rows, "votes") if score_name == "votes" else _float_rows(rows, "scores")
-    return policy, kept, scores, last
+    return policy, StateRows(counts, kept, scores, last)
 
 
-def parse_history(state: Mapping[str, Any], window: int | None, votes: np.ndarray) -> np.ndarray | None:
-    """The vote registers of a Scissorhands state (``state["history"]``), as a
-    ``(heads, n)`` ``uint64`` array, or None for a policy without a history window.
+def parse_history(state: Mapping[str, Any], window: int | None, rows: StateRows) -> np.ndarray | None:
+    """The vote registers of a Scissorhands state (``state["history"]``), row after
+    row as ``rows``' arrays, ``uint64``, or None for a policy without a history window.
 
     Present exactly when ``window`` is set; each register an integer below
     ``2**window`` whose popcount is the slot's vote count."""
     if not _present_exactly_when(state, "history", window is not None, "history_window") or window is None:
         return None
-    rows = _rows_like(state, "history", votes.shape)
-    history = _int_rows(rows, "history", (1 << window) - 1, np.uint64)
-    counts = np.array([[int(v).bit_count() for v in row] for row in rows], dtype=np.int64)
-    if np.any(counts != votes.astype(np.int64)):
+    values = _rows_like(state, "history", rows.counts)
+    history = _int_rows(values, "history", (1 << window) - 1, np.uint64)
+    bits = np.array([int(v).bit_count() for row in values for v in row], dtype=np.int64)
+    votes = np.zeros(0, dtype=np.uint32) if rows.scores is None else rows.scores
+    if np.any(bits != votes.astype(np.int64)):
         raise InvalidInputError("state['votes'] must equal the number of vote bits in state['history']")
     return history
 
 
-def parse_held(state: Mapping[str, Any], vote_rate: bool, votes: np.ndarray,
+def parse_held(state: Mapping[str, Any], vote_rate: bool, rows: StateRows,
                history: np.ndarray | None) -> np.ndarray | None:
-    """The steps held of a Scissorhands state (``state["steps_held"]``), as a
-    ``(heads, n)`` ``uint32`` array, or None for a policy without a vote rate.
+    """The steps held of a Scissorhands state (``state["steps_held"]``), row after row
+    as ``rows``' arrays, ``uint32``, or None for a policy without a vote rate.
 
     Present exactly when ``vote_rate`` is set; each slot has at least as many steps
     held as votes, and no register bit at or above its steps held (a slot votes only
     on steps it was held)."""
     if not _present_exactly_when(state, "steps_held", vote_rate, "vote_rate"):
         return None
-    held = _int_rows(_rows_like(state, "steps_held", votes.shape), "steps_held")
+    held = _int_rows(_rows_like(state, "steps_held", rows.counts), "steps_held")
+    votes = np.zeros(0, dtype=np.uint32) if rows.scores is None else rows.scores
     if np.any(votes > held):
         raise InvalidInputError("a slot of state['votes'] has more votes than state['steps_held']")
     if history is not None:
-        for register, steps in zip(history.ravel().tolist(), held.ravel().tolist()):
+        for register, steps in zip(history.tolist(), held.tolist()):
             if steps < 64 and register >> steps:
                 raise InvalidInputError("a register of state['history'] has a vote bit older than "
                                         "its state['steps_held']")

@@ -5,11 +5,14 @@ the public API of the C-backed classes (same names, arguments, return types, err
 ``state_dict`` format) and is written to be read in one sitting: clarity over speed.
 Every behaviour of the C path is checked against it.
 
-Each policy holds, per KV head, ``kept``: the cached positions in ascending order.  A new
-policy holds position 0.  A decode step shows the policy the new token's attention over
-the kept positions (index-aligned with ``kept``, not renormalised); the policy updates its
-per-position score, then admits the new position.  ``evict(budget)`` drops positions until
-at most ``budget`` remain and returns the victims in ascending order.
+Each policy holds, per row (KV head), ``kept``: the cached positions in ascending order;
+rows may hold different counts, and a row may be empty.  A new policy holds position 0.
+A decode step shows the policy the new token's attention over the kept positions
+(index-aligned with ``kept``, not renormalised); the policy updates its per-position
+score, then admits the new position.  ``evict(budget)`` drops positions until
+at most ``budget`` remain and returns the victims in ascending order.  ``extend`` applies a
+chunk of tokens as the decode steps they stand for (with per-row admission), and
+``select_rows`` copies rows into a new set (beams, batch changes).
 
 * :class:`Scissorhands` counts votes: a position earns one on each step where its weight
   strictly exceeds the fair share ``1 / len(attn)`` (Liu et al., NeurIPS 2023,
@@ -39,7 +42,6 @@ import numpy as np
 
 from ._shared import (
     FULL_INITIAL_CAPACITY,
-    HEADER_BYTES,
     HELD_BYTES,
     HISTORY_BYTES,
     INITIAL_CAPACITY_LIMIT,
@@ -48,10 +50,17 @@ from ._shared import (
     STATE_FORMAT,
     STATE_VERSION,
     UINT32_MAX,
+    RowVictims,
     check_int,
+    chunk_shape_error,
+    memory_bytes,
     parse_held,
     parse_history,
     parse_state,
+    ragged_counts_error,
+    ragged_evict_error,
+    read_admit,
+    read_row_index,
     read_weights,
 )
 from .errors import InvalidInputError, InvalidTypeError
@@ -176,7 +185,8 @@ class _Policy:
                 + (HELD_BYTES if self._keeps_held() else 0))
 
     def _update(self, head: int, weights: list[float]) -> None:
-        """Apply one step's weights (validated, aligned with the row) to row ``head``."""
+        """Apply one step's weights (validated, aligned with the row, which holds at
+        least one position) to row ``head``."""
 
     def _victim_slots(self, head: int, count: int) -> list[int]:
         """The ``count`` slots of row ``head`` to evict (``count`` < kept count)."""
@@ -205,15 +215,21 @@ class _Policy:
         return budget
 
     def _read_step(self, attn: Any) -> list[list[float]] | None:
-        """Stages (4) to (6): one step's weights as ``heads`` rows, or None for no update."""
+        """Stages (4) to (6): one step's weights as ``heads`` rows, or None for no update.
+
+        ``attn`` is ``(heads, n)`` with ``n`` the largest count; row ``h`` reads only its
+        first ``counts[h]`` weights (the rest is never read, never checked).
+        """
         if attn is None or not self._reads_attention:
             return None
         arr = read_weights(attn)
-        n = self.kept_count()
+        counts = self._counts()
+        n = max(counts)
         if arr.shape != (self.heads, n) and not (self.heads == 1 and arr.shape == (n,)):
             want = f"({n},) or (1, {n})" if self.heads == 1 else f"({self.heads}, {n})"
             raise InvalidInputError(f"attn must have shape {want}, got {arr.shape}")
-        return [_widen(row) for row in arr.reshape(self.heads, n)]
+        grid = arr.reshape(self.heads, n)
+        return [_widen(grid[h, :counts[h]]) for h in range(self.heads)]
 
     def _read_prompt(self, attn: Any) -> tuple[int, list[list[list[float]]] | None]:
         """``prefill``'s prompt length ``P`` and each row's weights for steps 1..P-1.
@@ -254,30 +270,50 @@ class _Policy:
             else:
                 self._capacity = 2 * self._capacity
 
+    def _vote(self, head: int, weights: list[float]) -> None:
+        """One decode step's vote over what row ``head`` holds (nothing when it is empty)."""
+        if weights:
+            self._update(head, weights)
+
+    def _append(self, head: int, pos: int) -> None:
+        """Append ``pos`` to row ``head`` with a zero score (capacity already grown)."""
+        self._kept[head].append(pos)
+        if self._score_key is not None:
+            self._scores[head].append(self._new_score())
+        if self._history is not None:
+            self._history[head].append(0)  # a new position has voted on no step yet
+        if self._held is not None:
+            self._held[head].append(0)  # ... and been held for none
+
     def _admit(self, pos: int, weights: list[list[float]] | None) -> None:
         """Update the scores of each row, then append ``pos`` to every row."""
-        self._grow_to(self.kept_count() + 1)
+        self._grow_to(max(self._counts()) + 1)
         for h in range(self.heads):
             if weights is not None:
-                self._update(h, weights[h])
-            self._kept[h].append(pos)
-            if self._score_key is not None:
-                self._scores[h].append(self._new_score())
-            if self._history is not None:
-                self._history[h].append(0)  # a new position has voted on no step yet
-            if self._held is not None:
-                self._held[h].append(0)  # ... and been held for none
+                self._vote(h, weights[h])
+            self._append(h, pos)
         self._last = pos
 
+    def _evictions(self, budget: int | None, admitted: int = 0) -> list[int]:
+        """Positions each row evicts down to ``budget`` after ``admitted`` more join it."""
+        if budget is None:
+            return [0] * self.heads
+        return [max(0, n + admitted - budget) for n in self._counts()]
+
+    def _check_same_evictions(self, budget: int | None, admitted: int, call: str) -> None:
+        """``step``/``evict`` return one ``(heads, k)`` array: every row must evict k."""
+        if len(set(self._evictions(budget, admitted))) > 1:
+            raise ragged_evict_error(call)
+
     def _evict(self, budget: int | None) -> tuple[list[list[int]], list[list[int]]]:
-        """Drop ``n - budget`` slots from every row; victims and their slots, ascending."""
-        n = self.kept_count()
+        """Drop ``n_h - budget`` slots from each row holding ``n_h > budget``; victims and
+        their slots, ascending, row by row."""
         victims: list[list[int]] = [[] for _ in range(self.heads)]
         slots: list[list[int]] = [[] for _ in range(self.heads)]
-        if budget is None or n <= budget:
-            return victims, slots
-        for h in range(self.heads):
-            chosen = sorted(self._victim_slots(h, n - budget))
+        for h, k in enumerate(self._evictions(budget)):
+            if k == 0:
+                continue
+            chosen = sorted(self._victim_slots(h, k))
             slots[h] = chosen
             victims[h] = [self._kept[h][s] for s in chosen]
             gone = set(chosen)
@@ -300,6 +336,13 @@ class _Policy:
             return v
         return v, np.array(slots, dtype=np.int64).reshape(self.heads, k)
 
+    @staticmethod
+    def _row_victims(victims: list[list[int]], slots: list[list[int]]) -> RowVictims:
+        """The victims row by row, as ``step_rows``/``evict_rows`` return them."""
+        return RowVictims(np.array([len(v) for v in victims], dtype=np.uint32),
+                          np.array([p for row in victims for p in row], dtype=np.uint32),
+                          np.array([s for row in slots for s in row], dtype=np.int64))
+
     # -- public API -----------------------------------------------------------------------
 
     @_locked
@@ -314,7 +357,8 @@ class _Policy:
         attn : array_like or None
             The new token's attention weights over the kept positions, index-aligned with
             ``kept`` and not renormalised: shape ``(n,)`` when ``heads == 1`` (``(1, n)``
-            also accepted), ``(heads, n)`` otherwise, ``n = kept_count()``.  A list or
+            also accepted), ``(heads, n)`` otherwise, ``n`` the largest count of a row;
+            row ``h`` reads only its first ``counts[h]`` weights.  A list or
             tuple of real numbers or any real-valued array (float32 is widened exactly,
             other dtypes converted to float64), or an object with ``__array__``.  None
             changes no score but still admits ``pos``.  Policies that ignore attention
@@ -357,24 +401,187 @@ class _Policy:
             ``budget`` is not an integer.
         InvalidInputError
             ``budget < 1``, or not above ``recent_window + sinks`` (the positions never
-            evicted); checked even when nothing needs evicting.
+            evicted); checked even when nothing needs evicting.  The rows would evict
+            different numbers of positions (:meth:`evict_rows` takes that case).
         """
         budget = self._check_budget(budget)
+        self._check_same_evictions(budget, 0, "evict")
         return self._result(*self._evict(budget), return_indices)
 
     @_locked
     def step(self, pos: int, attn: Any, budget: int | None = None, return_indices: bool = False) -> Any:
         """``on_decode_step(pos, attn)`` then ``evict(budget)``, validated as one call.
 
-        Everything (``pos``, then ``budget``, then ``attn``) is checked before anything
-        changes; see :meth:`on_decode_step` and :meth:`evict` for the arguments, the
-        return value and the errors.
+        Everything (``pos``, then ``budget``, then ``attn``, then that every row evicts
+        the same number) is checked before anything changes; see
+        :meth:`on_decode_step` and :meth:`evict` for the arguments, the return value and
+        the errors.
+        """
+        pos = self._check_pos(pos)
+        budget = self._check_budget(budget)
+        weights = self._read_step(attn)
+        self._check_same_evictions(budget, 1, "step")
+        self._admit(pos, weights)
+        return self._result(*self._evict(budget), return_indices)
+
+    @_locked
+    def evict_rows(self, budget: int | None = None) -> RowVictims:
+        """Evict each row down to ``budget`` on its own: row ``h`` holding ``n_h``
+        positions loses ``max(0, n_h - budget)``, chosen as :meth:`evict` chooses.
+
+        Parameters
+        ----------
+        budget : int or None, default None
+            As for :meth:`evict`.
+
+        Returns
+        -------
+        RowVictims
+            ``counts`` (``uint32``, ``(heads,)``), ``victims`` (``uint32``, row after
+            row, each ascending) and ``slots`` (``int64``: each victim's index in its
+            row before the eviction).
+
+        Raises
+        ------
+        InvalidTypeError, InvalidInputError
+            For a bad budget, as :meth:`evict`.
+        """
+        budget = self._check_budget(budget)
+        return self._row_victims(*self._evict(budget))
+
+    @_locked
+    def step_rows(self, pos: int, attn: Any, budget: int | None = None) -> RowVictims:
+        """``on_decode_step(pos, attn)`` then ``evict_rows(budget)``, validated as one
+        call (position, budget, attention, in that order) before anything changes.
+
+        Parameters
+        ----------
+        pos, attn
+            As for :meth:`on_decode_step`: ``attn`` is ``(heads, n)`` with ``n`` the
+            largest count, row ``h`` reading its first ``counts[h]`` weights.
+        budget : int or None, default None
+            As for :meth:`evict_rows`.
+
+        Returns
+        -------
+        RowVictims
+            As :meth:`evict_rows` returns, after ``pos`` joined every row.
+
+        Raises
+        ------
+        InvalidTypeError, InvalidInputError
+            As :meth:`step`, except that rows may evict different numbers.
         """
         pos = self._check_pos(pos)
         budget = self._check_budget(budget)
         weights = self._read_step(attn)
         self._admit(pos, weights)
-        return self._result(*self._evict(budget), return_indices)
+        return self._row_victims(*self._evict(budget))
+
+    @_locked
+    def extend(self, attn: Any, admit: Any = None) -> None:
+        """Apply a chunk of ``C`` tokens, each as a decode step over what each row holds
+        at that moment (a vote, then admission); no eviction.
+
+        The tokens take positions ``last + 1 .. last + C``, shared by the rows; on a fresh
+        policy (every row holding ``{0}``, ``last == 0``) positions ``0 .. C - 1``, token
+        0 being the position 0 each row holds (kept as it is when it joins, dropped when
+        not), so ``extend(attn)`` there equals ``prefill(attn)``.
+
+        Parameters
+        ----------
+        attn : array_like
+            ``(heads, C, n + C)`` (or ``(C, n + C)`` for one head), ``n`` the largest
+            count before the chunk (0 when fresh).  For row ``h`` holding ``n_h``
+            positions before the chunk (0 when fresh), a token ``i`` that joins the row
+            reads columns ``[0, n_h)`` and ``n_h + j`` for each earlier token ``j`` that
+            joined it, and nothing else.  Policies that ignore attention read only its shape.
+        admit : array_like of bool, optional
+            ``(heads, C)`` (or ``(C,)`` for one head): whether token ``i`` joins row
+            ``h``; a token that does not neither votes in the row nor joins it (none of
+            its weights there is read).  None: every token joins every row.
+
+        Raises
+        ------
+        InvalidTypeError
+            The weights are not real numbers; ``admit`` is not bools.
+        InvalidInputError
+            A wrong shape (of ``attn``, then of ``admit``); positions passing
+            ``2**32 - 1``; a weight read that is NaN, infinite or negative.
+        """
+        fresh = self._fresh()
+        before = [0] * self.heads if fresh else self._counts()
+        base = max(before)
+        arr = None
+        if self._reads_attention:
+            arr = read_weights(attn)
+            shape = tuple(arr.shape)
+        else:
+            try:
+                shape = tuple(np.shape(attn))
+            except ValueError:
+                raise InvalidInputError("extend attn must be a rectangular (heads, C, W) array") from None
+        given = shape
+        if len(shape) == 2 and self.heads == 1:
+            shape = (1, *shape)
+        if len(shape) != 3 or shape[0] != self.heads or shape[1] < 1 or shape[2] != base + shape[1]:
+            raise chunk_shape_error(self.heads, base, given)
+        chunk = shape[1]
+        mask = read_admit(admit, self.heads, chunk)
+        joins = [[True] * chunk for _ in range(self.heads)] if mask is None else mask.astype(bool).tolist()
+        first = 0 if fresh else self._last + 1
+        if first + chunk - 1 > UINT32_MAX:
+            raise InvalidInputError(f"a chunk of {chunk} tokens after position {self._last} "
+                                    "would pass position 2**32 - 1")
+        # The weights each vote step reads, all checked before anything changes: a token
+        # votes only in the rows it joins, over what the row holds at that moment.
+        steps: list[list[list[float]]] | None = None
+        if arr is not None:
+            grid = arr.reshape(self.heads, chunk, shape[2])
+            steps = []
+            for h in range(self.heads):
+                n = before[h]
+                steps.append([_widen(grid[h, i, list(range(n)) + [n + j for j in range(i) if joins[h][j]]])
+                              if joins[h][i] else [] for i in range(chunk)])
+        self._grow_to(max(n + sum(row) for n, row in zip(before, joins)))
+        for h in range(self.heads):
+            if fresh and not joins[h][0]:  # position 0 leaves the row
+                self._kept[h] = []
+                if self._score_key is not None:
+                    self._scores[h] = []
+                if self._history is not None:
+                    self._history[h] = []
+                if self._held is not None:
+                    self._held[h] = []
+            for i in range(1 if fresh else 0, chunk):
+                if not joins[h][i]:
+                    continue  # the token neither votes in this row nor joins it
+                if steps is not None:
+                    self._vote(h, steps[h][i])
+                self._append(h, first + i)
+        self._last = first + chunk - 1
+
+    @_locked
+    def select_rows(self, index: Any) -> None:
+        """Replace the rows by copies of old rows ``index`` (repeats allowed): row ``i``
+        becomes an exact copy of old row ``index[i]``, and ``heads`` ``len(index)``;
+        the capacity per row stays.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``index`` is not integers (bools included).
+        InvalidInputError
+            ``index`` empty, not 1-D, longer than 65536, or naming a row outside
+            ``[0, heads)``.
+        """
+        rows = read_row_index(index, self.heads).tolist()
+        kept = [list(self._kept[r]) for r in rows]
+        scores = [list(self._scores[r]) for r in rows] if self._score_key is not None else []
+        history = None if self._history is None else [list(self._history[r]) for r in rows]
+        held = None if self._held is None else [list(self._held[r]) for r in rows]
+        self._kept, self._scores, self._history, self._held = kept, scores, history, held
+        self.heads = len(rows)
 
     @_locked
     def prefill(self, attn: Any) -> None:
@@ -398,23 +605,69 @@ class _Policy:
         InvalidTypeError
             ``attn`` does not hold real numbers.
         """
-        if self._last != 0:
+        if not self._fresh():
             raise InvalidInputError("prefill needs a fresh policy (holding {0}); call reset()")
         p, rows = self._read_prompt(attn)
         for i in range(1, p):
             self._admit(i, None if rows is None else [rows[h][i - 1] for h in range(self.heads)])
 
+    def _counts(self) -> list[int]:
+        """Positions held by each row."""
+        return [len(row) for row in self._kept]
+
+    def _fresh(self) -> bool:
+        """Nothing admitted since construction or reset: every row holds {0}."""
+        return self._last == 0 and all(len(row) == 1 for row in self._kept)
+
     def kept_count(self) -> int:
-        """Number of positions held per head (every head holds the same number)."""
-        return len(self._kept[0])
+        """Number of positions held per head (every head holds the same number).
+
+        Raises
+        ------
+        InvalidInputError
+            The rows hold different counts (read ``counts``, ``kept_row(head)`` or
+            ``state_dict()``).
+        """
+        counts = self._counts()
+        if any(n != counts[0] for n in counts):
+            raise ragged_counts_error("kept_count()")
+        return counts[0]
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Positions held by each row: uint32, shape ``(heads,)``."""
+        return np.array(self._counts(), dtype=np.uint32)
+
+    def kept_row(self, head: int) -> np.ndarray:
+        """Positions held by row ``head``, ascending: uint32, shape ``(counts[head],)``.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``head`` is not an integer.
+        InvalidInputError
+            ``head`` is outside ``[0, heads)``.
+        """
+        head = check_int("head", head, 0, self.heads - 1)
+        return np.array(self._kept[head], dtype=np.uint32)
 
     @property
     def kept(self) -> np.ndarray:
-        """Held positions, uint32, ascending: shape ``(n,)``, or ``(heads, n)`` if heads > 1."""
-        return self._as_array(self._kept, np.uint32)
+        """Held positions, uint32, ascending: shape ``(n,)``, or ``(heads, n)`` if heads > 1.
 
-    def _as_array(self, rows: list[list[Any]], dtype: Any) -> np.ndarray:
-        arr = np.array(rows, dtype=dtype).reshape(self.heads, self.kept_count())
+        Raises
+        ------
+        InvalidInputError
+            The rows hold different counts.
+        """
+        return self._as_array(self._kept, np.uint32, "kept")
+
+    def _as_array(self, rows: list[list[Any]], dtype: Any, name: str) -> np.ndarray:
+        """Rows of one count as ``(n,)`` or ``(heads, n)``; rows of different counts raise."""
+        counts = self._counts()
+        if any(n != counts[0] for n in counts):
+            raise ragged_counts_error(name)
+        arr = np.array(rows, dtype=dtype).reshape(self.heads, counts[0])
         return arr[0] if self.heads == 1 else arr
 
     def _slot_of(self, pos: Any, head: Any) -> int | None:
@@ -427,13 +680,14 @@ class _Policy:
         return i if i < len(row) and row[i] == pos else None
 
     def memory_bytes(self) -> int:
-        """``64 + capacity * heads * bytes per slot``, the C object's footprint.
+        """``64 + capacity * bytes per slot`` for one head, ``64 + 4 * heads + capacity *
+        heads * bytes per slot`` for more (each row's count): the C object's footprint.
 
         Capacity per head starts at ``min(budget + 1, 4096)`` and, when a position is
         admitted into a full row, grows to ``min(2 * capacity, budget + 1)`` while below
         ``budget + 1``, else doubles; ``reset()`` keeps it.
         """
-        return HEADER_BYTES + self._capacity * self.heads * self._slot_bytes()
+        return memory_bytes(self._capacity, self.heads, self._slot_bytes())
 
     @_locked
     def reset(self) -> None:
@@ -464,7 +718,7 @@ class _Policy:
             (Scissorhands) or ``"scores"`` (H2O), shaped like ``"kept"``, and for a
             Scissorhands policy with a history window ``"history"``: each slot's vote
             register (bit ``j`` = the vote of the step ``j`` steps back), also shaped
-            like ``"kept"``.
+            like ``"kept"``.  Rows may differ in length (a row may be empty).
         """
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
@@ -499,28 +753,29 @@ class _Policy:
             position or vote, a non-real score).
         InvalidInputError
             Wrong format, version or policy name; missing or unknown keys; parameters out
-            of range; rows not ``heads`` long or of different lengths or empty; positions
-            not strictly ascending, out of range or above ``last_position``; votes out of
-            range; scores NaN, infinite or negative; ``history`` missing or unexpected, a
-            register with a bit at or above the window, or a vote count that is not its
-            register's number of bits.
+            of range; not ``heads`` rows, or per-slot rows not as long as kept's (rows may
+            differ in length, and may be empty); positions not strictly ascending within
+            a row, out of range or above ``last_position``; votes out of range; scores NaN,
+            infinite or negative; ``history`` missing or unexpected, a register with a bit
+            at or above the window, or a vote count that is not its register's number of
+            bits.
         """
         spec = SPECS[cls.name]
         names = [o.name for o in spec.options]
         keeps_registers = spec.takes("history_window")
-        policy, kept, scores, last = parse_state(
+        policy, rows = parse_state(
             state, cls.name, cls._score_key, ("budget", *names[:1], "heads"), cls, tuple(names[1:]),
             ("history", "steps_held") if keeps_registers else ())
-        if scores is not None:
-            policy._scores = scores.tolist()
+        if rows.scores is not None:
+            policy._scores = rows.split(rows.scores)
         if keeps_registers:
-            history = parse_history(state, policy._options["history_window"], scores)
-            held = parse_held(state, policy._options["vote_rate"], scores, history)
-            policy._history = None if history is None else history.tolist()
-            policy._held = None if held is None else held.tolist()
-        policy._kept = kept.tolist()
-        policy._last = last
-        policy._grow_to(kept.shape[1])
+            history = parse_history(state, policy._options["history_window"], rows)
+            held = parse_held(state, policy._options["vote_rate"], rows, history)
+            policy._history = None if history is None else rows.split(history)
+            policy._held = None if held is None else rows.split(held)
+        policy._kept = rows.split(rows.kept)
+        policy._last = rows.last
+        policy._grow_to(int(rows.counts.max()))
         return policy
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -529,7 +784,9 @@ class _Policy:
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v}" for k, v in self._params().items())
-        return f"{type(self).__name__}({params}, held={self.kept_count()})"
+        counts = self._counts()
+        held = str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}..{max(counts)}"
+        return f"{type(self).__name__}({params}, held={held})"
 
 
 class _HeavyHitters(_Policy):
@@ -671,12 +928,13 @@ class Scissorhands(_HeavyHitters):
         """
         if self._held is None:
             raise InvalidInputError("steps_held is kept only with vote_rate=True")
-        return self._as_array(self._held, np.uint32)
+        return self._as_array(self._held, np.uint32, "steps_held")
 
     @property
     def votes(self) -> np.ndarray:
-        """Votes aligned with :attr:`kept`, uint32, shape ``(n,)`` or ``(heads, n)``."""
-        return self._as_array(self._scores, np.uint32)
+        """Votes aligned with :attr:`kept`, uint32, shape ``(n,)`` or ``(heads, n)``
+        (rows of different counts raise ``InvalidInputError``)."""
+        return self._as_array(self._scores, np.uint32, "votes")
 
     def votes_of(self, pos: int, head: int = 0) -> int:
         """Votes of ``pos`` in row ``head``, or -1 when it is not held.
@@ -743,8 +1001,9 @@ class H2O(_HeavyHitters):
 
     @property
     def scores(self) -> np.ndarray:
-        """Scores aligned with :attr:`kept`, float64, shape ``(n,)`` or ``(heads, n)``."""
-        return self._as_array(self._scores, np.float64)
+        """Scores aligned with :attr:`kept`, float64, shape ``(n,)`` or ``(heads, n)``
+        (rows of different counts raise ``InvalidInputError``)."""
+        return self._as_array(self._scores, np.float64, "scores")
 
     def score_of(self, pos: int, head: int = 0) -> float:
         """Cumulative score of ``pos`` in row ``head``, or -1.0 when it is not held.
@@ -837,8 +1096,8 @@ class Full(_Policy):
     def _capacity_limit(self) -> int | None:
         return None
 
-    def _evict(self, budget: int | None) -> tuple[list[list[int]], list[list[int]]]:
-        return [[] for _ in range(self.heads)], [[] for _ in range(self.heads)]
+    def _evictions(self, budget: int | None, admitted: int = 0) -> list[int]:
+        return [0] * self.heads
 
 
 #: Registry: name -> class, the same names as the C-backed package.

@@ -1,5 +1,5 @@
 """The machinery every C-backed policy shares: input conversion, validation, the
-lock, the single C call per step, and plain-data state.
+lock, the single C call per step, chunks and row selection, and plain-data state.
 
 A subclass names its C kind, its constructor parameters and its score array; all the
 behaviour lives here and in ``csrc/``.
@@ -19,10 +19,16 @@ from scissorhands._shared import (
     STATE_FORMAT,
     STATE_VERSION,
     UINT32_MAX,
+    RowVictims,
     check_int,
+    chunk_shape_error,
     parse_held,
     parse_history,
     parse_state,
+    ragged_counts_error,
+    ragged_evict_error,
+    read_admit,
+    read_row_index,
     read_weights,
 )
 from scissorhands.errors import InvalidInputError, InvalidTypeError
@@ -34,6 +40,7 @@ _EVICT = lib.SH_STEP_EVICT
 _NONE = lib.SH_DTYPE_NONE
 _NULL = ffi.NULL
 _ERR_LENGTH = lib.SH_ERR_LENGTH
+_ERR_RAGGED = lib.SH_ERR_RAGGED
 _step = lib.sh_policy_step
 _from_buffer = ffi.from_buffer
 _unpack = ffi.unpack
@@ -98,8 +105,10 @@ class NativePolicy:
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
         self._lock = threading.Lock()
-        # Mirrors of the C object's count and last position, read on the hot path.
+        # Mirrors of the C object, read on the hot path: the largest count of a row,
+        # whether the rows hold different counts, and the last position.
         self._n = 1
+        self._ragged = False
         self._last = 0
         self._n_victims = ffi.new("size_t *")
         self._grow_victims(1)
@@ -135,9 +144,26 @@ class NativePolicy:
     def _shape_error(self, shape: tuple[int, ...]) -> InvalidInputError:
         n, h = self._n, self._heads
         want = f"({n},) or (1, {n})" if h == 1 else f"({h}, {n})"
-        return InvalidInputError(
-            f"attn must have shape {want} (one weight per held position), got {shape}"
-        )
+        what = ("max(counts) columns: row h reads its first counts[h]" if self._ragged
+                else "one weight per held position")
+        return InvalidInputError(f"attn must have shape {want} ({what}), got {shape}")
+
+    def _counts_locked(self) -> np.ndarray:
+        """The count of every row, ``uint32`` ``(heads,)``; must hold the lock."""
+        out = np.empty(self._heads, dtype=np.uint32)
+        check(lib.sh_policy_counts(self._ptr, ffi.from_buffer("uint32_t[]", out), out.size))
+        return out
+
+    def _sync(self) -> None:
+        """Re-read the count mirrors from C (after a call that may change them
+        unevenly); must hold the lock."""
+        counts = self._counts_locked()
+        self._n = int(counts.max())
+        self._ragged = bool(counts.min() != self._n)
+
+    def _fresh(self) -> bool:
+        """Nothing admitted since construction or reset: every row holds {0}."""
+        return not self._ragged and self._n == 1 and self._last == 0
 
     # ------------------------------------------------------------ decode loop
 
@@ -175,11 +201,13 @@ class NativePolicy:
         rc = _step(self._ptr, flags, pos, dtype, ptr, h, width, budget, vc,
                    self._slots_c if return_indices else _NULL, self._victims_size, self._n_victims)
         if rc:
-            if rc == _ERR_LENGTH:
+            if rc == _ERR_LENGTH or (rc == _ERR_RAGGED and dtype != _NONE and width != self._n):
                 raise self._shape_error(attn.shape)
+            if rc == _ERR_RAGGED:
+                raise ragged_evict_error("step" if admit else "evict")
             check(rc, type(self).__name__)
         k = self._n_victims[0]
-        self._n = held - k
+        self._n = held - k  # every row evicted k (with different counts, k is 0)
         if admit:
             self._last = pos
         if not flags & _EVICT:
@@ -201,9 +229,11 @@ class NativePolicy:
         attn : array_like or None
             The new token's attention weights over the held positions, index-aligned
             with :attr:`kept` and not renormalised: shape ``(n,)`` (or ``(1, n)``)
-            for one head, ``(heads, n)`` otherwise. Any real dtype; float32 and
-            float64 C-contiguous arrays are read in place. ``None`` admits ``pos``
-            without changing any score.
+            for one head, ``(heads, n)`` otherwise. When the rows hold different
+            counts, ``n = max(counts)`` and row ``h`` reads only its first
+            ``counts[h]`` weights (the rest is neither read nor checked). Any real
+            dtype; float32 and float64 C-contiguous arrays are read in place.
+            ``None`` admits ``pos`` without changing any score.
 
         Raises
         ------
@@ -211,7 +241,7 @@ class NativePolicy:
             ``pos`` is not an integer, or the weights are not real numbers.
         InvalidInputError
             ``pos`` is out of range or not above every admitted position; ``attn``
-            has the wrong shape; a weight is NaN, infinite or negative.
+            has the wrong shape; a weight read is NaN, infinite or negative.
         """
         lock = self._lock
         lock.acquire()
@@ -246,6 +276,9 @@ class NativePolicy:
         ------
         InvalidTypeError, InvalidInputError
             For a budget that is not an integer or is out of range.
+        InvalidInputError
+            The rows would evict different numbers of positions (rows holding
+            different counts): nothing changes; :meth:`evict_rows` takes that case.
         """
         lock = self._lock
         lock.acquire()
@@ -257,13 +290,213 @@ class NativePolicy:
     def step(self, pos: int, attn: Any, budget: int | None = None, return_indices: bool = False) -> Any:
         """:meth:`on_decode_step` then :meth:`evict`, validated together and run as one
         C call: either both happen or, on an error, neither does. Returns what
-        :meth:`evict` returns."""
+        :meth:`evict` returns; rows that would evict different numbers raise
+        ``InvalidInputError`` before anything changes (:meth:`step_rows` takes them)."""
         lock = self._lock
         lock.acquire()
         try:
             return self._call(_ADMIT | _EVICT, pos, attn, budget, return_indices)
         finally:
             lock.release()
+
+    def _call_rows(self, flags: int, pos: Any, attn: Any, budget: Any) -> RowVictims:
+        """:meth:`_call` for rows that may evict different numbers: the same validation
+        in the same order, one sh_policy_step_rows; must hold the lock."""
+        admit = flags & _ADMIT
+        if admit:
+            pos = self._check_position(pos)
+        budget = self._check_budget(budget) if flags & _EVICT else 0
+        h = self._heads
+        if not admit or attn is None or not self._reads_attention:
+            dtype, ptr, width = _NONE, _NULL, 0
+        else:
+            attn = as_weights(attn)
+            dtype = _DTYPE_CODES[attn.dtype]
+            shape = attn.shape
+            if len(shape) == 2 and shape[0] == h:
+                width = shape[1]
+            elif len(shape) == 1 and h == 1:
+                width = shape[0]
+            else:
+                raise self._shape_error(shape)
+            ptr = _from_buffer(attn)
+        most = self._n + admit - budget if flags & _EVICT and self._evicts else 0
+        size = h * max(most, 0)
+        victims = np.empty(size, dtype=np.uint32)
+        slots = np.empty(size, dtype=np.int64)
+        counts = np.empty(h, dtype=np.uint32)
+        rc = lib.sh_policy_step_rows(self._ptr, flags, pos, dtype, ptr, h, width, budget,
+                                     ffi.from_buffer("uint32_t[]", victims), ffi.from_buffer("int64_t[]", slots),
+                                     size, ffi.from_buffer("uint32_t[]", counts), self._n_victims)
+        if rc == _ERR_LENGTH:
+            raise self._shape_error(attn.shape)
+        check(rc, type(self).__name__)
+        total = self._n_victims[0]
+        if admit:
+            self._last = pos
+        self._sync()
+        return RowVictims(counts, victims[:total].copy(), slots[:total].copy())
+
+    def evict_rows(self, budget: int | None = None) -> RowVictims:
+        """Evict each row down to ``budget`` positions on its own and return the victims
+        row by row: the form for rows that hold, or evict, different counts.
+
+        Row ``h`` holding ``n_h`` positions evicts ``k_h = max(0, n_h - budget)`` of
+        them, chosen as :meth:`evict` chooses.
+
+        Parameters
+        ----------
+        budget : int, optional
+            As for :meth:`evict` (the configured budget when None; validated even
+            when nothing needs evicting).
+
+        Returns
+        -------
+        RowVictims
+            ``counts`` (``uint32``, ``(heads,)``: ``k_h``), ``victims`` (``uint32``,
+            ``(sum k_h,)``: row after row, each row ascending) and ``slots``
+            (``int64``, same shape: each victim's index in its row's :meth:`kept_row`
+            before the eviction).
+
+        Raises
+        ------
+        InvalidTypeError, InvalidInputError
+            For a budget that is not an integer or is out of range (as :meth:`evict`).
+        """
+        with self._lock:
+            return self._call_rows(_EVICT, 0, None, budget)
+
+    def step_rows(self, pos: int, attn: Any, budget: int | None = None) -> RowVictims:
+        """:meth:`on_decode_step` then :meth:`evict_rows`, validated together and run as
+        one C call (either both happen or neither does).
+
+        Parameters
+        ----------
+        pos, attn
+            As for :meth:`on_decode_step`: ``attn`` is ``(heads, max(counts))`` and row
+            ``h`` reads its first ``counts[h]`` weights.
+        budget : int, optional
+            As for :meth:`evict_rows`.
+
+        Returns
+        -------
+        RowVictims
+            As :meth:`evict_rows` returns, after the admission of ``pos``.
+
+        Raises
+        ------
+        InvalidTypeError, InvalidInputError
+            As :meth:`step`, in the same order (position, budget, weights), except
+            that rows may evict different numbers.
+        """
+        with self._lock:
+            return self._call_rows(_ADMIT | _EVICT, pos, attn, budget)
+
+    def extend(self, attn: Any, admit: Any = None) -> None:
+        """Apply a chunk of ``C`` tokens, each as a decode step, in one call: for every
+        row, each token votes over what the row holds at that moment, then joins it.
+        Nothing is evicted (call :meth:`evict_rows` after, as after :meth:`prefill`).
+
+        The tokens take positions ``last + 1 .. last + C``, shared by all rows
+        (``last``: the largest position ever admitted). On a fresh policy (every row
+        holding ``{0}``, nothing admitted since construction or :meth:`reset`) they are
+        positions ``0 .. C - 1``, token 0 being the position 0 every row already holds:
+        then ``extend(attn)`` leaves exactly the state :meth:`prefill` leaves.
+
+        Parameters
+        ----------
+        attn : array_like
+            Shape ``(heads, C, W)``, or ``(C, W)`` for one head, with ``W = n + C``:
+            ``n`` the largest count of a row before the chunk (0 on a fresh policy).
+            For row ``h`` holding ``n_h`` positions before the chunk, token ``i``'s
+            weights are ``attn[h, i, :n_h]`` over those positions (in kept order) and
+            ``attn[h, i, n_h + j]`` over chunk token ``j < i``. A token that joins row
+            ``h`` reads only the columns of what the row holds at that moment:
+            ``[0, n_h)`` and ``n_h + j`` for each earlier token ``j`` that joined it. Not
+            renormalised; any real dtype (float32 and float64 C-contiguous arrays are
+            read in place). StreamingLLM and Full read only its shape.
+        admit : array_like of bool, optional
+            ``(heads, C)`` (or ``(C,)`` for one head): whether token ``i`` joins row
+            ``h``. A token that does not neither votes in the row nor joins it (none of
+            its weights there is read; its position is skipped there, positions stay
+            shared), which keeps a
+            left-padded prompt's padding out; on a fresh policy ``admit[h, 0]`` False
+            drops position 0 from row ``h``. None: every token joins every row.
+
+        Raises
+        ------
+        InvalidTypeError
+            The weights are not real numbers; ``admit`` is not bools.
+        InvalidInputError
+            ``attn`` or ``admit`` of the wrong shape (the message names the expected
+            one), ``C < 1``; the positions would pass ``2**32 - 1``; a weight read
+            is NaN, infinite or negative. A failed call changes nothing.
+        MemoryError
+            Growing the storage failed (nothing changes).
+        """
+        with self._lock:
+            h = self._heads
+            fresh = self._fresh()
+            base = 0 if fresh else self._n
+            arr = None
+            if self._reads_attention:
+                arr = as_weights(attn)
+                given = shape = arr.shape
+            else:  # attention is never read: only the chunk's shape matters
+                try:
+                    given = shape = np.shape(attn)
+                except (TypeError, ValueError):
+                    raise InvalidInputError("extend attn must be a rectangular (heads, C, W) array") from None
+            if len(shape) == 2 and h == 1:
+                shape = (1, *shape)
+            if len(shape) != 3 or shape[0] != h or shape[1] < 1 or shape[2] != base + shape[1]:
+                raise chunk_shape_error(h, base, given)
+            chunk = shape[1]
+            mask = read_admit(admit, h, chunk)
+            if (chunk - 1 if fresh else self._last + chunk) > UINT32_MAX:
+                raise InvalidInputError(f"a chunk of {chunk} tokens after position {self._last} "
+                                        "would pass position 2**32 - 1")
+            rc = lib.sh_policy_extend(
+                self._ptr, _NONE if arr is None else _DTYPE_CODES[arr.dtype],
+                _NULL if arr is None else _from_buffer(arr), h, chunk, shape[2],
+                _NULL if mask is None else ffi.from_buffer("uint8_t[]", mask))
+            check(rc, type(self).__name__)
+            self._last = chunk - 1 if fresh else self._last + chunk
+            self._sync()
+
+    def select_rows(self, index: Any) -> None:
+        """Replace the rows by copies of the rows ``index`` names: afterwards the policy
+        has ``len(index)`` rows, row ``i`` an exact copy of old row ``index[i]``
+        (positions, votes or scores, vote registers, steps held, count). For beam
+        search (reorder, repeat), ``num_return_sequences`` and batch changes.
+
+        :attr:`heads` becomes ``len(index)``; the capacity per row is kept, so
+        :meth:`memory_bytes` scales with the new number of rows.
+
+        Parameters
+        ----------
+        index : array_like of int
+            1-D row numbers in ``[0, heads)``, repeats allowed, 1 to 65536 of them: a
+            list or tuple of integers, an integer NumPy array, or anything with
+            ``__array__`` (a torch tensor).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``index`` is not integers (bools and floats included).
+        InvalidInputError
+            ``index`` is empty, not 1-D, longer than 65536, or names a row outside
+            ``[0, heads)``.
+        MemoryError
+            Allocating the new rows failed (nothing changes: they are allocated
+            before anything is replaced).
+        """
+        with self._lock:
+            rows = read_row_index(index, self._heads)
+            check(lib.sh_policy_select_rows(self._ptr, ffi.from_buffer("uint32_t[]", rows), rows.size),
+                  type(self).__name__)
+            self._heads = int(rows.size)
+            self._sync()
 
     def prefill(self, attn: Any) -> None:
         """Consume a prompt's attention in one call, on a fresh policy.
@@ -287,7 +520,7 @@ class NativePolicy:
             The weights are not real numbers.
         """
         with self._lock:
-            if self._n != 1 or self._last != 0:
+            if not self._fresh():
                 raise InvalidInputError("prefill needs a fresh policy (holding only position 0)")
             h = self._heads
             arr = None
@@ -318,46 +551,97 @@ class NativePolicy:
     # ------------------------------------------------------------ inspection
 
     def kept_count(self) -> int:
-        """Positions held (per head; every head holds the same count)."""
+        """Positions held per head (every head holds the same count).
+
+        Raises
+        ------
+        InvalidInputError
+            The rows hold different counts: read :attr:`counts`,
+            :meth:`kept_row` or :meth:`state_dict` instead.
+        """
+        if self._ragged:
+            raise ragged_counts_error("kept_count()")
         return self._n
 
-    def _export(self, with_history: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
-                                                           np.ndarray | None, int]:
-        """(positions, scores, vote registers, steps held, last position), the arrays
-        ``(heads, n)``, all read under one hold of the lock; the registers and steps
-        held only when asked for and kept (else None)."""
+    @property
+    def counts(self) -> np.ndarray:
+        """Positions held by each row: ``uint32``, shape ``(heads,)``."""
         with self._lock:
-            n = self._n
-            positions = np.empty((self._heads, n), dtype=np.uint32)
+            return self._counts_locked()
+
+    def kept_row(self, head: int) -> np.ndarray:
+        """The positions row ``head`` holds, ascending: a ``uint32`` copy of shape
+        ``(counts[head],)``.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``head`` is not an integer.
+        InvalidInputError
+            ``head`` is outside ``[0, heads)``.
+        """
+        with self._lock:
+            head = check_int("head", head, 0, self._heads - 1)
+            out = np.empty(lib.sh_policy_row_count(self._ptr, head), dtype=np.uint32)
+            check(lib.sh_policy_export_row(self._ptr, head, ffi.from_buffer("uint32_t[]", out), out.size))
+            return out
+
+    def _export(self, with_history: bool = False, equal: str | None = None) -> tuple[
+            np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, int]:
+        """(counts, positions, scores, vote registers, steps held, last position), the
+        arrays holding the rows one after another, all read under one hold of the lock;
+        the registers and steps held only when asked for and kept (else None). With
+        ``equal`` (a property's name), rows of different counts raise instead."""
+        with self._lock:
+            if self._ragged:
+                if equal is not None:
+                    raise ragged_counts_error(equal)
+                counts = self._counts_locked()
+            else:
+                counts = np.full(self._heads, self._n, dtype=np.uint32)
+            total = int(counts.sum())
+            positions = np.empty(total, dtype=np.uint32)
             scores = None
             votes_ptr = scores_ptr = ffi.NULL
             if self._score_name == "votes":
-                scores = np.empty((self._heads, n), dtype=np.uint32)
+                scores = np.empty(total, dtype=np.uint32)
                 votes_ptr = ffi.from_buffer("uint32_t[]", scores)
             elif self._score_name == "scores":
-                scores = np.empty((self._heads, n), dtype=np.float64)
+                scores = np.empty(total, dtype=np.float64)
                 scores_ptr = ffi.from_buffer("double[]", scores)
             check(lib.sh_policy_export(self._ptr, ffi.from_buffer("uint32_t[]", positions),
-                                       votes_ptr, scores_ptr, positions.size))
+                                       votes_ptr, scores_ptr, total))
             history = None
             if with_history and self._options.get("history_window") is not None:
-                history = np.empty((self._heads, n), dtype=np.uint64)
-                check(lib.sh_policy_export_history(self._ptr, ffi.from_buffer("uint64_t[]", history),
-                                                   history.size))
+                history = np.empty(total, dtype=np.uint64)
+                check(lib.sh_policy_export_history(self._ptr, ffi.from_buffer("uint64_t[]", history), total))
             held = None
             if with_history and self._options.get("vote_rate"):
-                held = np.empty((self._heads, n), dtype=np.uint32)
-                check(lib.sh_policy_export_held(self._ptr, ffi.from_buffer("uint32_t[]", held), held.size))
-            return positions, scores, history, held, self._last
+                held = np.empty(total, dtype=np.uint32)
+                check(lib.sh_policy_export_held(self._ptr, ffi.from_buffer("uint32_t[]", held), total))
+            return counts, positions, scores, history, held, self._last
 
-    def _shaped(self, arr: np.ndarray) -> np.ndarray:
-        return arr[0] if self._heads == 1 else arr
+    def _equal_rows(self, name: str, index: int, with_history: bool = False) -> np.ndarray:
+        """Array ``index`` of :meth:`_export` shaped as the property ``name`` returns it."""
+        exported = self._export(with_history, equal=name)
+        heads = len(exported[0])
+        arr = exported[index]
+        if not isinstance(arr, np.ndarray):  # the subclass's property names an array it keeps
+            raise TypeError(f"{type(self).__name__} keeps no {name}")
+        return arr if heads == 1 else arr.reshape(heads, len(arr) // heads)
 
     @property
     def kept(self) -> np.ndarray:
         """Held positions, ascending: a ``uint32`` copy of shape ``(n,)`` for one head,
-        ``(heads, n)`` otherwise."""
-        return self._shaped(self._export()[0])
+        ``(heads, n)`` otherwise.
+
+        Raises
+        ------
+        InvalidInputError
+            The rows hold different counts (read :attr:`counts` and
+            :meth:`kept_row` instead).
+        """
+        return self._equal_rows("kept", 1)
 
     @property
     def heads(self) -> int:
@@ -370,16 +654,19 @@ class NativePolicy:
         return self._budget
 
     def memory_bytes(self) -> int:
-        """Bytes of policy state: ``64 + capacity * heads * bytes_per_slot`` (9
-        Scissorhands, +8 with a history window, +4 with a vote rate; 13 H2O; 4
-        StreamingLLM and Full)."""
+        """Bytes of policy state: ``64 + capacity * bytes_per_slot`` for one head,
+        ``64 + 4 * heads + capacity * heads * bytes_per_slot`` for more (each row's
+        count); bytes per slot 9 Scissorhands (+8 with a history window, +4 with a
+        vote rate), 13 H2O, 4 StreamingLLM and Full."""
         return int(lib.sh_policy_memory_bytes(self._ptr))
 
     def reset(self) -> None:
-        """Back to holding ``{0}`` with nothing remembered, for a new sequence."""
+        """Back to holding ``{0}`` in every row with nothing remembered, for a new
+        sequence (the number of rows and the capacity stay)."""
         with self._lock:
             check(lib.sh_policy_reset(self._ptr))
             self._n = 1
+            self._ragged = False
             self._last = 0
 
     def _check_head(self, head: Any) -> int:
@@ -416,27 +703,33 @@ class NativePolicy:
                 **{k: v for k, v in shown.items() if k not in first}}
 
     def _sink_count(self) -> int:
-        return min(self._options["sinks"], self._n)
+        return min(self._options["sinks"], self.kept_count())
 
     def state_dict(self) -> dict[str, Any]:
         """The policy as plain data (ints, floats, lists, str), loadable by
         :meth:`from_state_dict` of either backend; versioned. A Scissorhands policy
         with a history window adds ``"history"`` (its vote registers) and one with a
-        vote rate ``"steps_held"``, both shaped like ``"kept"``."""
-        positions, scores, history, held, last = self._export(with_history=True)
+        vote rate ``"steps_held"``, both shaped like ``"kept"``. Rows may hold
+        different counts (a row may be empty): each list is then as long as its row."""
+        counts, positions, scores, history, held, last = self._export(with_history=True)
+        ends = np.cumsum(counts, dtype=np.int64)[:-1]
+
+        def rows(flat: np.ndarray) -> list[list[Any]]:
+            return [part.tolist() for part in np.split(flat, ends)]
+
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "policy": self.name,
             "params": self._params(),
-            "kept": positions.tolist(),
+            "kept": rows(positions),
         }
-        if self._score_name is not None:
-            state[self._score_name] = scores.tolist()
+        if self._score_name is not None and scores is not None:
+            state[self._score_name] = rows(scores)
         if history is not None:
-            state["history"] = history.tolist()
+            state["history"] = rows(history)
         if held is not None:
-            state["steps_held"] = held.tolist()
+            state["steps_held"] = rows(held)
         state["last_position"] = last  # read under the same lock as the arrays
         return state
 
@@ -447,8 +740,9 @@ class NativePolicy:
         Raises
         ------
         InvalidInputError
-            Wrong format, version or policy name; rows of unequal length; positions
-            not strictly ascending or above ``last_position``; scores out of range;
+            Wrong format, version or policy name; not ``heads`` rows; positions
+            not strictly ascending within a row or above ``last_position``; per-slot
+            rows not as long as kept's; scores out of range;
             ``history`` missing although ``params`` sets a history window (or present
             although none is set), a register with a bit at or above the window, or
             votes that are not the registers' popcounts; ``steps_held`` missing
@@ -457,34 +751,36 @@ class NativePolicy:
         InvalidTypeError
             A field of the wrong kind.
 
-        A state without the optional parameters (``sinks`` of Scissorhands and H2O,
-        ``history_window`` and ``vote_rate`` of Scissorhands: states written before
-        they existed) loads with their defaults.
+        Rows may hold different counts, and a row may be empty. A state without the
+        optional parameters (``sinks`` of Scissorhands and H2O, ``history_window``
+        and ``vote_rate`` of Scissorhands: states written before they existed) loads
+        with their defaults.
         """
         spec = SPECS[cls.name]
         names = [o.name for o in spec.options]
         required = ("budget", *names[:1], "heads")
         keeps_registers = spec.takes("history_window")
         optional_keys = ("history", "steps_held") if keeps_registers else ()
-        policy, kept, scores, last = parse_state(state, cls.name, cls._score_name, required,
-                                                 cls, tuple(names[1:]), optional_keys)
-        h, n = kept.shape
+        policy, rows = parse_state(state, cls.name, cls._score_name, required, cls, tuple(names[1:]),
+                                   optional_keys)
         history = held = None
         if keeps_registers:
-            history = parse_history(state, policy._options["history_window"], scores)
-            held = parse_held(state, policy._options["vote_rate"], scores, history)
+            history = parse_history(state, policy._options["history_window"], rows)
+            held = parse_held(state, policy._options["vote_rate"], rows, history)
         votes_ptr = scores_ptr = ffi.NULL
         if cls._score_name == "votes":
-            votes_ptr = ffi.from_buffer("uint32_t[]", scores)
+            votes_ptr = ffi.from_buffer("uint32_t[]", rows.scores)
         elif cls._score_name == "scores":
-            scores_ptr = ffi.from_buffer("double[]", scores)
-        rc = lib.sh_policy_import_state(
-            policy._ptr, h, n, ffi.from_buffer("uint32_t[]", kept), votes_ptr, scores_ptr,
+            scores_ptr = ffi.from_buffer("double[]", rows.scores)
+        rc = lib.sh_policy_import_rows(
+            policy._ptr, policy._heads, ffi.from_buffer("uint32_t[]", rows.counts),
+            ffi.from_buffer("uint32_t[]", rows.kept), votes_ptr, scores_ptr,
             _NULL if history is None else ffi.from_buffer("uint64_t[]", history),
-            _NULL if held is None else ffi.from_buffer("uint32_t[]", held), last)
+            _NULL if held is None else ffi.from_buffer("uint32_t[]", held), rows.last)
         check(rc, cls.__name__)
-        policy._n = n
-        policy._last = last
+        with policy._lock:
+            policy._last = rows.last
+            policy._sync()
         return policy
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
@@ -492,4 +788,7 @@ class NativePolicy:
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v}" for k, v in self._params().items())
-        return f"{type(self).__name__}({params}, held={self.kept_count()})"
+        with self._lock:
+            held = f"{int(self._counts_locked().min())}..{self._n}" if self._ragged else str(self._n)
+        return f"{type(self).__name__}({params}, held={held})"
+

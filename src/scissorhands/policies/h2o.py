@@ -75,8 +75,14 @@ class H2O(NativePolicy):
     @property
     def scores(self) -> np.ndarray:
         """Cumulative attention, index-aligned with :attr:`kept`: ``float64``,
-        ``(n,)`` or ``(heads, n)``."""
-        return self._shaped(self._export()[1])
+        ``(n,)`` or ``(heads, n)``.
+
+        Raises
+        ------
+        InvalidInputError
+            The rows hold different counts (read :meth:`state_dict` instead).
+        """
+        return self._equal_rows("scores", 2)
 
     def score_of(self, pos: int, head: int = 0) -> float:
         """The cumulative score of ``pos`` in ``head``'s row, or ``-1.0`` when it is

@@ -109,11 +109,12 @@ class Scissorhands(NativePolicy):
         Raises
         ------
         InvalidInputError
-            The policy was built without ``vote_rate`` (it keeps no such count).
+            The policy was built without ``vote_rate`` (it keeps no such count), or
+            the rows hold different counts (read :meth:`state_dict` instead).
         """
         if not self._options["vote_rate"]:
             raise InvalidInputError("steps_held is kept only with vote_rate=True")
-        return self._shaped(self._export(with_history=True)[3])
+        return self._equal_rows("steps_held", 4, with_history=True)
 
     def sink_count(self) -> int:
         """Sinks held: ``min(sinks, kept_count())``."""
@@ -121,8 +122,14 @@ class Scissorhands(NativePolicy):
 
     @property
     def votes(self) -> np.ndarray:
-        """Votes, index-aligned with :attr:`kept`: ``uint32``, ``(n,)`` or ``(heads, n)``."""
-        return self._shaped(self._export()[1])
+        """Votes, index-aligned with :attr:`kept`: ``uint32``, ``(n,)`` or ``(heads, n)``.
+
+        Raises
+        ------
+        InvalidInputError
+            The rows hold different counts (read :meth:`state_dict` instead).
+        """
+        return self._equal_rows("votes", 2)
 
     def votes_of(self, pos: int, head: int = 0) -> int:
         """The votes of ``pos`` in ``head``'s row, or ``-1`` when it is not held
