@@ -4,8 +4,11 @@ A hypothesis state machine builds the same policy (any of the four, ``heads`` in
 {1, 2, 3}; Scissorhands and H2O with or without sinks, Scissorhands with or without a
 history window and a vote rate) on both backends and drives them in lockstep with
 decode steps, fused steps,
-evictions, prefill, reset, state round trips (across backends, through JSON, pickle,
-``copy``), corrupted states and accessor queries. Inputs are valid and invalid: positions
+evictions, prefill, chunks (``extend``, with and without ``admit``), the row-by-row
+``step_rows``/``evict_rows``, row selection (``select_rows``: beams, copies, fewer or
+more rows), reset, state round trips (across backends, through JSON, pickle,
+``copy``), corrupted states and accessor queries. Rows come to hold different counts
+(chunks with ``admit``, corrupted states), and every call is checked there too. Inputs are valid and invalid: positions
 -1, 2**31, 2**32, bools, floats, numpy scalars, out of order; bad budgets; attention of
 the wrong length, rank or dtype, with NaN/inf/negative weights, in every accepted layout
 (lists, float16..float64, integers, Fortran order, strided, read-only, byte-swapped).
@@ -14,8 +17,7 @@ After every operation: both backends returned the same value or raised the same 
 (only ``ScissorhandsError`` subclasses and ``MemoryError`` may escape: anything else is a
 crash), a failed call left each object exactly as it was, both hold the same state, and
 every eviction met the output contract (held - budget victims in each row, unique,
-ascending, all held before, none after). Corrupted states may load with rows of
-different counts; the observations then record what raises as the class it raises.
+ascending, all held before, none after).
 
 How to run:
 
@@ -43,7 +45,7 @@ from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from scissorhands._shared import UINT32_MAX
+from scissorhands._shared import UINT32_MAX, RowVictims
 from scissorhands.errors import ScissorhandsError
 
 #: Examples (sequences) of the bounded run; about a minute on this 2-core machine.
@@ -102,7 +104,15 @@ def snapshot(p: Any) -> tuple[Any, ...]:
 
 
 def victim_rows(result: Any) -> tuple[list[list[int]], list[list[int]] | None]:
-    """Victims (and slots, if returned) of an evict/step result as lists of rows."""
+    """Victims (and slots, if returned) of an evict/step result as lists of rows; a
+    :class:`RowVictims` is split row by row."""
+    if isinstance(result, RowVictims):
+        assert result.counts.dtype == np.uint32 and result.victims.dtype == np.uint32
+        assert result.slots.dtype == np.int64 and result.victims.shape == result.slots.shape
+        ends = np.cumsum(result.counts.astype(np.int64))
+        assert result.counts.ndim == 1 and int(ends[-1]) == len(result.victims)
+        return ([part.tolist() for part in np.split(result.victims, ends[:-1])],
+                [part.tolist() for part in np.split(result.slots, ends[:-1])])
     slots = None
     if isinstance(result, tuple):
         result, slots = result
@@ -263,6 +273,76 @@ def prompts(draw: Any, heads: int) -> Any:
     return out
 
 
+@st.composite
+def chunks(draw: Any, heads: int, base: int, valid: bool = False) -> tuple[Any, Any]:
+    """``extend``'s (attn, admit): ``(heads, C, base + C)`` weights (C in 1..4) in some
+    accepted layout, often with an invalid value somewhere (read or not) or the wrong
+    shape, and an admission mask that is None, bools in several forms, or malformed.
+    With ``valid``: a well-formed chunk (float weights of the grid) and a random mask,
+    so that rows come to hold different counts."""
+    if valid:
+        c = draw(st.integers(1, 4))
+        grid = np.array([[[draw(st.sampled_from(GRID)) for _ in range(base + c)] for _ in range(c)]
+                         for _ in range(heads)], dtype=draw(st.sampled_from([np.float32, np.float64])))
+        mask = np.array([[draw(st.booleans()) for _ in range(c)] for _ in range(heads)], dtype=bool)
+        return grid.reshape(heads, c, base + c), mask.reshape(heads, c)
+    c = draw(st.sampled_from([1, 1, 2, 3, 4, 0]))
+    width = base + c + draw(st.sampled_from([0] * 8 + [-1, 1]))
+    rows = heads + draw(st.sampled_from([0] * 10 + [-1, 1]))
+    rows, width = max(rows, 1), max(width, 0)
+    grid = np.array([[[draw(st.sampled_from(GRID)) for _ in range(width)] for _ in range(c)]
+                     for _ in range(rows)], dtype=np.float64).reshape(rows, c, width)
+    if grid.size and draw(st.integers(0, 3)) == 0:  # a bad value: read or not, both must agree
+        h, i, j = (draw(st.integers(0, n - 1)) for n in grid.shape)
+        grid[h, i, j] = draw(st.sampled_from(BAD_WEIGHTS))
+    form = draw(st.sampled_from(["f64", "f32", "list", "int", "bool", "flat"]))
+    if form == "f32":
+        with np.errstate(over="ignore"):
+            attn: Any = grid.astype(np.float32)
+    elif form == "list":
+        attn = grid.tolist()
+    elif form == "int":
+        attn = np.where(np.isfinite(grid) & (grid >= 0), grid * 8, -1).astype(np.int16)
+    elif form == "bool":
+        attn = grid > 0.5
+    elif form == "flat":
+        attn = grid.reshape(-1)
+    else:
+        attn = grid
+    if heads == 1 and rows == 1 and draw(st.booleans()) and isinstance(attn, np.ndarray) and attn.ndim == 3:
+        attn = attn[0]  # (C, W) for one head
+    kind = draw(st.sampled_from(["none"] * 3 + ["array"] * 3 + ["list", "flat", "ints", "shape", "str"]))
+    mask = np.array([[draw(st.booleans()) or draw(st.booleans()) for _ in range(c)] for _ in range(heads)],
+                    dtype=bool).reshape(heads, c)
+    admit: Any
+    if kind == "none":
+        admit = None
+    elif kind == "array":
+        admit = mask
+    elif kind == "list":
+        admit = mask.tolist()
+    elif kind == "flat":
+        admit = mask[0] if heads == 1 else mask.reshape(-1)
+    elif kind == "ints":
+        admit = mask.astype(draw(st.sampled_from([np.int64, np.uint8])))
+    elif kind == "shape":
+        admit = np.ones((heads, c + 1), dtype=bool)
+    else:
+        admit = "all"
+    return attn, admit
+
+
+def row_indices(heads: int) -> st.SearchStrategy[Any]:
+    """``select_rows``' index: mostly 1..4 valid rows (repeats, reorders, fewer, more),
+    sometimes empty, out of range, of the wrong kind or rank."""
+    valid = st.lists(st.integers(0, heads - 1), min_size=1, max_size=4)
+    return st.one_of(
+        valid, valid, valid, valid.map(lambda v: np.array(v, dtype=np.int64)),
+        valid.map(lambda v: np.array(v, dtype=np.uint16)),
+        st.sampled_from([[], [heads], [-1], [True], [0.0], [[0]], 0, "0", None, np.zeros(2, dtype=bool),
+                         np.zeros(1, dtype=np.float32), np.zeros((1, 1), dtype=np.int64)]))
+
+
 # ---------------------------------------------------------------- the machine
 
 
@@ -313,6 +393,10 @@ class PolicyPair(RuleBasedStateMachine):
         """The largest count of a row (attention is that wide)."""
         return int(self.objs[1].counts.max())
 
+    @property
+    def fresh(self) -> bool:
+        state = self.objs[1].state_dict()
+        return state["last_position"] == 0 and all(len(r) == 1 for r in state["kept"])
 
     def rows(self, p: Any) -> list[list[int]]:
         return [list(r) for r in p.state_dict()["kept"]]
@@ -362,6 +446,37 @@ class PolicyPair(RuleBasedStateMachine):
         (status, _), raw = self.apply("evict", budget, return_indices=indices)
         if status == "ok":
             self._contract(before, raw, budget)
+
+    @rule(data=st.data())
+    def step_rows(self, data: Any) -> None:
+        pos = data.draw(positions(self.last), label="pos")
+        attn = data.draw(attention(self.heads, self.held), label="attn")
+        budget = data.draw(budgets(self.held + 1, self.protected), label="budget")
+        before = [row + [pos] for row in self.rows(self.objs[0])]
+        (status, _), raw = self.apply("step_rows", pos, attn, budget)
+        if status == "ok":
+            self._contract(before, raw, budget)
+
+    @rule(data=st.data())
+    def evict_rows(self, data: Any) -> None:
+        budget = data.draw(budgets(self.held, self.protected), label="budget")
+        before = self.rows(self.objs[0])
+        (status, _), raw = self.apply("evict_rows", budget)
+        if status == "ok":
+            self._contract(before, raw, budget)
+
+    @rule(data=st.data(), valid=st.booleans())
+    def extend(self, data: Any, valid: bool) -> None:
+        attn, admit = data.draw(chunks(self.heads, 0 if self.fresh else self.held, valid), label="chunk")
+        self.apply("extend", attn, admit)
+
+    @rule(data=st.data())
+    def select_rows(self, data: Any) -> None:
+        index = data.draw(row_indices(self.heads), label="index")
+        (status, _), _ = self.apply("select_rows", index)
+        if status == "ok":
+            self.heads = self.objs[1].heads
+            self.params["heads"] = self.heads
 
     def _contract(self, before: list[list[Any]], raw: Any, budget: Any) -> None:
         """The output contract of the native call's own return value."""
@@ -513,6 +628,7 @@ class PolicyPair(RuleBasedStateMachine):
         elif self.policy == "streaming-llm":
             self.apply("sink_count")
         self.apply("kept_count")
+        self.apply("kept_row", head)
         self.apply("memory_bytes")
 
 

@@ -1,13 +1,21 @@
 """Property tests: the C path equals the reference on random operation sequences.
 
 Each example builds the same policy on both backends and applies one random sequence of
-operations (decode steps, evictions, fused steps, prefill, reset, state round trips
+operations (decode steps, evictions, fused steps, prefill, chunks with and without
+admission masks, row-by-row steps and evictions, row selection, reset, state round trips
 across backends, accessor queries), valid and invalid.  Scissorhands and H2O configurations
 include sinks, and Scissorhands ones a history window and a vote rate.  After every
 operation both must
 have returned the same value or raised the same class, and hold the same state and
 memory.  Weights are float32 or float64, drawn from a coarse grid (multiples of 1/8, so
 ties and exact fair shares are common) or from the unit interval.
+
+Chunks, rows of different counts and row selection are also checked against oracles
+written independently of both backends: ``extend`` on a fresh policy against
+``prefill``, a chunk against the decode steps its admitted tokens stand for (row by row,
+each row its own single-head policy), ``step_rows`` on rows of different counts against
+independent single-head policies, and ``select_rows`` against the rows picked out of
+``state_dict()``.
 """
 
 from __future__ import annotations
@@ -145,6 +153,26 @@ def prompts(draw, heads: int):
     return grid[0] if heads == 1 and draw(st.booleans()) else grid
 
 
+@st.composite
+def chunks(draw, heads: int, base: int):
+    """``extend``'s (attn, admit): ``(heads, C, base + C)`` grid weights, C in 1..4, float32
+    or float64, now and then a bad value (read or not) or a wrong width; admit None or a
+    random bool mask (as an array or lists)."""
+    c = draw(st.integers(1, 4))
+    width = base + c + draw(st.sampled_from([0] * 10 + [-1, 1]))
+    grid = np.array([[[draw(st.sampled_from(GRID)) for _ in range(max(width, 0))] for _ in range(c)]
+                     for _ in range(heads)]).reshape(heads, c, max(width, 0))
+    if grid.size and draw(st.integers(0, 5)) == 0:
+        h, i, j = (draw(st.integers(0, k - 1)) for k in grid.shape)
+        grid[h, i, j] = draw(st.sampled_from([math.nan, math.inf, -0.125]))
+    attn = grid.astype(draw(st.sampled_from([np.float32, np.float64])))
+    admit = None
+    if draw(st.booleans()):
+        mask = np.array([[draw(st.booleans()) for _ in range(c)] for _ in range(heads)], dtype=bool)
+        admit = mask.reshape(heads, c) if draw(st.booleans()) else mask.reshape(heads, c).tolist()
+    return attn, admit
+
+
 # ---------------------------------------------------------------- the differential driver
 
 
@@ -175,8 +203,9 @@ class Pair:
         native, ref = self.objs
         assert native.state_dict() == ref.state_dict()
         assert native.memory_bytes() == ref.memory_bytes()
-        assert native.kept_count() == ref.kept_count()
-        assert native.kept.tolist() == ref.kept.tolist()
+        assert outcome(native.kept_count) == outcome(ref.kept_count)
+        assert native.counts.tolist() == ref.counts.tolist()
+        assert outcome(getattr, native, "kept") == outcome(getattr, ref, "kept")
 
     def round_trip(self) -> None:
         """Each backend loads the other's state."""
@@ -191,8 +220,10 @@ def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30)
     heads = params["heads"]
     for _ in range(data.draw(st.integers(1, max_ops))):
         op = data.draw(st.sampled_from(
-            ["decode"] * 4 + ["step"] * 4 + ["evict"] * 2 + ["prefill", "reset", "roundtrip", "query"]))
-        n = pair.objs[1].kept_count()
+            ["decode"] * 4 + ["step"] * 4 + ["evict"] * 2 + ["prefill", "reset", "roundtrip", "query"]
+            + ["extend"] * 2 + ["step_rows", "evict_rows", "select"]))
+        heads = pair.objs[1].heads
+        n = int(pair.objs[1].counts.max())
         if op == "decode":
             pair.call("on_decode_step", data.draw(positions(pair.last)), data.draw(attention(heads, n)))
         elif op == "step":
@@ -202,6 +233,18 @@ def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30)
             pair.call("evict", data.draw(BUDGETS), return_indices=data.draw(st.booleans()))
         elif op == "prefill":
             pair.call("prefill", data.draw(prompts(heads)))
+        elif op == "extend":
+            state = pair.objs[1].state_dict()
+            fresh = state["last_position"] == 0 and all(len(r) == 1 for r in state["kept"])
+            attn, admit = data.draw(chunks(heads, 0 if fresh else n))
+            pair.call("extend", attn, admit)
+        elif op == "step_rows":
+            pair.call("step_rows", data.draw(positions(pair.last)), data.draw(attention(heads, n)),
+                      data.draw(BUDGETS))
+        elif op == "evict_rows":
+            pair.call("evict_rows", data.draw(BUDGETS))
+        elif op == "select":
+            pair.call("select_rows", data.draw(st.lists(st.integers(-1, heads), min_size=0, max_size=4)))
         elif op == "reset":
             pair.call("reset")
         elif op == "roundtrip":
@@ -351,3 +394,187 @@ def test_from_state_dict_agrees_on_mutated_states(policy, data):
         except (TypeError, ValueError) as exc:
             outs.append(("raised", type(exc).__name__))
     assert outs[0] == outs[1]
+
+
+# ---------------------------------------------------------------- chunks, rows, selection
+
+
+@st.composite
+def fresh_prompts(draw, heads: int):
+    """A ``(heads, P, P)`` causal prompt for ``prefill`` (P in 1..6), NaN above the
+    diagonal (never read), float32 or float64."""
+    p = draw(st.integers(1, 6))
+    grid = np.array([[[draw(st.sampled_from(GRID)) for _ in range(p)] for _ in range(p)]
+                     for _ in range(heads)]).reshape(heads, p, p)
+    grid = np.tril(grid, -1) + np.triu(np.full_like(grid, np.nan))
+    return grid.astype(draw(st.sampled_from([np.float32, np.float64])))
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@given(data=st.data())
+def test_extend_on_a_fresh_policy_is_prefill(backend_name, policy, data):
+    """On a fresh policy extend(attn) leaves exactly the state (and memory) prefill(attn) leaves."""
+    backend = load_backend(backend_name)
+    params = data.draw(params_for(policy, heads=st.integers(1, 3)))
+    prompt = data.draw(fresh_prompts(params["heads"]))
+    a, b = (backend.POLICIES[policy](**params) for _ in range(2))
+    if data.draw(st.booleans()):  # fresh again after a reset
+        for p in (a, b):
+            p.on_decode_step(1, None)
+            p.reset()
+    a.prefill(prompt)
+    b.extend(prompt)
+    assert a.state_dict() == b.state_dict() and a.memory_bytes() == b.memory_bytes()
+
+
+def _decode_steps_oracle(cls, params, state, attn, mask, fresh):
+    """What a chunk does to one row, written as the decode steps it stands for: a
+    single-head policy loaded with the row's state takes on_decode_step for each token the
+    row admits, over the weights of what the row holds at that moment."""
+    p = cls.from_state_dict(state)
+    n = len(state["kept"][0])
+    first = 0 if fresh else state["last_position"] + 1
+    joined: list[int] = []
+    for i in range(attn.shape[0]):
+        if fresh and i == 0:
+            if mask[0]:
+                joined.append(0)
+                continue
+            st0 = p.state_dict()  # position 0 leaves the row
+            for key in ("kept", "votes", "scores", "history", "steps_held"):
+                if key in st0:
+                    st0[key] = [[]]
+            p = cls.from_state_dict(st0)
+            continue
+        if not mask[i]:
+            continue
+        cols = list(range(0 if fresh else n)) + [(0 if fresh else n) + j for j in joined]
+        p.on_decode_step(first + i, attn[i, cols])
+        joined.append(i)
+    return p
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@given(data=st.data())
+def test_extend_equals_the_decode_steps_of_its_admitted_tokens(backend_name, policy, data):
+    """Each row after extend(attn, admit) holds what its admitted tokens' decode steps give."""
+    backend = load_backend(backend_name)
+    cls = backend.POLICIES[policy]
+    params = data.draw(params_for(policy, heads=st.integers(1, 3)))
+    heads = params["heads"]
+    multi = cls(**params)
+    for t in range(1, data.draw(st.integers(0, 6)) + 1):  # 0 steps: fresh
+        n = multi.kept_count()
+        multi.step(t, np.array([[data.draw(st.sampled_from(GRID)) for _ in range(n)] for _ in range(heads)])
+                   if t % 2 else None)
+    state = multi.state_dict()
+    fresh = state["last_position"] == 0
+    n = 0 if fresh else multi.kept_count()
+    c = data.draw(st.integers(1, 5))
+    attn = np.array([[[data.draw(st.sampled_from(GRID)) for _ in range(n + c)] for _ in range(c)]
+                     for _ in range(heads)]).reshape(heads, c, n + c)
+    mask = np.array([[data.draw(st.booleans()) for _ in range(c)] for _ in range(heads)], dtype=bool)
+    multi.extend(attn, mask)
+    got = multi.state_dict()
+    single = dict(params, heads=1)
+    for h in range(heads):
+        row_state = {**state, "params": {**state["params"], "heads": 1},
+                     **{k: [state[k][h]] for k in ("kept", "votes", "scores", "history", "steps_held")
+                        if k in state}}
+        want = _decode_steps_oracle(cls, single, row_state, attn[h], mask[h], fresh).state_dict()
+        for key in ("kept", "votes", "scores", "history", "steps_held"):
+            if key in got:
+                assert got[key][h] == want[key][0], f"row {h} {key}"
+    assert got["last_position"] == (c - 1 if fresh else state["last_position"] + c)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@given(data=st.data())
+def test_rows_of_different_counts_equal_independent_policies(backend_name, policy, data):
+    """step_rows on rows of different counts gives, row by row, what independent single-head
+    policies give (the same victims, slots and state)."""
+    backend = load_backend(backend_name)
+    cls = backend.POLICIES[policy]
+    params = data.draw(params_for(policy, heads=st.integers(2, 4)))
+    heads = params.pop("heads")
+    multi = cls(heads=heads, **params)
+    # Rows of different counts from a state: each row keeps some of positions 0..6.
+    kept = [sorted(data.draw(st.sets(st.integers(0, 6), max_size=6))) for _ in range(heads)]
+    state = multi.state_dict()
+    state["kept"] = kept
+    if "votes" in state:
+        state["votes"] = [[0] * len(r) for r in kept]
+    if "scores" in state:
+        state["scores"] = [[0.0] * len(r) for r in kept]
+    for key in ("history", "steps_held"):
+        if key in state:
+            state[key] = [[0] * len(r) for r in kept]
+    state["last_position"] = 6
+    multi = cls.from_state_dict(state)
+    singles = []
+    for h in range(heads):
+        one = {**state, "params": {**state["params"], "heads": 1},
+               **{k: [state[k][h]] for k in ("kept", "votes", "scores", "history", "steps_held") if k in state}}
+        singles.append(cls.from_state_dict(one))
+    pos = 6
+    for _ in range(data.draw(st.integers(1, 25))):
+        pos += data.draw(st.integers(1, 3))
+        counts = multi.counts.tolist()
+        w = np.array([[data.draw(st.sampled_from(GRID)) for _ in range(max(counts))] for _ in range(heads)],
+                     dtype=data.draw(st.sampled_from([np.float32, np.float64]))).reshape(heads, max(counts))
+        budget = data.draw(st.none() | st.integers(protected(params) + 1, 9))
+        if data.draw(st.integers(0, 3)) == 0:
+            got = multi.evict_rows(budget)
+            outs = [s.evict(budget, return_indices=True) for s in singles]
+            pos -= 1
+        else:
+            got = multi.step_rows(pos, w, budget)
+            outs = [s.step(pos, w[h, :counts[h]], budget, return_indices=True) for h, s in enumerate(singles)]
+        assert got.counts.tolist() == [len(v) for v, _ in outs]
+        assert got.victims.tolist() == [p for v, _ in outs for p in v]
+        assert got.slots.tolist() == [i for _, sl in outs for i in sl]
+    final = multi.state_dict()
+    for h, s in enumerate(singles):
+        one = s.state_dict()
+        for key in ("kept", "votes", "scores", "history", "steps_held"):
+            if key in final:
+                assert final[key][h] == one[key][0]
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@given(data=st.data())
+def test_select_rows_picks_rows_out_of_the_state(backend_name, policy, data):
+    """After select_rows(index), state_dict() holds old row index[i] as row i (every per-slot
+    field), heads is len(index), and later steps behave as on a policy loaded with that state."""
+    backend = load_backend(backend_name)
+    cls = backend.POLICIES[policy]
+    params = data.draw(params_for(policy, heads=st.integers(1, 3)))
+    p = cls(**params)
+    for t in range(1, data.draw(st.integers(0, 8)) + 1):
+        n = int(p.counts.max())
+        if data.draw(st.booleans()):
+            p.step_rows(t, np.array([[data.draw(st.sampled_from(GRID)) for _ in range(n)]
+                                     for _ in range(p.heads)]), None)
+        else:  # a chunk that leaves tokens out of some rows: rows of different counts
+            fresh = p.state_dict()["last_position"] == 0 and p.counts.tolist() == [1] * p.heads
+            base = 0 if fresh else n
+            p.extend(np.full((p.heads, 2, base + 2), 0.25),
+                     np.array([[data.draw(st.booleans()) for _ in range(2)] for _ in range(p.heads)]))
+            break
+    before = p.state_dict()
+    index = data.draw(st.lists(st.integers(0, p.heads - 1), min_size=1, max_size=5))
+    p.select_rows(np.array(index) if data.draw(st.booleans()) else index)
+    after = p.state_dict()
+    assert after["params"] == {**before["params"], "heads": len(index)} and p.heads == len(index)
+    for key in ("kept", "votes", "scores", "history", "steps_held"):
+        if key in before:
+            assert after[key] == [before[key][i] for i in index]
+    loaded = cls.from_state_dict(after)
+    t = after["last_position"] + 1
+    w = np.full((len(index), int(p.counts.max())), 0.5)
+    assert plain(p.step_rows(t, w, None)) == plain(loaded.step_rows(t, w, None))
+    assert p.state_dict() == loaded.state_dict()
