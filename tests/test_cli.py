@@ -131,8 +131,9 @@ def test_eval_and_record_namespaces():
     assert vars(ev) == {
         "command": "eval", "no_progress": False, "policies": ["full", "streaming-llm", "h2o", "scissorhands"],
         "budgets": None, "recent_window": None, "sinks": None, "backend": "native", "json": None,
-        "plot": None, "tokens": 512, "prompt_tokens": 64, "text": None, "model": None,
+        "plot": None, "tokens": 512, "prompt_tokens": None, "text": None, "model": None,
         "head_mode": "per-head", "history_window": None, "vote_rate": None, "cache_mode": "reuse",
+        "attention": "eager", "threads": 1,
     }
     ev = parser.parse_args(["eval", "--tokens", "2048", "--budgets", "409", "204", "--recent-window",
                             "32", "204", "--sinks", "4", "0", "--head-mode", "mean", "--text", "t.txt"])
@@ -140,8 +141,8 @@ def test_eval_and_record_namespaces():
         2048, [409, 204], [32, 204], [4, 0], "mean", "t.txt")
     rec = parser.parse_args(["record", "--layers", "0", "5", "29", "--out", "x.npz"])
     assert vars(rec) == {
-        "command": "record", "no_progress": False, "tokens": 512, "prompt_tokens": 64, "text": None,
-        "model": None, "layers": [0, 5, 29], "out": "x.npz",
+        "command": "record", "no_progress": False, "tokens": 512, "prompt_tokens": None, "text": None,
+        "model": None, "layers": [0, 5, 29], "out": "x.npz", "attention": "eager", "threads": 1,
     }
 
 
@@ -162,7 +163,7 @@ def test_help_exits_0(capsys):
     """--help at the top level and per subcommand exits 0."""
     for argv in (["--help"], ["replay", "--help"], ["eval", "--help"], ["record", "--help"]):
         assert main(argv) == 0
-    assert "{replay,eval,record,report}" in capsys.readouterr().out
+    assert "{replay,eval,record,report,generate,longctx}" in capsys.readouterr().out
 
 
 def test_python_dash_m(tmp_path):

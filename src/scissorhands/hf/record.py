@@ -1,16 +1,21 @@
-"""Recording a real model's full-cache attention as a trace (``record``)."""
+"""Recording a real model's full-cache attention as a trace (``record``).
+
+The model runs with an :class:`~scissorhands.hf.cache.EvictingCache` of the ``full``
+policy, which never evicts, so slot ``s`` holds position ``s``; what the installed
+attention hands the cache each step is what a policy would see, and is kept.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from ..errors import InvalidInputError
-from .drive import as_batch_of_one, cache_keyword, check_model
+from .cache import EvictingCache
+from .drive import decode_step, prefill
 from .gqa import group_mean
 
 __all__ = ["record_attention"]
@@ -22,7 +27,7 @@ def record_attention(
     *,
     layers: Sequence[int] | None = None,
     prompt_tokens: int = 64,
-    progress: Any = None,
+    progress: Callable[[int], Any] | None = None,
 ) -> np.ndarray:
     """Record the full-cache attention of every decode step, per (layer, KV head).
 
@@ -30,14 +35,17 @@ def record_attention(
     token per step, with nothing evicted.  Step ``t`` (``t = 1 .. N-1``) is token ``t``'s
     attention over positions ``0 .. t-1``: the mean over the query heads of each GQA
     group, its weight on itself excluded, not renormalised (exactly what a policy sees).
+    Any attention implementation the cache can wrap works (``eager`` gives its own
+    weights; under ``sdpa`` they are computed from the query and the keys).
 
     Parameters
     ----------
-    model : transformers causal LM, eager attention
+    model : transformers causal LM
     input_ids : array-like of int
         ``(N,)`` or ``(1, N)``, ``N >= 2``.
     layers : sequence of int, optional
-        The layers to keep (default: all), in the order given.
+        The model layers to keep (default: all), in the order given; full-attention
+        layers only.
     prompt_tokens : int, default 64
         Tokens consumed by the first forward (clipped to ``N``).
     progress : callable, optional
@@ -52,57 +60,45 @@ def record_attention(
     Raises
     ------
     InvalidInputError
-        Non-eager attention, batch > 1, fewer than two tokens, or a layer out of range.
+        Batch > 1, fewer than two tokens, or a layer out of range or not full attention.
     """
-    check_model(model)
-    ids = as_batch_of_one(input_ids)
+    ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1) if np.ndim(input_ids) <= 1 else \
+        torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.shape[0] != 1:
+        raise InvalidInputError(f"record_attention takes one sequence, got a batch of {ids.shape[0]}")
     n = int(ids.shape[1])
     if n < 2:
         raise InvalidInputError("recording needs at least two tokens")
-    text_config = model.config.get_text_config(decoder=True)
-    num_layers = int(text_config.num_hidden_layers)
-    num_heads = int(text_config.num_attention_heads)
-    kv_heads = int(getattr(text_config, "num_key_value_heads", None) or num_heads)
+    cache = EvictingCache(model.config, "full", None)
+    num_layers = len(cache.layers)
     selected = list(range(num_layers)) if layers is None else [int(i) for i in layers]
     if not selected or any(i < 0 or i >= num_layers for i in selected):
         raise InvalidInputError(f"layers must be in [0, {num_layers}), got {selected}")
-    prompt = max(1, min(int(prompt_tokens), n))
+    evicting = [cache._evicting_index(i) for i in selected]
+    kv_heads = cache.num_kv_heads
     out = np.empty((len(selected), kv_heads, n * (n - 1) // 2), dtype=np.float16)
-    cache = DynamicCache(config=model.config)
-    keyword = cache_keyword(model)
+    seen: dict[int, np.ndarray] = {}
+    observe = cache._observe
 
-    def grouped(weights: torch.Tensor) -> np.ndarray:
-        return group_mean(weights, kv_heads)  # (heads, q, kv) -> (kv_heads, q, kv)
+    def keep(e: int, weights: torch.Tensor) -> None:
+        if e in evicting:
+            seen[e] = group_mean(weights.detach().cpu(), kv_heads)[0]  # (kv_heads, q, t + q)
+        observe(e, weights)
 
-    with torch.no_grad():
-        result = model(
-            input_ids=ids[:, :prompt],
-            position_ids=torch.arange(prompt)[None, :],
-            use_cache=True,
-            output_attentions=True,
-            **{keyword: cache},
-        )
-        if result.attentions is None or any(a is None for a in result.attentions):
-            raise InvalidInputError(
-                "the model returned no attention weights (eager attention needed)"
-            )
-        for row, layer in enumerate(selected):
-            weights = grouped(result.attentions[layer][0])
-            for t in range(1, prompt):
-                out[row, :, t * (t - 1) // 2 : t * (t + 1) // 2] = weights[:, t, :t]
+    cache._observe = keep  # type: ignore[method-assign]
+    prompt = max(1, min(int(prompt_tokens), n))
+    prefill(model, cache, ids[:, :prompt])
+    for row, e in enumerate(evicting):
+        weights = seen[e]
+        for t in range(1, prompt):
+            out[row, :, t * (t - 1) // 2 : t * (t + 1) // 2] = weights[:, t, :t]
+    if progress is not None:
+        progress(prompt)
+    for t in range(prompt, n):
+        decode_step(model, cache, ids[:, t])
+        start = t * (t - 1) // 2
+        for row, e in enumerate(evicting):
+            out[row, :, start : start + t] = seen[e][:, 0, :t]
         if progress is not None:
-            progress(prompt)
-        for t in range(prompt, n):
-            result = model(
-                input_ids=ids[:, t : t + 1],
-                position_ids=torch.tensor([[t]]),
-                use_cache=True,
-                output_attentions=True,
-                **{keyword: cache},
-            )
-            start = t * (t - 1) // 2
-            for row, layer in enumerate(selected):
-                out[row, :, start : start + t] = grouped(result.attentions[layer][0])[:, 0, :t]
-            if progress is not None:
-                progress(1)
+            progress(1)
     return out

@@ -1,146 +1,175 @@
-"""The bank of policy rows a cache drives: one row per (layer, KV head), layer-major.
+"""The bank of policy rows a cache drives: one row per (layer, sequence, KV head).
 
-The rows are held either by one fused policy object (``heads = layers * heads per
-layer``: one C call per step for the whole model) or by one policy object per layer;
-rows are independent, so both decide exactly alike.  Policies are duck-typed (either
-backend, or your own): ``prefill``, ``step(..., return_indices=True)``,
-``evict(..., return_indices=True)``, ``kept_count`` and ``kept``.
+Rows are layer-major: row ``(layer * batch + sequence) * heads + head`` (``heads`` = the
+KV heads, or 1 in ``mean`` head mode).  Sequences that share a configuration share one
+policy object (its rows are theirs, in the same order), so a step is one call per
+configuration: one for a plain cache, one per configuration for ``eval``'s batch.  The
+policies are duck-typed: either backend, with ``step_rows``, ``extend``,
+``evict_rows``, ``select_rows``, ``counts`` and ``reset``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidInputError
-from ..options import PolicyOptions, make_policy
+from ..options import PolicyOptions, make_policy, policy_spec
 
-__all__ = ["PolicyRows"]
+__all__ = ["PolicyConfig", "PolicyRows"]
 
 
-class PolicyRows:
-    """One policy row per (layer, head), behind one call per step.
+@dataclass(frozen=True)
+class PolicyConfig:
+    """One configuration of the rows of some sequences: a registry policy, its budget
+    (None only for ``full``) and its options."""
 
-    Parameters
-    ----------
-    policies : one policy, or a sequence of one per layer
-        Fresh (holding only position 0).  One policy: its rows are every layer's
-        heads, layer-major (row ``layer * heads_per_layer + head``).  A sequence: one
-        policy of ``heads_per_layer`` rows per layer.
-    num_layers, heads_per_layer : int
-    budget : int, optional
-        Per-call budget for every ``step``/``evict``; None uses each policy's own.
+    policy: str
+    budget: int | None
+    options: PolicyOptions = field(default_factory=PolicyOptions)
+    backend: str = "native"
 
-    Raises
-    ------
-    InvalidInputError
-        A policy that is not fresh or has the wrong number of rows, or a sequence
-        without one policy per layer.
-    """
-
-    def __init__(self, policies: Sequence[Any] | Any, num_layers: int, heads_per_layer: int,
-                 budget: int | None = None, head_mode: str = "per-head") -> None:
-        self.fused = hasattr(policies, "step")
-        self.policies = [policies] if self.fused else list(policies)
-        self.num_layers = num_layers
-        self.heads_per_layer = heads_per_layer
-        self.rows = num_layers * heads_per_layer
-        rows_expected = self.rows if self.fused else heads_per_layer
-        if not self.fused and len(self.policies) != num_layers:
-            raise InvalidInputError(
-                f"need one policy per layer: {num_layers}, got {len(self.policies)}"
-            )
-        for index, policy in enumerate(self.policies):
-            kept = np.asarray(policy.kept)
-            rows = 1 if kept.ndim == 1 else kept.shape[0]
-            if rows != rows_expected or policy.kept_count() != 1:
-                what = "the fused policy" if self.fused else f"policy {index}"
-                raise InvalidInputError(
-                    f"{what} must be fresh with heads={rows_expected} "
-                    f"(head_mode {head_mode!r}), got {rows} rows holding {policy.kept_count()}"
-                )
-        self.budget = budget
-
-    @classmethod
-    def build(cls, name: str, budget: int | None, options: PolicyOptions | None, *,
-              num_layers: int, heads_per_layer: int, fused: bool = True,
-              backend: str = "native", head_mode: str = "per-head") -> PolicyRows:
-        """Rows of registry policy ``name`` configured by ``options``
-        (:func:`scissorhands.options.make_policy`): one fused object, or one per layer."""
-        def one(rows: int) -> Any:
-            return make_policy(name, budget, options, heads=rows, backend=backend)
-
-        policies = one(num_layers * heads_per_layer) if fused else [one(heads_per_layer) for _ in range(num_layers)]
-        return cls(policies, num_layers, heads_per_layer, budget=budget, head_mode=head_mode)
-
-    def budgets(self) -> set[Any]:
-        """The budgets the rows evict to (the per-call one, or each policy's own)."""
-        if self.budget is not None:
-            return {self.budget}
-        return {getattr(p, "budget", None) for p in self.policies}
-
-    def kept(self, layer: int) -> np.ndarray:
-        """Positions held by ``layer``'s rows: ``uint32``, ``(heads_per_layer, n)``."""
-        if self.fused:
-            kept = np.asarray(self.policies[0].kept, dtype=np.uint32)
-            return kept.reshape(self.num_layers, self.heads_per_layer, -1)[layer]
-        return np.asarray(self.policies[layer].kept, dtype=np.uint32).reshape(self.heads_per_layer, -1)
-
-    def fresh(self) -> bool:
-        """Whether every row holds only position 0."""
-        return all(policy.kept_count() == 1 for policy in self.policies)
-
-    def call(self, method: str, *args: Any) -> np.ndarray:
-        """Call ``method(*args, budget, return_indices=True)`` on the policies; return the
-        victims' kept-order slots as ``(rows, k)`` int64.
-
-        ``args`` end with the attention as ``(rows, ...)`` when the method takes one.
+    def check(self) -> None:
+        """Build a one-row policy, so that a bad name, budget or option raises now.
 
         Raises
         ------
-        InvalidInputError
-            Layers evicting different counts (policies with different budgets).
+        InvalidInputError, InvalidTypeError
+            What the policy's constructor refuses.
         """
-        budget = self.budget
-        if self.fused:
-            policy = self.policies[0]
-            if self.rows == 1 and args:  # a single-row policy takes 1-D weights
-                args = (*args[:-1], args[-1][0])
-            out = getattr(policy, method)(*args, budget, return_indices=True)[1]
-            return np.asarray(out, dtype=np.int64).reshape(self.rows, -1)
-        heads = self.heads_per_layer
-        slots = []
-        if args:
-            weights = args[-1].reshape(self.num_layers, heads, *args[-1].shape[1:])
-            if heads == 1:
-                weights = weights[:, 0]
-            for policy, row in zip(self.policies, weights):
-                call = getattr(policy, method)
-                slots.append(call(*args[:-1], row, budget, return_indices=True)[1])
-        else:
-            for policy in self.policies:
-                slots.append(getattr(policy, method)(budget, return_indices=True)[1])
-        try:
-            victims = np.array(slots, dtype=np.int64)
-            if victims.size % self.rows:
-                raise ValueError
-        except ValueError:
-            counts = sorted({np.asarray(s).reshape(heads, -1).shape[1] for s in slots})
-            raise InvalidInputError(
-                f"layers evicted different counts {counts}: every layer must keep the "
-                "same number of positions (give all policies the same budget, or pass budget=)"
-            ) from None
-        return victims.reshape(self.rows, victims.size // self.rows)
+        make_policy(self.policy, self.budget, self.options, backend=self.backend)
 
-    def prefill(self, means: np.ndarray) -> None:
-        """Each row's ``prefill`` with its ``(q, q)`` prompt attention; ``means`` is
-        ``(rows, q, q)``."""
-        q = means.shape[-1]
-        if self.fused:
-            self.policies[0].prefill(means if self.rows > 1 else means[0])
-            return
-        per_layer = means.reshape(self.num_layers, self.heads_per_layer, q, q)
-        for policy, mean in zip(self.policies, per_layer):
-            policy.prefill(mean if self.heads_per_layer > 1 else mean[0])
+    @property
+    def evicts(self) -> bool:
+        return policy_spec(self.policy).evicts
+
+
+class PolicyRows:
+    """The policy objects behind every row, grouped by configuration.
+
+    Parameters
+    ----------
+    configs : sequence of PolicyConfig
+        One per group of sequences, with ``sizes``.
+    sizes : sequence of int
+        Sequences per group, in batch order.
+    layers, heads : int
+        Evicting layers, and policy rows per layer and sequence.
+    """
+
+    def __init__(self, configs: Sequence[PolicyConfig], sizes: Sequence[int], layers: int,
+                 heads: int) -> None:
+        self.configs = list(configs)
+        self.sizes = [int(s) for s in sizes]
+        self.layers = layers
+        self.heads = heads
+        self.batch = sum(self.sizes)
+        self.starts = np.cumsum([0, *self.sizes])
+        self.policies = [
+            make_policy(c.policy, c.budget, c.options, heads=layers * n * heads, backend=c.backend)
+            for c, n in zip(self.configs, self.sizes)
+        ]
+        #: Seconds spent in each group's policy calls.
+        self.seconds = [0.0] * len(self.policies)
+
+    @property
+    def rows(self) -> int:
+        return self.layers * self.batch * self.heads
+
+    def _group_rows(self, g: int) -> np.ndarray:
+        """The global row numbers of group ``g``'s rows, in its policy's order."""
+        grid = np.arange(self.rows).reshape(self.layers, self.batch, self.heads)
+        return grid[:, self.starts[g]:self.starts[g + 1]].reshape(-1)
+
+    def _each(self) -> list[tuple[int, Any, np.ndarray, PolicyConfig]]:
+        if len(self.policies) == 1:
+            return [(0, self.policies[0], np.arange(self.rows), self.configs[0])]
+        return [(g, p, self._group_rows(g), c) for g, (p, c) in enumerate(zip(self.policies, self.configs))]
+
+    def group_of(self, sequence: int) -> int:
+        """The group holding sequence ``sequence``."""
+        return int(np.searchsorted(self.starts, sequence, side="right")) - 1
+
+    def counts(self) -> np.ndarray:
+        """Positions held per row, ``int64 (rows,)``."""
+        out = np.empty(self.rows, dtype=np.int64)
+        for _, policy, rows, _ in self._each():
+            out[rows] = np.asarray(policy.counts, dtype=np.int64)
+        return out
+
+    def kept_row(self, row: int) -> np.ndarray:
+        """The positions row ``row`` holds, ascending."""
+        for _, policy, rows, _ in self._each():
+            hit = np.nonzero(rows == row)[0]
+            if hit.size:
+                return np.asarray(policy.kept_row(int(hit[0])), dtype=np.uint32)
+        raise InvalidInputError(f"row {row} is not in [0, {self.rows})")
+
+    def _merge(self, parts: list[tuple[np.ndarray, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        """Each group's ``RowVictims`` (its rows in its policy's order) as one
+        ``(counts (rows,), kept-order slots (total,))`` pair in global row order."""
+        if len(parts) == 1 and len(self.policies) == 1:
+            victims = parts[0][1]
+            return (np.asarray(victims.counts, dtype=np.int64), np.asarray(victims.slots, dtype=np.int64))
+        counts = np.zeros(self.rows, dtype=np.int64)
+        for rows, victims in parts:
+            counts[rows] = np.asarray(victims.counts, dtype=np.int64)
+        offsets = np.concatenate(([0], np.cumsum(counts)))
+        flat = np.empty(int(offsets[-1]), dtype=np.int64)
+        for rows, victims in parts:
+            mine = np.asarray(victims.counts, dtype=np.int64)
+            starts = np.repeat(offsets[rows], mine)
+            within = np.arange(int(mine.sum())) - np.repeat(np.concatenate(([0], np.cumsum(mine)[:-1])), mine)
+            flat[starts + within] = np.asarray(victims.slots, dtype=np.int64)
+        return counts, flat
+
+    def step(self, pos: int, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One decode step on every row: ``weights`` ``(rows, W)`` over each row's held
+        positions (kept order, W = the largest count); returns each row's victim count
+        and their kept-order slots, row after row."""
+        parts = []
+        for g, policy, rows, config in self._each():
+            w = weights if len(self.policies) == 1 else weights[rows]
+            width = int(np.asarray(policy.counts).max(initial=0))
+            w = np.ascontiguousarray(w[:, :width])
+            start = time.perf_counter()
+            victims = policy.step_rows(pos, w, config.budget)
+            self.seconds[g] += time.perf_counter() - start
+            parts.append((rows, victims))
+        return self._merge(parts)
+
+    def extend(self, weights: np.ndarray, admit: np.ndarray | None,
+               fresh: bool) -> tuple[np.ndarray, np.ndarray]:
+        """A chunk of tokens on every row (``weights`` ``(rows, q, W)`` in ``extend``'s
+        layout, ``admit`` ``(rows, q)`` or None; ``fresh``: nothing admitted yet), then
+        eviction to each budget; returns what :meth:`step` returns."""
+        parts = []
+        for g, policy, rows, config in self._each():
+            before = int(np.asarray(policy.counts).max(initial=0))
+            width = (0 if fresh else before) + weights.shape[1]
+            w = weights if len(self.policies) == 1 else weights[rows]
+            a = None if admit is None else (admit if len(self.policies) == 1 else admit[rows])
+            w = np.ascontiguousarray(w[:, :, :width])
+            start = time.perf_counter()
+            policy.extend(w, a)
+            victims = policy.evict_rows(config.budget)
+            self.seconds[g] += time.perf_counter() - start
+            parts.append((rows, victims))
+        return self._merge(parts)
+
+    def select(self, index: np.ndarray) -> None:
+        """Sequences become ``index`` (old sequence numbers): each policy's rows follow."""
+        if len(self.policies) != 1:
+            raise InvalidInputError("a cache holding several configurations cannot reorder its batch")
+        grid = np.arange(self.rows).reshape(self.layers, self.batch, self.heads)
+        self.policies[0].select_rows(grid[:, index].reshape(-1))
+        self.batch = len(index)
+        self.sizes = [self.batch]
+        self.starts = np.array([0, self.batch])
+
+    def budgets(self) -> list[int | None]:
+        return [c.budget for c in self.configs]

@@ -1,149 +1,383 @@
-"""How a cache layer stores the held keys and values: two strategies with one interface.
+"""Where an evicting cache keeps its keys and values, and which slot holds what.
 
-* :class:`SlotLayer` (``cache_mode="reuse"``): preallocated slots; a decode token's key
-  and value go into the slot the last victim freed, so a step writes one token.
-* :class:`CompactLayer` (``cache_mode="compact"``): the ``DynamicCache`` way, keys
-  appended by ``torch.cat`` and the survivors gathered after every eviction.
+Every evicting layer has buffers ``(batch, kv_heads, capacity, head_dim)``; a *row* is
+one (layer, sequence, KV head), layer-major.  Per row the storage knows the physical
+slot of each held position in kept order (``slots[row, :count]``), which slots are
+valid (held, or the token being written), and where its next decode token goes
+(``free``).  The model attends over the slots ``[0, extent)`` of every layer; an
+invalid slot is masked.
 
-Both refuse a second write before the cache has observed the first (the model was
-called outside the cache's own driving functions), through the :class:`Sync` they share
-with their cache, and time their own ``update``.
+Two strategies share that bookkeeping:
+
+* :class:`SlotStorage` (``"reuse"``): a decode token's key and value go into the slot
+  its row's last victim freed, so a step writes one token and moves nothing; a chunk
+  (several tokens) is appended and the layout compacted after its eviction.
+* :class:`CompactStorage` (``"compact"``): the same, then every row is gathered back
+  into kept order after every step (the whole cache copied each step: the simple
+  layout, kept as a reference for the slot-reusing one).
+
+While nothing has ever been evicted, slot ``s`` of every row holds padded position
+``s`` (padding included, masked by transformers' own mask): the layout transformers
+expects, so the mask it builds is used as it is (``aligned``).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
+import numpy as np
 import torch
-from transformers.cache_utils import DynamicLayer
 
 from ..errors import InvalidInputError
 
-__all__ = ["CACHE_MODES", "OUT_OF_SYNC", "CompactLayer", "SlotLayer", "Sync"]
+__all__ = ["CACHE_MODES", "CompactStorage", "SlotStorage", "make_storage"]
 
 #: ``reuse``: a decode token takes the last victim's slot; ``compact``: gather every step.
 CACHE_MODES = ("reuse", "compact")
 
-OUT_OF_SYNC = (
-    "the cache received keys and values the policies never saw (the model was called "
-    "outside prefill()/decode_step()): drive the model with decode_step()"
-)
 
+class SlotStorage:
+    """The slot layout of one cache (see the module docstring).
 
-class Sync:
-    """State shared by a cache and its layers: held count, observation epoch, writes."""
-
-    __slots__ = ("epoch", "held", "writes")
-
-    def __init__(self) -> None:
-        self.held = 0
-        self.epoch = 0
-        self.writes = 0
-
-
-class CompactLayer(DynamicLayer):
-    """A ``DynamicLayer`` (keys and values appended by ``torch.cat``) that refuses a second
-    write before the cache has observed the first, and times its own ``update``."""
-
-    def __init__(self, sync: Sync) -> None:
-        super().__init__()
-        self.sync = sync
-        self.written_epoch = -1
-        self.update_seconds = 0.0
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        start = time.perf_counter()
-        sync = self.sync
-        if self.written_epoch == sync.epoch:
-            raise InvalidInputError(OUT_OF_SYNC)
-        keys, values = super().update(key_states, value_states)
-        self.written_epoch = sync.epoch
-        sync.writes += 1
-        self.update_seconds += time.perf_counter() - start
-        return keys, values
-
-
-class SlotLayer(DynamicLayer):
-    """Keys and values in preallocated slots; a decode token is written into a free slot.
-
-    ``keys``/``values`` are buffers ``(1, kv_heads, capacity, dim)``.  Between two
-    forwards the layer holds ``sync.held`` positions per KV head in ``held`` of the slots
-    ``0 .. held``, and the remaining one is free (the last victim's slot, or slot
-    ``held`` when nothing was evicted); ``write_index`` (kept up to date by the cache)
-    holds, per KV head, the flat index ``h * capacity + free[h]``.  ``update`` writes the
-    token there with one ``index_copy_`` per tensor and returns ``[..., :held + 1, :]``:
-    the model attends over the held keys in slot order, which is exact because attention
-    is permutation-invariant over keys (each key keeps its RoPE rotation and the query
-    its true position) and every slot in that range is a held key or the new token's.
-    The cache maps the returned weights back to the policy's kept order.
+    Parameters
+    ----------
+    layers : int
+        Evicting layers.
+    capacity : int
+        Slots per row to start with (grown by doubling when needed).
     """
 
-    def __init__(self, sync: Sync, capacity_hint: int, write_index: torch.Tensor) -> None:
-        super().__init__()
-        self.sync = sync
-        self.capacity_hint = capacity_hint
-        self.write_index = write_index
-        self.written_epoch = -1
-        self.written = 0
-        self.update_seconds = 0.0
-        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None
+    compact_every_step = False
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self.is_initialized = True
+    def __init__(self, layers: int, capacity: int) -> None:
+        self.layers = layers
+        self.hint = max(1, capacity)
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.batch = 0
+        self.heads = 0
+        self.capacity = 0
+        self.extent = 0
+        self.aligned = True
+        self.slots = np.zeros((0, 0), dtype=np.int64)
+        self.counts = np.zeros(0, dtype=np.int64)
+        self.free = np.zeros(0, dtype=np.int64)
+        self.valid = np.zeros((0, 0), dtype=bool)
+        # The write of the forward in flight: decode (one token per row at `free`) or a
+        # chunk at columns [chunk_start, chunk_start + q).
+        self.q = 0
+        self.chunk_start = 0
+        self.compactions = 0
+        self._write_index = torch.zeros(0, dtype=torch.long)
+        self._masks = {}
 
-    def set_buffers(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Install new slot buffers (contiguous, ``(1, kv_heads, capacity, dim)``)."""
-        self.keys, self.values = keys, values
-        self._flat = (keys.view(-1, keys.shape[-1]), values.view(-1, values.shape[-1]))
+    # ------------------------------------------------------------------ shape
 
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        start = time.perf_counter()
-        sync = self.sync
-        if self.written_epoch == sync.epoch:
-            raise InvalidInputError(OUT_OF_SYNC)
-        q = key_states.shape[-2]
-        held = sync.held
-        if held == 0:  # fresh: the prompt, laid out in order
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            batch, heads, _, dim = key_states.shape
-            capacity = max(self.capacity_hint, q + 1)
-            self.set_buffers(
-                key_states.new_empty((batch, heads, capacity, dim)),
-                value_states.new_empty((batch, heads, capacity, value_states.shape[-1])),
-            )
-            self.keys[:, :, :q] = key_states
-            self.values[:, :, :q] = value_states
-        elif q == 1 and self._flat is not None:
-            keys, values = self._flat
-            keys.index_copy_(0, self.write_index, key_states.reshape(-1, keys.shape[1]))
-            values.index_copy_(0, self.write_index, value_states.reshape(-1, values.shape[1]))
+    @property
+    def rows(self) -> int:
+        return self.layers * self.batch * self.heads
+
+    def started(self) -> bool:
+        return self.batch > 0
+
+    def start(self, batch: int, heads: int) -> None:
+        """Size the bookkeeping for ``batch`` sequences of ``heads`` KV heads (the
+        buffers are allocated at the first write, when dtype and head size are known)."""
+        self.batch, self.heads = batch, heads
+        self.capacity = self.hint
+        self.extent = 0
+        self.aligned = True
+        self.slots = np.zeros((self.rows, self.capacity), dtype=np.int64)
+        self.counts = np.zeros(self.rows, dtype=np.int64)
+        self.free = np.zeros(self.rows, dtype=np.int64)
+        # Per row, which slots hold a position (or the token in flight); C-contiguous, so
+        # that the 4-D view of valid4() is a view.
+        self.valid = np.zeros((self.rows, self.capacity), dtype=bool)
+        # The rotary position each slot's key was rotated with (positions="cache").
+        self.rope = np.zeros((self.rows, self.capacity), dtype=np.int64)
+        self.keys = [None] * self.layers
+        self.values = [None] * self.layers
+        self.compactions = 0
+
+    def valid4(self) -> np.ndarray:
+        """``valid`` as ``(layers, batch, kv_heads, capacity)`` (a view)."""
+        return self.valid.reshape(self.layers, self.batch, self.heads, self.capacity)
+
+    def clear(self) -> None:
+        """Forget everything (``reset``)."""
+        self.batch = self.heads = 0
+        self.start(0, 0)
+
+    def _grow(self, need: int) -> None:
+        """Make every row hold at least ``need`` slots (doubling), keeping the contents."""
+        if need <= self.capacity:
+            return
+        capacity = self.capacity
+        while capacity < need:
+            capacity *= 2
+        pad = capacity - self.capacity
+        self.slots = np.pad(self.slots, ((0, 0), (0, pad)))
+        self.rope = np.pad(self.rope, ((0, 0), (0, pad)))
+        self.valid = np.pad(self.valid, ((0, 0), (0, pad)))
+        for e in range(self.layers):
+            for store in (self.keys, self.values):
+                old = store[e]
+                if old is not None:
+                    new = old.new_zeros((*old.shape[:2], capacity, old.shape[3]))
+                    new[:, :, : self.capacity] = old
+                    store[e] = new
+        self.capacity = capacity
+
+    # ------------------------------------------------------------------ one forward
+
+    def plan(self, q: int) -> int:
+        """Decide where this forward's ``q`` tokens go; return the extent the layers will
+        return (keys ``[0, extent)``). A single token goes to each row's free slot once
+        anything was evicted; otherwise the tokens are appended after the extent."""
+        self.q = q
+        if q == 1 and not self.aligned:
+            extent = max(self.extent, int(self.free.max(initial=0)) + 1)
+            self._grow(extent)
+            self.valid[np.arange(self.rows), self.free] = True
+            per_layer = self.batch * self.heads
+            base = np.arange(per_layer, dtype=np.int64) * self.capacity
+            self._write_index = torch.from_numpy(self.free.reshape(self.layers, per_layer) + base)
         else:
+            self.chunk_start = self.extent
+            extent = self.extent + q
+            self._grow(extent)
+        self.extent = extent
+        self._masks: dict[str, torch.Tensor] = {}
+        return extent
+
+    def write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store layer ``e``'s new keys and values as planned; return ``[0, extent)``."""
+        if key.shape[0] != self.batch or key.shape[1] != self.heads:
             raise InvalidInputError(
-                f"{q} tokens at once into a cache that already holds positions: the "
-                "slot-reusing cache takes the prompt on a fresh cache (prefill()) and then "
-                "one token per decode_step()"
-            )
-        self.written_epoch = sync.epoch
-        self.written = q
-        sync.writes += 1
-        n = held + q
-        if n == self.keys.shape[-2]:
-            out = self.keys, self.values
+                f"the cache holds {self.batch} sequences of {self.heads} KV heads, the model "
+                f"wrote {tuple(key.shape[:2])}: reset() the cache before a new batch")
+        out = []
+        for store, new in ((self.keys, key.detach()), (self.values, value.detach())):
+            buffer = store[e]
+            if buffer is None:
+                buffer = store[e] = new.new_zeros((self.batch, self.heads, self.capacity, new.shape[-1]))
+            if self.q == 1 and not self.aligned:
+                flat = buffer.view(-1, buffer.shape[-1])
+                flat.index_copy_(0, self._write_index[e], new.reshape(-1, new.shape[-1]))
+            else:
+                buffer[:, :, self.chunk_start:self.chunk_start + self.q] = new
+            out.append(buffer[:, :, : self.extent])
+        return out[0], out[1]
+
+    def mask(self, e: int, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None) -> torch.Tensor:
+        """Layer ``e``'s attention mask ``(batch, kv_heads * groups, q, extent)``: every
+        held slot, and within a chunk the earlier tokens and itself, padding never.
+        Boolean (True: attend) for ``dtype`` None, else additive in ``dtype``. The
+        masks of every layer are built once per forward."""
+        key = str(dtype)
+        masks = self._masks.get(key)
+        if masks is None:
+            masks = self._masks[key] = self._all_masks(pads, groups, q, dtype)
+        return masks[e]
+
+    def _all_masks(self, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None) -> torch.Tensor:
+        valid = torch.from_numpy(self.valid4()[:, :, :, : self.extent])  # (layers, batch, heads, extent)
+        if q == 1 and not self.aligned:
+            mask = valid[:, :, :, None, None, :]
         else:
-            out = self.keys[:, :, :n], self.values[:, :, :n]
-        self.update_seconds += time.perf_counter() - start
-        return out
+            start = self.chunk_start
+            held = valid[:, :, :, None, :start].expand(-1, -1, -1, q, -1)
+            chunk = torch.ones(q, q, dtype=torch.bool).tril()[None].expand(self.batch, -1, -1).clone()
+            if pads is not None:
+                pad = torch.from_numpy(pads)
+                chunk &= ~pad[:, None, :]
+                chunk |= torch.eye(q, dtype=torch.bool)[None] & pad[:, :, None]  # no row all masked
+            chunk = chunk[None, :, None].expand(self.layers, -1, self.heads, -1, -1)
+            mask = torch.cat((held, chunk), dim=-1)[:, :, :, None]
+        mask = mask.expand(-1, -1, -1, groups, -1, -1).reshape(
+            self.layers, self.batch, self.heads * groups, q, self.extent)
+        if dtype is not None:
+            mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+        return mask
 
-    def get_seq_length(self) -> int:
-        sync = self.sync
-        return sync.held + (self.written if self.written_epoch == sync.epoch else 0)
+    def new_columns(self) -> np.ndarray:
+        """``(rows, q)`` the physical slots of this forward's tokens."""
+        if self.q == 1 and not self.aligned:
+            return self.free[:, None].copy()
+        return np.broadcast_to(np.arange(self.chunk_start, self.chunk_start + self.q), (self.rows, self.q))
 
-    def crop(self, tokens_to_remove: int) -> None:
-        raise InvalidInputError("an EvictingCache cannot be cropped")
+    def ranks(self, admitted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """``positions="cache"``: each slot's rank in its row's kept order ``(rows,
+        extent)`` (the new tokens after the held ones, padding not counted), and the new
+        tokens' ranks ``(rows, q)``."""
+        rows = np.arange(self.rows)[:, None]
+        rank = np.zeros((self.rows, self.capacity), dtype=np.int64)
+        width = int(self.counts.max(initial=0))
+        order = np.broadcast_to(np.arange(width), (self.rows, width))
+        held = order < self.counts[:, None]
+        rank[np.broadcast_to(rows, (self.rows, width))[held], self.slots[:, :width][held]] = order[held]
+        steps = np.ones((self.rows, self.q), dtype=np.int64) if admitted is None else admitted.astype(np.int64)
+        new_rank = self.counts[:, None] + np.cumsum(steps, axis=1) - steps
+        rank[np.broadcast_to(rows, (self.rows, self.q)), self.new_columns()] = new_rank
+        return rank[:, : self.extent], new_rank
+
+    def kept_columns(self, width: int) -> np.ndarray:
+        """``(rows, width)`` physical slots of each row's held positions, kept order (the
+        columns past a row's count are never read)."""
+        return self.slots[:, :width]
+
+    # ------------------------------------------------------------------ after the policies
+
+    def chunk_columns(self, width: int) -> np.ndarray:
+        """``(rows, width)`` physical columns in ``extend``'s layout: a row's held slots,
+        then chunk token ``j`` at column ``count + j``."""
+        col = np.arange(width)[None, :]
+        counts = self.counts[:, None]
+        chunk = self.chunk_start + col - counts
+        held = np.take_along_axis(self.slots, np.minimum(col, self.capacity - 1).repeat(self.rows, 0), axis=1)
+        out = np.where(col < counts, held, chunk)
+        return np.clip(out, 0, self.extent - 1)
+
+    def apply_step(self, victims: np.ndarray, slots: np.ndarray) -> None:
+        """After a decode step: each row admitted its token (at ``free``, or appended
+        while aligned) and evicted ``victims[row]`` positions whose kept-order indices
+        (before the eviction, the new token last) are ``slots``, row after row."""
+        rows = np.arange(self.rows)
+        n = self.counts
+        new_slot = np.full(self.rows, self.extent - 1, dtype=np.int64) if self.aligned else self.free.copy()
+        if (self.aligned and victims.any()) or (victims > 1).any():
+            self._apply_general(victims, slots, [new_slot[r:r + 1] for r in rows.tolist()])
+            return
+        width = int(n.max(initial=0)) + 1
+        self._grow(width)
+        flat_valid = self.valid
+        flat_valid[rows, new_slot] = True
+        layout = self.slots[:, :width].copy()
+        layout[rows, n] = new_slot
+        one = victims == 1
+        victim = np.zeros(self.rows, dtype=np.int64)
+        victim[one] = slots  # one slot per evicting row, in row order
+        freed = layout[rows, victim]
+        cols = np.arange(width - 1)[None, :]
+        shifted = np.where(cols < victim[:, None], layout[:, :-1], layout[:, 1:])
+        self.slots[:, : width - 1] = np.where(one[:, None], shifted, layout[:, :-1])
+        self.slots[~one, width - 1] = layout[~one, width - 1]
+        flat_valid[rows[one], freed[one]] = False
+        self.counts = n + 1 - victims
+        if self.aligned:
+            self.free[:] = self.extent
+        elif one.all():
+            self.free = freed
+        else:
+            self.free = np.where(one, freed, self._first_free())
+        if self.compact_every_step and victims.any():
+            self.compact()
+
+    def _first_free(self) -> np.ndarray:
+        """Each row's lowest invalid slot (the extent when none is)."""
+        flat_valid = self.valid
+        first = np.argmin(flat_valid, axis=1)
+        full = flat_valid[np.arange(self.rows), first]
+        return np.where(full, self.capacity, first)
+
+    def apply_chunk(self, admit: np.ndarray | None, victims: np.ndarray, slots: np.ndarray) -> None:
+        """After a chunk of ``q`` tokens at columns ``[chunk_start, chunk_start + q)``: each
+        row admitted the tokens ``admit[row]`` allows, then evicted."""
+        q = self.q
+        columns = np.arange(self.chunk_start, self.chunk_start + q)
+        new = [columns if admit is None else columns[admit[r]] for r in range(self.rows)]
+        if not victims.any() and self.aligned:
+            # Still the layout transformers expects: every token in its column.
+            for r in range(self.rows):
+                k = len(new[r])
+                self._grow(int(self.counts[r]) + k)
+                self.slots[r, self.counts[r]:self.counts[r] + k] = new[r]
+                self.valid[r, new[r]] = True
+            self.counts = self.counts + np.array([len(x) for x in new], dtype=np.int64)
+            self.free[:] = self.extent
+            return
+        self._apply_general(victims, slots, new)
+
+    def _apply_general(self, victims: np.ndarray, slots: np.ndarray, new: list[np.ndarray]) -> None:
+        """Any admission and eviction, then a compaction into kept order."""
+        offsets = np.concatenate(([0], np.cumsum(victims)))
+        kept = []
+        for r in range(self.rows):
+            combined = np.concatenate((self.slots[r, : self.counts[r]], new[r]))
+            keep = np.ones(len(combined), dtype=bool)
+            keep[slots[offsets[r]:offsets[r + 1]]] = False
+            kept.append(combined[keep])
+        counts = np.array([len(k) for k in kept], dtype=np.int64)
+        width = int(counts.max(initial=0))
+        index = np.zeros((self.rows, max(width, 1)), dtype=np.int64)
+        for r, k in enumerate(kept):
+            index[r, : len(k)] = k
+        self.aligned = False
+        self._relayout(index, counts)
+
+    def compact(self) -> None:
+        """Gather every row's held slots into kept order at ``[0, count)``."""
+        self._relayout(self.slots[:, : max(1, int(self.counts.max(initial=0)))].copy(), self.counts.copy())
+
+    def _relayout(self, index: np.ndarray, counts: np.ndarray) -> None:
+        """Rebuild the buffers: row ``r`` keeps physical slots ``index[r, :counts[r]]``,
+        moved to ``[0, counts[r])``; the capacity shrinks back to the hint if it can."""
+        width = index.shape[1]
+        capacity = self.hint
+        while capacity < width + 1:
+            capacity *= 2
+        for e in range(self.layers):
+            rows = slice(e * self.batch * self.heads, (e + 1) * self.batch * self.heads)
+            gather = torch.from_numpy(index[rows].reshape(self.batch, self.heads, width))
+            for store in (self.keys, self.values):
+                old = store[e]
+                if old is None:
+                    continue
+                dim = old.shape[-1]
+                moved = old.gather(2, gather.to(old.device)[..., None].expand(-1, -1, -1, dim))
+                buffer = old.new_zeros((self.batch, self.heads, capacity, dim))
+                buffer[:, :, :width] = moved
+                store[e] = buffer
+        self.capacity = capacity
+        rope = np.zeros((self.rows, capacity), dtype=np.int64)
+        rope[:, :width] = np.take_along_axis(self.rope, index, axis=1)
+        self.rope = rope
+        self.slots = np.zeros((self.rows, capacity), dtype=np.int64)
+        self.slots[:, :width] = np.arange(width)[None, :]
+        self.counts = counts
+        self.valid = np.ascontiguousarray(np.arange(capacity)[None, :] < counts[:, None])
+        self.free = counts.copy()
+        self.extent = width
+        self.compactions += 1
+
+    def select(self, index: np.ndarray) -> None:
+        """Sequences become ``index`` (old sequence numbers; beams, copies, subsets)."""
+        grid = np.arange(self.rows).reshape(self.layers, self.batch, self.heads)
+        rows = grid[:, index].reshape(-1)
+        self.slots = np.ascontiguousarray(self.slots[rows])
+        self.rope = np.ascontiguousarray(self.rope[rows])
+        self.counts = self.counts[rows]
+        self.free = self.free[rows]
+        self.valid = np.ascontiguousarray(self.valid[rows])
+        torch_index = torch.from_numpy(np.asarray(index, dtype=np.int64))
+        for store in (self.keys, self.values):
+            for e, old in enumerate(store):
+                if old is not None:
+                    store[e] = old.index_select(0, torch_index.to(old.device))
+        self.batch = len(index)
+
+    def nbytes(self) -> int:
+        """Bytes of the key and value buffers."""
+        return sum(t.numel() * t.element_size() for store in (self.keys, self.values) for t in store
+                   if t is not None)
+
+
+class CompactStorage(SlotStorage):
+    """:class:`SlotStorage` gathered back into kept order after every eviction."""
+
+    compact_every_step = True
+
+
+def make_storage(mode: str, layers: int, capacity: int) -> SlotStorage:
+    """The storage of cache mode ``mode`` (``"reuse"`` or ``"compact"``)."""
+    if mode not in CACHE_MODES:
+        raise InvalidInputError(f"cache_mode must be one of {', '.join(CACHE_MODES)}, got {mode!r}")
+    return (SlotStorage if mode == "reuse" else CompactStorage)(layers, capacity)

@@ -1,0 +1,190 @@
+"""``python -m scissorhands generate``: text from a real model with a bounded KV cache.
+
+The model's own ``generate`` runs with an :class:`~scissorhands.hf.EvictingCache`;
+the text streams to stdout as it is produced, and one summary line goes to stderr:
+tokens per second, the KV positions and bytes held against what a full cache would hold
+at that length, and the process's peak resident memory.  A prompt longer than the
+budget is consumed in chunks (``--prefill-chunk``), the cache evicting after each, so
+memory stays bounded during the prompt too.
+
+This module imports neither torch nor the model until a run starts.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from .errors import ScissorhandsError
+from .options import PolicyOptions, make_policy, policy_spec
+
+__all__ = ["GenerateRequest", "run_generate"]
+
+
+@dataclass
+class GenerateRequest:
+    """What one ``generate`` run does.
+
+    Attributes
+    ----------
+    prompt : str, optional
+        The prompt; with ``file`` None and ``prompt`` None, stdin is read.
+    file : str, optional
+        A UTF-8 file holding the prompt (``-``: stdin).
+    policy, budget : str, int
+        The eviction policy and its budget (positions per layer and KV head).
+    values : mapping
+        Option name -> value (one value each, not a sweep).
+    max_new_tokens : int
+    sample : bool
+        Sample (with ``temperature``, ``top_k``, ``top_p``, ``seed``) instead of greedy.
+    chat : bool
+        Wrap the prompt in the tokenizer's chat template as a user message.
+    prefill_chunk : int
+        Prompt tokens per forward (transformers' ``prefill_chunk_size``).
+    positions : {"original", "cache"}
+        How keys are positioned (:class:`~scissorhands.hf.EvictingCache`).
+    model, attention, threads, backend
+        As for ``eval``; ``attention`` defaults to sdpa, transformers' default.
+    """
+
+    prompt: str | None = None
+    file: str | None = None
+    policy: str = "scissorhands"
+    budget: int | None = 512
+    values: Mapping[str, Any] = field(default_factory=dict)
+    max_new_tokens: int = 128
+    sample: bool = False
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    chat: bool = False
+    prefill_chunk: int = 256
+    positions: str = "original"
+    model: str | None = None
+    attention: str = "sdpa"
+    threads: int | None = 1
+    backend: str = "native"
+    progress: bool = False
+
+
+def _fail(message: str) -> int:
+    print(f"scissorhands: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _read_prompt(request: GenerateRequest, stdin: TextIO) -> str:
+    if request.file is not None and request.prompt is not None:
+        raise ScissorhandsError("give the prompt as an argument or with --file, not both")
+    if request.prompt is not None:
+        return request.prompt
+    if request.file is None or request.file == "-":
+        return stdin.read()
+    if not os.path.isfile(request.file):
+        raise ScissorhandsError(f"--file {request.file}: no such file")
+    with open(request.file, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (Linux reports kilobytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)
+
+
+def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    """``python -m scissorhands generate``. Every argument is checked before the model
+    loads. Returns the process exit status: 0, or 2 on a bad argument."""
+    stdin = sys.stdin if stdin is None else stdin
+    stdout = sys.stdout if stdout is None else stdout
+    try:
+        spec = policy_spec(request.policy)
+        values = {k: v for k, v in request.values.items() if v is not None}
+        unknown = [k for k in values if not spec.takes(k)]
+        if unknown:
+            flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+            raise ScissorhandsError(f"{request.policy} takes no {flags}")
+        options = PolicyOptions(**values)
+        make_policy(request.policy, request.budget, options, backend=request.backend)
+        prompt = _read_prompt(request, stdin)
+    except ScissorhandsError as exc:
+        return _fail(str(exc))
+    if not prompt.strip():
+        return _fail("the prompt is empty")
+    if request.max_new_tokens < 1:
+        return _fail(f"--max-new-tokens must be at least 1, got {request.max_new_tokens}")
+    if request.prefill_chunk < 1:
+        return _fail(f"--prefill-chunk must be at least 1, got {request.prefill_chunk}")
+    if request.model is not None and not os.path.exists(request.model):
+        return _fail(f"--model {request.model}: no such file or directory")
+    try:
+        from . import hf
+    except ImportError as exc:
+        return _fail(f"generate needs torch and the [hf] extra (see the README): {exc}")
+    if request.positions not in hf.POSITION_MODES:
+        return _fail(f"--positions must be one of {', '.join(hf.POSITION_MODES)}, got {request.positions!r}")
+    import torch
+    from transformers import TextStreamer
+
+    hf.set_threads(request.threads)
+    try:
+        model, tokenizer = hf.load_model(request.model, progress=request.progress,
+                                         attn_implementation=request.attention)
+    except (ScissorhandsError, OSError) as exc:
+        return _fail(str(exc))
+    if request.chat:
+        if getattr(tokenizer, "chat_template", None) is None:
+            return _fail("--chat: the tokenizer has no chat template")
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)
+    else:
+        inputs = tokenizer(prompt, return_tensors="pt")
+    cache = hf.EvictingCache.from_model(model, request.policy, request.budget, options, backend=request.backend,
+                                        positions=request.positions)
+    kwargs: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "do_sample": request.sample,
+                              "prefill_chunk_size": request.prefill_chunk,
+                              "pad_token_id": tokenizer.pad_token_id or tokenizer.eos_token_id}
+    if request.sample:
+        for name in ("temperature", "top_k", "top_p"):
+            if getattr(request, name) is not None:
+                kwargs[name] = getattr(request, name)
+    if request.seed is not None:
+        torch.manual_seed(request.seed)
+
+    class _Streamer(TextStreamer):  # to the stream given, flushed as text arrives
+        def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+            stdout.write(text + ("\n" if stream_end else ""))
+            stdout.flush()
+
+    prompt_tokens = int(inputs["input_ids"].shape[1])
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(**inputs, cache=cache, streamer=_Streamer(tokenizer, skip_prompt=True), **kwargs)
+    seconds = time.perf_counter() - start
+    new = int(out.shape[1]) - prompt_tokens
+    seen = cache.get_seq_length()
+    held = int(cache.held_counts().max(initial=0))
+    held_bytes, full_bytes = cache.kv_bytes(held), cache.kv_bytes(seen)
+    print(f"{new} tokens in {seconds:.1f} s ({new / seconds:.1f} tokens/s, prompt {prompt_tokens} tokens); "
+          f"KV held: {held} of {seen} positions per layer and KV head, {_bytes(held_bytes)} against a full "
+          f"cache's {_bytes(full_bytes)}; peak RSS {_bytes(peak_rss_bytes())}", file=sys.stderr)
+    return 0
+
+
+def option_values(values: Mapping[str, Sequence[Any] | None]) -> dict[str, Any]:
+    """The option flags given to ``generate``, one value each (their last)."""
+    return {name: given[-1] for name, given in values.items() if given}

@@ -1,0 +1,180 @@
+"""What the library installs in a model so that its cache sees the attention.
+
+An :class:`~scissorhands.hf.cache.EvictingCache` needs, at every forward, each new query
+row's attention over the keys it holds.  transformers lets a library add an attention
+implementation by registration (``AttentionInterface``), with the mask function that
+goes with it (``AttentionMaskInterface``, without which no mask is built), and select it
+with ``model.set_attn_implementation``: no model code is patched.  :func:`install` does
+exactly that, under the name ``"scissorhands_<impl>"``, wrapping the implementation the
+model had (``sdpa`` or ``eager``):
+
+* the mask function *is* the wrapped implementation's, so the mask is built as before;
+* the attention function receives the post-RoPE query, the keys and values the cache
+  returned and ``module.layer_idx``.  For a layer whose cache is not evicting it calls
+  the wrapped implementation unchanged.  For an evicting layer it asks the cache for the
+  mask (the one built above while the cache is laid out as transformers expects, its
+  own per (sequence, KV head) mask once positions were evicted) and hands the cache the
+  attention weights of the new query rows.  Under ``eager`` the model's eager function
+  returns them.  Under ``sdpa``, while nothing has been evicted, sdpa computes the
+  output (so that it equals the stock cache's bit for bit) and the rows are computed
+  beside it from the query and the held keys (one matmul and a softmax per layer: the
+  cost the cache reports as ``rows_seconds``); once positions were evicted, the model's
+  own eager function computes the attention, whose weights come free (at one query row
+  on a CPU it is also cheaper than sdpa).
+
+Switching back (``model.set_attn_implementation("sdpa")``, or :func:`uninstall`)
+removes it: the functions stay registered but are no longer selected.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..errors import InvalidInputError
+
+__all__ = ["PREFIX", "WRAPPED", "attention_rows", "install", "installed", "uninstall"]
+
+#: Our implementations are named ``PREFIX + <the wrapped implementation>``.
+PREFIX = "scissorhands_"
+#: The implementations that can be wrapped.
+WRAPPED = ("sdpa", "eager")
+#: The attribute on a key tensor that names the cache layer which returned it.
+LAYER_ATTRIBUTE = "_scissorhands_layer"
+
+_EAGER: dict[type, Callable[..., Any]] = {}
+
+
+def _eager_for(module: Any) -> Callable[..., Any]:
+    """The model's own eager attention function (softcap and all), found in the module
+    that defines its attention class, as transformers' models fall back to it."""
+    kind = type(module)
+    function = _EAGER.get(kind)
+    if function is None:
+        function = getattr(sys.modules.get(kind.__module__), "eager_attention_forward", None)
+        if function is None:
+            raise InvalidInputError(
+                f"{kind.__name__} has no eager_attention_forward beside it: its eager attention "
+                "cannot be wrapped (load the model with attn_implementation='sdpa')")
+        _EAGER[kind] = function
+    return function
+
+
+def attention_rows(module: Any, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None,
+                   kwargs: dict[str, Any]) -> torch.Tensor:
+    """The attention weights of the query rows over the keys, as eager attention computes
+    them (scaled dot products, softcap when the model has one, the mask, a float32
+    softmax), for implementations that do not return them.
+
+    Returns ``(batch, heads, q, kv)`` float32."""
+    batch, heads, q, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    scores = torch.matmul(query.reshape(batch, kv_heads, group * q, dim), key.transpose(2, 3))
+    scores = scores.reshape(batch, heads, q, -1) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    kv = scores.shape[-1]
+    if mask is None and q > 1:  # sdpa's is_causal: query i sees keys up to kv - q + i
+        mask = torch.ones(q, kv, dtype=torch.bool, device=scores.device).tril(kv - q)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    return torch.softmax(scores, dim=-1, dtype=torch.float32)
+
+
+def _make_attention(wrapped: str) -> Callable[..., Any]:
+    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        layer = getattr(key, LAYER_ATTRIBUTE, None)
+        if layer is None:  # not an evicting cache layer: the wrapped implementation, as it was
+            inner = _eager_for(module) if wrapped == "eager" else ALL_ATTENTION_FUNCTIONS[wrapped]
+            return inner(module, query, key, value, attention_mask, **kwargs)
+        if layer.cache.positions == "cache":
+            layer.note_positions(query, kwargs)
+        if wrapped == "eager" or not layer.cache.storage.aligned:
+            # The model's own eager attention: its weights are what the cache needs. (Once
+            # positions were evicted, sdpa's outputs need not match the stock cache's bit
+            # for bit, and eager, whose weights come free, is the cheaper of the two.)
+            mask = layer.attention_mask(attention_mask, query, query.dtype)
+            if layer.cache.positions == "cache" and not layer.cache.storage.aligned:
+                query, key = layer.rerotate(query, key, kwargs)
+            output, weights = _eager_for(module)(module, query, key, value, mask, **kwargs)
+            layer.observe(weights)
+            return output, weights
+        # Nothing evicted yet: sdpa itself, so that outputs equal the stock cache's, and
+        # the rows computed beside it.
+        mask = layer.attention_mask(attention_mask, query, None)
+        output, weights = ALL_ATTENTION_FUNCTIONS[wrapped](module, query, key, value, mask, **kwargs)
+        start = time.perf_counter()
+        rows = attention_rows(module, query, key, mask, kwargs)
+        layer.cache.stats.rows_seconds += time.perf_counter() - start
+        layer.observe(rows)
+        return output, weights
+
+    attention.__name__ = f"{PREFIX}{wrapped}_attention"
+    attention.__qualname__ = attention.__name__
+    return attention
+
+
+_MASKS = {"sdpa": sdpa_mask, "eager": eager_mask}
+for _wrapped in WRAPPED:
+    AttentionInterface.register(PREFIX + _wrapped, _make_attention(_wrapped))
+    AttentionMaskInterface.register(PREFIX + _wrapped, _MASKS[_wrapped])
+
+
+def installed(model: Any) -> str | None:
+    """The implementation ours wraps in ``model`` (``"sdpa"``, ``"eager"``), or None when
+    the model does not run ours."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if isinstance(impl, str) and impl.startswith(PREFIX):
+        return impl[len(PREFIX):]
+    return None
+
+
+def install(model: Any) -> str:
+    """Select the library's attention implementation in ``model``, wrapping the one it
+    was loaded with; return the wrapped one's name (what :func:`uninstall` restores).
+
+    Raises
+    ------
+    InvalidInputError
+        The model's implementation is not ``sdpa`` or ``eager`` (flash and flex
+        attention take no per-head mask), or the model cannot switch implementations.
+    """
+    current = installed(model)
+    if current is not None:
+        return current
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in WRAPPED:
+        raise InvalidInputError(
+            f"the model runs attn_implementation={impl!r}; an EvictingCache wraps "
+            f"{' or '.join(repr(w) for w in WRAPPED)} (load the model with one of them)")
+    if not getattr(model, "_can_set_attn_implementation", lambda: True)():
+        raise InvalidInputError(
+            f"{type(model).__name__} cannot switch its attention implementation, so the cache "
+            "cannot see its attention")
+    model.set_attn_implementation(PREFIX + impl)
+    if installed(model) is None:  # pragma: no cover - transformers refused silently
+        raise InvalidInputError(f"{type(model).__name__} did not take the attention implementation")
+    return impl
+
+
+def uninstall(model: Any) -> None:
+    """Switch ``model`` back to the implementation ours wrapped (nothing if not installed)."""
+    wrapped = installed(model)
+    if wrapped is not None:
+        model.set_attn_implementation(wrapped)

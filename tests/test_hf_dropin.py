@@ -1,0 +1,457 @@
+"""The drop-in cache on small randomly initialised models of five families (no download).
+
+Llama (GQA), Qwen2, Mistral (MHA), Phi-3 and Gemma-2 (eager only, with its softcap and
+its sliding-window layers), under ``sdpa`` and ``eager``: the model's own ``generate``
+with the cache gives exactly the stock ``DynamicCache``'s tokens while nothing is
+evicted; with eviction the cache keeps its invariants and hands the policies exactly
+the attention a full forward computes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
+
+from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
+
+from scissorhands import hf  # noqa: E402
+from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
+from scissorhands.options import PolicyOptions  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+VOCAB = 97
+PAD = 0
+
+
+def _config(family: str) -> object:
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  max_position_embeddings=512, pad_token_id=PAD, bos_token_id=1, eos_token_id=VOCAB - 1)
+    if family == "llama":
+        return LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **common)
+    if family == "qwen2":
+        return Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **common)
+    if family == "mistral":
+        return MistralConfig(num_attention_heads=4, num_key_value_heads=4, head_dim=16, sliding_window=None,
+                             **common)
+    if family == "phi3":
+        return Phi3Config(num_attention_heads=4, num_key_value_heads=2, **common)
+    if family == "gemma2":
+        return Gemma2Config(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=4,
+                            sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=50.0,
+                            **{k: v for k, v in common.items() if k != "num_hidden_layers"})
+    raise ValueError(family)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread: these models are tiny, and two threads on a shared machine can be
+    ten times slower than one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+FAMILIES = ("llama", "qwen2", "mistral", "phi3", "gemma2")
+CASES = [(f, impl) for f in FAMILIES for impl in (("eager",) if f == "gemma2" else ("sdpa", "eager"))]
+_MODELS: dict[str, object] = {}
+
+
+def _model(family: str, impl: str, dtype: torch.dtype = torch.float32) -> object:
+    """A small random model of ``family`` (built once), set to attention ``impl``."""
+    key = f"{family}/{dtype}"
+    if key not in _MODELS:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(_config(family), attn_implementation="eager", dtype=dtype)
+        _MODELS[key] = model.eval()
+    model = _MODELS[key]
+    model.set_attn_implementation(impl)
+    return model
+
+
+def _prompts(batch: int = 3, length: int = 9, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts of different lengths, and their attention mask."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB - 1, (batch, length), generator=gen)
+    mask = torch.ones_like(ids)
+    for b in range(batch):
+        pad = (2 * b) % (length - 2)
+        ids[b, :pad] = PAD
+        mask[b, :pad] = 0
+    return ids, mask
+
+
+def _generate(model, cache, ids, mask, **kwargs):
+    torch.manual_seed(1)
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask, cache=cache, pad_token_id=PAD,
+                              max_new_tokens=kwargs.pop("max_new_tokens", 12), **kwargs)
+
+
+MODES = {
+    "greedy": dict(do_sample=False),
+    "sampling": dict(do_sample=True, top_k=20),
+    "beams": dict(num_beams=3, do_sample=False),
+    "num_return_sequences": dict(do_sample=True, num_return_sequences=2),
+}
+
+
+@pytest.mark.parametrize(("family", "impl"), CASES)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_without_eviction_generate_equals_the_stock_cache(family, impl, mode):
+    """With a budget above the length, generate gives exactly the DynamicCache's tokens."""
+    model = _model(family, impl)
+    ids, mask = _prompts()
+    stock = _generate(model, DynamicCache(config=model.config), ids, mask, **MODES[mode])
+    cache = hf.EvictingCache.from_model(model, "scissorhands", budget=64)
+    ours = _generate(model, cache, ids, mask, **MODES[mode])
+    assert torch.equal(stock, ours)
+    assert hf.installed(model) == impl
+
+
+@pytest.mark.parametrize(("family", "impl"), CASES)
+def test_without_eviction_a_two_turn_chat_equals_the_stock_cache(family, impl):
+    """A second generate on the same cache with the conversation so far continues exactly
+    as the stock cache does (the new turn reaches the policies as a chunk)."""
+    model = _model(family, impl)
+    ids = torch.randint(2, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(3))
+    turn = torch.randint(2, VOCAB - 1, (1, 5), generator=torch.Generator().manual_seed(4))
+    outs = []
+    for cache in (DynamicCache(config=model.config), hf.EvictingCache.from_model(model, "h2o", budget=64)):
+        first = _generate(model, cache, ids, None, do_sample=False, max_new_tokens=6)
+        second = _generate(model, cache, torch.cat([first, turn], 1), None, do_sample=False, max_new_tokens=6)
+        outs.append((first, second))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_bfloat16_without_eviction_equals_the_stock_cache():
+    """A bfloat16 model: the same tokens as the stock cache, and eviction runs (the
+    weights reach the policies widened exactly)."""
+    model = _model("llama", "sdpa", torch.bfloat16)
+    ids, mask = _prompts()
+    stock = _generate(model, DynamicCache(config=model.config), ids, mask, do_sample=False)
+    ours = _generate(model, hf.EvictingCache.from_model(model, "scissorhands", budget=64), ids, mask,
+                     do_sample=False)
+    assert torch.equal(stock, ours)
+    cache = hf.EvictingCache.from_model(model, "scissorhands", budget=6, recent_window=2)
+    _generate(model, cache, ids, mask, do_sample=False)
+    assert cache.held_counts().max() <= 6
+
+
+class _Watch:
+    """Checks after every forward that no row holds more than the budget."""
+
+    def __init__(self, cache, budget):
+        self.cache, self.budget, self.forwards = cache, budget, 0
+
+    def __call__(self, module, args, kwargs, output):
+        self.forwards += 1
+        assert self.cache.held_counts().max() <= self.budget
+
+
+@pytest.mark.parametrize(("family", "impl"), CASES)
+@pytest.mark.parametrize("policy", ["scissorhands", "h2o", "streaming-llm"])
+def test_with_eviction_generate_equals_a_forward_loop_and_stays_within_budget(family, impl, policy):
+    """Evicting, model.generate (greedy, a ragged batch) gives the tokens of a plain loop of
+    forwards on the same kind of cache, and no (sequence, layer, KV head) ever holds
+    more than the budget."""
+    model = _model(family, impl)
+    ids, mask = _prompts()
+    budget = 6
+    options = PolicyOptions(recent_window=2, sinks=1)
+    cache = hf.EvictingCache.from_model(model, policy, budget, options)
+    watch = _Watch(cache, budget)
+    handle = model.register_forward_hook(watch, with_kwargs=True)
+    try:
+        out = _generate(model, cache, ids, mask, do_sample=False, max_new_tokens=14)
+    finally:
+        handle.remove()
+    assert watch.forwards == 14
+    loop_cache = hf.EvictingCache.from_model(model, policy, budget, options)
+    logits = hf.prefill(model, loop_cache, ids, attention_mask=mask)[:, -1]
+    tokens = []
+    with torch.no_grad():
+        for _ in range(14):
+            token = logits.argmax(-1)
+            tokens.append(token)
+            logits = hf.decode_step(model, loop_cache, token)
+    expected = torch.stack(tokens, 1)
+    finished = (expected == VOCAB - 1).cumsum(1) - (expected == VOCAB - 1).long() > 0  # after the EOS
+    assert torch.equal(out[:, ids.shape[1]:], expected.masked_fill(finished, PAD))
+    held = cache.held_counts()
+    assert held.max() <= budget and (held == loop_cache.held_counts()).all()
+
+
+@pytest.mark.parametrize(("family", "impl"), CASES)
+def test_policies_see_exactly_the_attention_of_a_full_forward(family, impl, monkeypatch):
+    """At every chunk and decode step, the layer-0 weights each row hands its policy are a
+    full forward's attention over the positions it holds, renormalised over those and the
+    token itself, GQA-averaged (layer 0's keys do not depend on what was evicted)."""
+    model = _model(family, impl)
+    ids, mask = _prompts(batch=2, length=20, seed=5)
+    calls = []
+    original_step, original_extend = hf.rows.PolicyRows.step, hf.rows.PolicyRows.extend
+
+    def step(self, pos, weights):
+        calls.append(("step", pos, weights.copy(), self.counts().copy(), [self.kept_row(r) for r in range(self.rows)]))
+        return original_step(self, pos, weights)
+
+    def extend(self, weights, admit, fresh):
+        calls.append(("extend", weights.copy(), None if admit is None else admit.copy(), fresh,
+                      self.counts().copy(), [self.kept_row(r) for r in range(self.rows)]))
+        return original_extend(self, weights, admit, fresh)
+
+    monkeypatch.setattr(hf.rows.PolicyRows, "step", step)
+    monkeypatch.setattr(hf.rows.PolicyRows, "extend", extend)
+    eager = _model(family, "eager")
+    with torch.no_grad():
+        full = eager(input_ids=ids, attention_mask=mask, output_attentions=True)
+    model = _model(family, impl)
+    cache = hf.EvictingCache.from_model(model, "scissorhands", budget=7, recent_window=2)
+    first_full = next(i for i, layer in enumerate(cache.layers) if isinstance(layer, hf.cache.EvictingLayer))
+    attn = full.attentions[first_full].double()  # (batch, heads, T, T)
+    hf.prefill(model, cache, ids[:, :8], attention_mask=mask[:, :8])
+    for t in range(8, 13):
+        hf.decode_step(model, cache, ids[:, t])
+    hf.prefill(model, cache, ids[:, 13:18], attention_mask=mask[:, :18])
+    heads, kv = cache.num_heads, cache.num_kv_heads
+    group = heads // kv
+    worst, checked = 0.0, 0
+    for call in calls:
+        if call[0] == "step":
+            _, pos, weights, counts, kept = call
+            queries = [(pos, None)]
+        else:
+            _, weights, admit, fresh, _counts, kept = call
+            start = 0 if fresh else int(max(k.max() for k in kept if len(k))) + 1
+            queries = [(start + i, i) for i in range(weights.shape[1])]
+        for b in range(2):
+            for h in range(kv):
+                r = b * kv + h  # layer 0's rows come first
+                held = [] if (call[0] == "extend" and fresh) else [int(p) for p in kept[r]]
+                n0 = len(held)
+                admitted = []
+                for pos, i in queries:
+                    if call[0] == "extend" and admit is not None and not admit[r, i]:
+                        continue
+                    now = held + [queries[0][0] + j for j in admitted]
+                    if now:
+                        row = attn[b, h * group:(h + 1) * group, pos]
+                        sub = row[:, now]
+                        expect = (sub / (sub.sum(-1, keepdim=True) + row[:, pos:pos + 1])).mean(0).numpy()
+                        if call[0] == "step":
+                            got = weights[r, : len(now)]
+                        else:
+                            got = weights[r, i, list(range(n0)) + [n0 + j for j in admitted]]
+                        worst = max(worst, float(np.abs(expect - got).max()))
+                        checked += 1
+                    if call[0] == "extend":
+                        admitted.append(i)
+    assert checked > 50
+    assert worst < 1e-5
+
+
+def test_streaming_llm_logits_equal_a_masked_one_shot_forward():
+    """StreamingLLM's held set is known in advance (the sinks and the newest positions):
+    each decode step's logits equal one forward over the whole sequence whose mask lets
+    every token see exactly what the cache held when it was decoded."""
+    model = _model("llama", "sdpa")
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.randint(2, VOCAB - 1, (1, 24), generator=gen)
+    budget, sinks, prompt = 8, 2, 5
+    cache = hf.EvictingCache.from_model(model, "streaming-llm", budget, PolicyOptions(sinks=sinks))
+    rows = [hf.prefill(model, cache, ids[:, :prompt])[:, -1]]
+    for t in range(prompt, ids.shape[1] - 1):
+        rows.append(hf.decode_step(model, cache, ids[:, t]))
+    n = ids.shape[1]
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for t in range(n):
+        # What the cache held when token t arrived: everything while under budget, then
+        # the sinks and the newest budget - sinks positions.
+        held = list(range(t)) if t <= budget else list(range(sinks)) + list(range(t - (budget - sinks), t))
+        allowed[t, held + [t]] = True
+    model = _model("llama", "eager")
+    mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None, None]
+    with torch.no_grad():
+        one_shot = model(input_ids=ids, attention_mask=mask).logits[0]
+    ours = torch.cat(rows)
+    assert torch.allclose(ours, one_shot[prompt - 1 : n - 1], atol=1e-4)
+
+
+def test_a_forward_without_position_ids_lands_at_the_true_position():
+    """After eviction the cache reports the tokens seen, so a forward without position_ids
+    gives the logits of one with the true position."""
+    model = _model("llama", "sdpa")
+    ids, _ = _prompts(batch=1, length=12)
+    cache = hf.EvictingCache.from_model(model, "scissorhands", budget=5, recent_window=1)
+    with torch.no_grad():
+        model(input_ids=ids, cache=cache)
+        twin = copy.deepcopy(cache)
+        assert cache.get_seq_length() == 12 and cache.held_counts().max() == 5
+        plain = model(input_ids=torch.tensor([[7]]), cache=cache).logits
+        explicit = model(input_ids=torch.tensor([[7]]), position_ids=torch.tensor([[12]]), cache=twin).logits
+    assert torch.equal(plain, explicit)
+
+
+def test_batch_rows_equal_their_solo_runs():
+    """Each sequence of a batch decides and generates as it would alone (greedy); a
+    difference is only allowed where batched and solo float arithmetic differ, and on
+    this model there is none."""
+    model = _model("qwen2", "sdpa")
+    ids, mask = _prompts(batch=3, length=10, seed=11)
+    budget = 6
+    batched_cache = hf.EvictingCache.from_model(model, "scissorhands", budget, recent_window=2)
+    batched = _generate(model, batched_cache, ids, mask, do_sample=False, max_new_tokens=12)
+    for b in range(3):
+        keep = mask[b].bool()
+        solo_cache = hf.EvictingCache.from_model(model, "scissorhands", budget, recent_window=2)
+        solo = _generate(model, solo_cache, ids[b : b + 1, keep], None, do_sample=False, max_new_tokens=12)
+        assert torch.equal(batched[b, ids.shape[1]:], solo[0, int(keep.sum()):])
+
+
+# ----------------------------------------------------------------------------- the Cache API
+
+
+def _prefilled(policy="scissorhands", budget=5, batch=2):
+    model = _model("llama", "sdpa")
+    ids, mask = _prompts(batch=batch, length=9, seed=2)
+    cache = hf.EvictingCache.from_model(model, policy, budget, recent_window=1)
+    hf.prefill(model, cache, ids, attention_mask=mask)
+    return model, cache, ids, mask
+
+
+def _state(cache):
+    return (cache.seen, cache.held_counts().tolist(),
+            [p.state_dict() for p in cache.policies], [k.clone() for k in cache.storage.keys])
+
+
+def _same(a, b):
+    return a[:3] == b[:3] and all(torch.equal(x, y) for x, y in zip(a[3], b[3]))
+
+
+def test_copies_continue_identically_and_independently():
+    """copy.deepcopy gives a cache that continues exactly as the original, and changing one
+    leaves the other as it was."""
+    model, cache, _, _ = _prefilled()
+    twin = copy.deepcopy(cache)
+    before = _state(twin)
+    a = hf.decode_step(model, cache, torch.tensor([5, 6]))
+    assert _same(_state(twin), before)
+    b = hf.decode_step(model, twin, torch.tensor([5, 6]))
+    assert torch.equal(a, b) and _same(_state(cache), _state(twin))
+
+
+def test_batch_select_and_repeat_move_policy_rows_with_keys():
+    """batch_select_indices keeps a sequence whose next step equals the original's row;
+    batch_repeat_interleave duplicates rows so both copies decode alike; reorder_cache
+    with the identity changes nothing."""
+    model, cache, _, _ = _prefilled()
+    reference = copy.deepcopy(cache)
+    expected = hf.decode_step(model, reference, torch.tensor([5, 6]))
+    picked = copy.deepcopy(cache)
+    picked.batch_select_indices(torch.tensor([1]))
+    assert picked.batch == 1 and picked.held_counts().tolist()[0][0] == cache.held_counts().tolist()[0][1]
+    assert torch.allclose(hf.decode_step(model, picked, torch.tensor([6]))[0], expected[1], atol=1e-5)
+    repeated = copy.deepcopy(cache)
+    repeated.batch_repeat_interleave(2)
+    out = hf.decode_step(model, repeated, torch.tensor([5, 5, 6, 6]))
+    assert torch.allclose(out[0], out[1]) and torch.allclose(out[2], out[3])
+    assert torch.allclose(out[::2], expected, atol=1e-5)
+    same = copy.deepcopy(cache)
+    same.reorder_cache(torch.tensor([0, 1]))
+    assert torch.equal(hf.decode_step(model, same, torch.tensor([5, 6])), expected)
+    swapped = copy.deepcopy(cache)
+    swapped.reorder_cache(torch.tensor([1, 0]))
+    assert torch.allclose(hf.decode_step(model, swapped, torch.tensor([6, 5])), expected.flip(0), atol=1e-5)
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.reorder_cache(torch.tensor([0])),
+    lambda c: c.reorder_cache(torch.tensor([0, 0, 1])),
+    lambda c: c.reorder_cache(torch.tensor([0, 2])),
+    lambda c: c.reorder_cache(torch.tensor([0.0, 1.0])),
+    lambda c: c.batch_select_indices(torch.tensor([-1])),
+    lambda c: c.batch_select_indices(torch.tensor([], dtype=torch.long)),
+    lambda c: c.batch_repeat_interleave(0),
+    lambda c: c.batch_repeat_interleave(True),
+    lambda c: c.crop(-2),
+    lambda c: c.crop(3),
+    lambda c: c.early_initialization(2, 2, 16, torch.float32, "cpu"),
+])
+def test_bad_cache_calls_raise_before_changing_anything(call):
+    """Indices of the wrong length, range or type, crop and early initialisation raise a
+    library error and the cache continues exactly as before."""
+    model, cache, _, _ = _prefilled()
+    twin = copy.deepcopy(cache)
+    before = _state(cache)
+    with pytest.raises(InvalidInputError):
+        call(cache)
+    assert _same(_state(cache), before)
+    assert torch.equal(hf.decode_step(model, cache, torch.tensor([5, 6])),
+                       hf.decode_step(model, twin, torch.tensor([5, 6])))
+
+
+def test_reset_makes_the_cache_reusable_for_a_new_prompt():
+    """After reset() (even mid-way, after a decode step), the cache takes a new prompt of
+    another batch size and generates exactly as a new cache would."""
+    model, cache, _, _ = _prefilled()
+    hf.decode_step(model, cache, torch.tensor([5, 6]))
+    cache.reset()
+    assert cache.seen == 0 and cache.batch == 0
+    fresh = hf.EvictingCache.from_model(model, "scissorhands", 5, recent_window=1)
+    one, _ = _prompts(batch=1, length=7, seed=8)
+    assert torch.equal(_generate(model, cache, one, None, do_sample=False),
+                       _generate(model, fresh, one, None, do_sample=False))
+
+
+def test_crop_zero_does_nothing_and_the_length_is_tokens_seen():
+    """crop(0) is accepted as a no-op; get_seq_length counts tokens seen, padding included."""
+    _, cache, ids, _ = _prefilled()
+    cache.crop(0)
+    assert cache.get_seq_length() == ids.shape[1] and cache.get_max_length() == -1
+
+
+def test_a_model_without_the_installed_attention_is_refused():
+    """A cache driven by a model that does not run the library's attention raises a
+    library error naming the fix at the next forward."""
+    model = _model("llama", "sdpa")
+    cache = hf.EvictingCache(model.config, "scissorhands", 8, recent_window=2)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[3, 4, 5]]), cache=cache)
+        with pytest.raises(InvalidInputError, match="from_model"):
+            model(input_ids=torch.tensor([[6]]), cache=cache)
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error"), [
+    (("lru", 8), {}, InvalidInputError),
+    (("scissorhands", 8), {"recent_window": 8}, InvalidInputError),
+    (("scissorhands", 0), {}, InvalidInputError),
+    (("scissorhands", 8.0), {}, InvalidTypeError),
+    (("scissorhands", 8), {"recnt_window": 2}, InvalidTypeError),
+    (("scissorhands", 8), {"head_mode": "all"}, InvalidInputError),
+    (("scissorhands", 8), {"cache_mode": "gather"}, InvalidInputError),
+])
+def test_from_model_refuses_bad_arguments_before_touching_the_model(args, kwargs, error):
+    """A bad policy, budget, option or mode raises before the model's attention changes."""
+    model = _model("llama", "sdpa")
+    with pytest.raises(error):
+        hf.EvictingCache.from_model(model, *args, **kwargs)
+    assert hf.installed(model) is None
+
+
+def test_switching_back_removes_the_installed_attention():
+    """set_attn_implementation back to the original (or uninstall) restores it."""
+    model = _model("llama", "sdpa")
+    hf.EvictingCache.from_model(model, "full", None)
+    assert model.config._attn_implementation == "scissorhands_sdpa"
+    hf.uninstall(model)
+    assert model.config._attn_implementation == "sdpa" and hf.installed(model) is None
