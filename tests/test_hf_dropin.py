@@ -204,10 +204,10 @@ def test_policies_see_exactly_the_attention_of_a_full_forward(family, impl, monk
         calls.append(("step", pos, weights.copy(), self.counts().copy(), [self.kept_row(r) for r in range(self.rows)]))
         return original_step(self, pos, weights)
 
-    def extend(self, weights, admit, fresh):
+    def extend(self, weights, admit, fresh, q):
         calls.append(("extend", weights.copy(), None if admit is None else admit.copy(), fresh,
                       self.counts().copy(), [self.kept_row(r) for r in range(self.rows)]))
-        return original_extend(self, weights, admit, fresh)
+        return original_extend(self, weights, admit, fresh, q)
 
     monkeypatch.setattr(hf.rows.PolicyRows, "step", step)
     monkeypatch.setattr(hf.rows.PolicyRows, "extend", extend)

@@ -103,14 +103,15 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
         if layer is None:  # not an evicting cache layer: the wrapped implementation, as it was
             inner = _eager_for(module) if wrapped == "eager" else ALL_ATTENTION_FUNCTIONS[wrapped]
             return inner(module, query, key, value, attention_mask, **kwargs)
-        if layer.cache.positions == "cache":
+        cache = layer.cache
+        if cache.positions == "cache":
             layer.note_positions(query, kwargs)
-        if wrapped == "eager" or not layer.cache.storage.aligned:
+        if wrapped == "eager" or not cache.storage.aligned:
             # The model's own eager attention: its weights are what the cache needs. (Once
             # positions were evicted, sdpa's outputs need not match the stock cache's bit
             # for bit, and eager, whose weights come free, is the cheaper of the two.)
             mask = layer.attention_mask(attention_mask, query, query.dtype)
-            if layer.cache.positions == "cache" and not layer.cache.storage.aligned:
+            if cache.positions == "cache" and not cache.storage.aligned:
                 query, key = layer.rerotate(query, key, kwargs)
             output, weights = _eager_for(module)(module, query, key, value, mask, **kwargs)
             layer.observe(weights)
@@ -119,9 +120,12 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
         # the rows computed beside it.
         mask = layer.attention_mask(attention_mask, query, None)
         output, weights = ALL_ATTENTION_FUNCTIONS[wrapped](module, query, key, value, mask, **kwargs)
+        if not cache.reads_attention:  # no policy of this cache reads attention: no rows
+            layer.observe(None)
+            return output, weights
         start = time.perf_counter()
         rows = attention_rows(module, query, key, mask, kwargs)
-        layer.cache.stats.rows_seconds += time.perf_counter() - start
+        cache.stats.rows_seconds += time.perf_counter() - start
         layer.observe(rows)
         return output, weights
 

@@ -38,7 +38,7 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from ..errors import InvalidInputError, InvalidTypeError
-from ..options import PolicyOptions
+from ..options import SPECS, PolicyOptions
 from . import attention
 from .gqa import group_mean
 from .rows import PolicyConfig, PolicyRows
@@ -149,8 +149,9 @@ class EvictingLayer(CacheLayerMixin):
         own, additive in ``dtype`` (eager) or boolean (``dtype`` None, sdpa)."""
         return self.cache._attention_mask(self.index, stock, query, dtype)
 
-    def observe(self, weights: torch.Tensor) -> None:
-        """This layer's attention weights ``(batch, heads, q, extent)`` of the forward."""
+    def observe(self, weights: torch.Tensor | None) -> None:
+        """This layer's attention weights ``(batch, heads, q, extent)`` of the forward
+        (None when no policy of the cache reads attention)."""
         self.cache._observe(self.index, weights)
 
     def rerotate(self, query: torch.Tensor, key: torch.Tensor,
@@ -271,6 +272,8 @@ class EvictingCache(Cache):
             raise InvalidInputError("the model has no full-attention layer to evict from")
         super().__init__(layers=layers)
         self.configs = configs
+        #: Whether any policy reads attention (else no weights are computed or gathered).
+        self.reads_attention = any(SPECS[c.policy].reads_attention for c in configs)
         self.positions = positions
         self.rotary: Any = None  # the model's rotary embedding (positions="cache"; from_model)
         self.head_mode = head_mode
@@ -284,6 +287,7 @@ class EvictingCache(Cache):
         self.stats = CacheStats()
         self._pending: list[torch.Tensor | None] = [None] * evicting
         self._written = [False] * evicting
+        self._observed = [False] * evicting
         self._pads: np.ndarray | None = None
         self._rotations: tuple[torch.Tensor, ...] | None = None
         self._positions: np.ndarray | None = None
@@ -415,13 +419,10 @@ class EvictingCache(Cache):
 
     def _attention_mask(self, e: int, stock: Any, query: torch.Tensor, dtype: torch.dtype | None) -> Any:
         start = time.perf_counter()
-        q = int(query.shape[2])
         if e == 0:
-            self._pads = _pads_from(stock, q, int(query.shape[0]))
-        if self.storage.aligned:
-            mask = stock
-        else:
-            mask = self.storage.mask(e, self._pads, self.groups, q, dtype)
+            self._pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
+        mask = stock if self.storage.aligned else self.storage.mask(e, self._pads, self.groups,
+                                                                     int(query.shape[2]), dtype)
         self.stats.bookkeeping_seconds += time.perf_counter() - start
         return mask
 
@@ -470,12 +471,11 @@ class EvictingCache(Cache):
         self.stats.rerotate_seconds += time.perf_counter() - start
         return query, key
 
-    def _observe(self, e: int, weights: torch.Tensor) -> None:
-        start = time.perf_counter()
+    def _observe(self, e: int, weights: torch.Tensor | None) -> None:
         if not self._written[e]:
             raise InvalidInputError(_OUT_OF_SYNC)
-        self._pending[e] = weights.detach()
-        self.stats.bookkeeping_seconds += time.perf_counter() - start
+        self._pending[e] = None if weights is None else weights.detach()
+        self._observed[e] = True
         if e == self.evicting_layers - 1:
             self._step()
 
@@ -487,37 +487,41 @@ class EvictingCache(Cache):
         assert bank is not None
         q = storage.q
         pending = self._pending
-        if any(p is None for p in pending):
+        if not all(self._observed):
             raise InvalidInputError(_OUT_OF_SYNC)
-        means = group_mean(torch.stack(pending).cpu(), self.policy_heads)  # (layers, batch, policy heads, q, extent)
-        rows = means.shape[0] * means.shape[1] * means.shape[2]
+        rows = self.evicting_layers * self.batch * self.policy_heads
+        means = None
+        if self.reads_attention:  # (layers, batch, policy heads, q, extent)
+            means = group_mean(torch.stack(pending).cpu(), self.policy_heads)  # type: ignore[arg-type]
         repeat = self.num_kv_heads // self.policy_heads
         pads = self._pads
         policy_seconds = 0.0
         if q == 1 and (pads is None or not pads.any()):
-            counts = storage.counts[::repeat]
-            width = int(counts.max(initial=0))
-            columns = storage.kept_columns(width)[::repeat]
-            weights = np.take_along_axis(means.reshape(rows, -1), columns, axis=1)
+            width = int(storage.counts.max(initial=0))
+            weights = None if means is None else storage.gather_kept(means.reshape(rows, -1), width, repeat)
             t0 = time.perf_counter()
             victims, slots = bank.step(self.seen, weights)
             policy_seconds = time.perf_counter() - t0
             if repeat > 1:
                 victims, slots = _repeat_rows(victims, slots, repeat)
-            storage.apply_step(victims, slots)
+            # One victim in every row: the storage's steady path, else the general one.
+            if len(slots) != storage.rows or not storage.apply_steady(slots):
+                storage.apply_step(victims, slots)
             self.stats.steps += 1
         else:
             fresh = self.seen == 0
             width = (0 if fresh else int(storage.counts.max(initial=0))) + q
             columns = storage.chunk_columns(width)[::repeat]
-            weights = np.take_along_axis(means.reshape(rows, q, -1), columns[:, None, :], axis=2)
+            chunk_weights = None
+            if means is not None:
+                chunk_weights = np.take_along_axis(means.reshape(rows, q, -1), columns[:, None, :], axis=2)
             admit = None
             if pads is not None and pads.any():
                 per_sequence = ~pads  # (batch, q)
                 admit = np.broadcast_to(per_sequence[None, :, None, :],
                                         (self.evicting_layers, self.batch, self.policy_heads, q)).reshape(rows, q)
             t0 = time.perf_counter()
-            victims, slots = bank.extend(weights, admit, fresh)
+            victims, slots = bank.extend(chunk_weights, admit, fresh, q)
             policy_seconds = time.perf_counter() - t0
             storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
             if repeat > 1:
@@ -528,6 +532,7 @@ class EvictingCache(Cache):
         self.seen += q
         self._pending = [None] * self.evicting_layers
         self._written = [False] * self.evicting_layers
+        self._observed = [False] * self.evicting_layers
         self._pads = None
         self._rotations = None
         self._positions = None
@@ -553,6 +558,7 @@ class EvictingCache(Cache):
         self.stats = CacheStats()
         self._pending = [None] * self.evicting_layers
         self._written = [False] * self.evicting_layers
+        self._observed = [False] * self.evicting_layers
         self._pads = None
 
     def _select(self, index: Any, what: str) -> None:
@@ -639,6 +645,12 @@ def _pads_from(stock: Any, q: int, batch: int) -> np.ndarray | None:
     itself (the diagonal of the new block). None when there is no padding."""
     if not isinstance(stock, torch.Tensor) or stock.dim() != 4:
         return None
+    if q == 1:  # one token: the last column of the last row, per sequence
+        last = stock[:, 0, -1, -1]
+        pad = ~last if last.dtype == torch.bool else last < 0
+        if not bool(pad.any()):
+            return None
+        return pad.expand(batch).numpy()[:, None]
     block = stock[..., -q:]
     diagonal = block[:, 0, torch.arange(q), torch.arange(q)] if block.shape[-2] == q else block[:, 0, -1, -q:]
     if diagonal.dtype == torch.bool:

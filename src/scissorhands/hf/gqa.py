@@ -27,8 +27,13 @@ def group_mean(weights: torch.Tensor, rows: int) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        ``(..., rows, q, kv)`` float32: ``sum(group) / len(group)`` (torch's mean).
+        ``(..., rows, q, kv)`` float32: the group's weights added in head order, then
+        divided by the group's size (every weight widened exactly from its dtype first).
     """
     shape = weights.shape
-    grouped = weights.detach().float().reshape(*shape[:-3], rows, -1, shape[-2], shape[-1])
-    return grouped.mean(dim=-3).numpy()
+    grouped = weights.detach().float().numpy().reshape(*shape[:-3], rows, -1, shape[-2], shape[-1])
+    total = grouped[..., 0, :, :].copy()
+    for head in range(1, grouped.shape[-3]):
+        total += grouped[..., head, :, :]
+    total /= np.float32(grouped.shape[-3])
+    return total

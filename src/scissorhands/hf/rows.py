@@ -127,33 +127,42 @@ class PolicyRows:
             flat[starts + within] = np.asarray(victims.slots, dtype=np.int64)
         return counts, flat
 
-    def step(self, pos: int, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, pos: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """One decode step on every row: ``weights`` ``(rows, W)`` over each row's held
-        positions (kept order, W = the largest count); returns each row's victim count
-        and their kept-order slots, row after row."""
+        positions (kept order, W = the largest count), or None for policies that read no
+        attention; returns each row's victim count and their kept-order slots, row after
+        row."""
+        if len(self.policies) == 1:  # the weights are the one policy's, already (rows, largest count)
+            start = time.perf_counter()
+            victims = self.policies[0].step_rows(pos, weights, self.configs[0].budget)
+            self.seconds[0] += time.perf_counter() - start
+            return self._merge([(np.arange(self.rows), victims)])
         parts = []
         for g, policy, rows, config in self._each():
-            w = weights if len(self.policies) == 1 else weights[rows]
             width = int(np.asarray(policy.counts).max(initial=0))
-            w = np.ascontiguousarray(w[:, :width])
+            w = None if weights is None else np.ascontiguousarray(weights[rows][:, :width])
             start = time.perf_counter()
             victims = policy.step_rows(pos, w, config.budget)
             self.seconds[g] += time.perf_counter() - start
             parts.append((rows, victims))
         return self._merge(parts)
 
-    def extend(self, weights: np.ndarray, admit: np.ndarray | None,
-               fresh: bool) -> tuple[np.ndarray, np.ndarray]:
-        """A chunk of tokens on every row (``weights`` ``(rows, q, W)`` in ``extend``'s
-        layout, ``admit`` ``(rows, q)`` or None; ``fresh``: nothing admitted yet), then
-        eviction to each budget; returns what :meth:`step` returns."""
+    def extend(self, weights: np.ndarray | None, admit: np.ndarray | None, fresh: bool,
+               q: int) -> tuple[np.ndarray, np.ndarray]:
+        """A chunk of ``q`` tokens on every row (``weights`` ``(rows, q, W)`` in
+        ``extend``'s layout, or None for policies that read no attention; ``admit``
+        ``(rows, q)`` or None; ``fresh``: nothing admitted yet), then eviction to each
+        budget; returns what :meth:`step` returns."""
         parts = []
         for g, policy, rows, config in self._each():
             before = int(np.asarray(policy.counts).max(initial=0))
-            width = (0 if fresh else before) + weights.shape[1]
-            w = weights if len(self.policies) == 1 else weights[rows]
+            width = (0 if fresh else before) + q
             a = None if admit is None else (admit if len(self.policies) == 1 else admit[rows])
-            w = np.ascontiguousarray(w[:, :, :width])
+            if weights is None:  # a policy that reads no attention reads only the shape
+                w: Any = np.broadcast_to(np.float32(0.0), (len(rows), q, width))
+            else:
+                w = weights if len(self.policies) == 1 else weights[rows]
+                w = np.ascontiguousarray(w[:, :, :width])
             start = time.perf_counter()
             policy.extend(w, a)
             victims = policy.evict_rows(config.budget)

@@ -66,8 +66,16 @@ class SlotStorage:
         self.q = 0
         self.chunk_start = 0
         self.compactions = 0
-        self._write_index = torch.zeros(0, dtype=torch.long)
+        self._write_index: tuple[torch.Tensor, ...] = ()
         self._masks = {}
+        self._mask_store: torch.Tensor | None = None
+        self._mask_stale = True
+        self._mask_changes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._mask_views: tuple[int, list[torch.Tensor]] | None = None
+        self._views: list[tuple[Any, ...] | None] = []
+        self._flat: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rows_cache: np.ndarray | None = None
+        self._offsets: tuple[tuple[int, int], np.ndarray] | None = None
 
     # ------------------------------------------------------------------ shape
 
@@ -95,7 +103,31 @@ class SlotStorage:
         self.rope = np.zeros((self.rows, self.capacity), dtype=np.int64)
         self.keys = [None] * self.layers
         self.values = [None] * self.layers
+        self._views = [None] * self.layers
+        self._flat = {}
+        self._mask_stale = True
         self.compactions = 0
+
+    #: Derived caches (views, kept masks), rebuilt on demand: not part of a copy.
+    _DERIVED = ("_views", "_flat", "_mask_store", "_mask_views", "_masks", "_write_index", "_mask_changes",
+                "_rows_cache", "_offsets")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
+        state["_mask_stale"] = True
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views = [None] * self.layers
+        self._flat = {}
+        self._mask_store = None
+        self._mask_views = None
+        self._masks = {}
+        self._mask_changes = []
+        self._write_index = ()
+        self._rows_cache = None
+        self._offsets = None
 
     def valid4(self) -> np.ndarray:
         """``valid`` as ``(layers, batch, kv_heads, capacity)`` (a view)."""
@@ -125,6 +157,7 @@ class SlotStorage:
                     new[:, :, : self.capacity] = old
                     store[e] = new
         self.capacity = capacity
+        self._mask_stale = True
 
     # ------------------------------------------------------------------ one forward
 
@@ -137,15 +170,16 @@ class SlotStorage:
             extent = max(self.extent, int(self.free.max(initial=0)) + 1)
             self._grow(extent)
             self.valid[np.arange(self.rows), self.free] = True
+            self._note_valid(np.arange(self.rows), self.free.copy(), True)
             per_layer = self.batch * self.heads
             base = np.arange(per_layer, dtype=np.int64) * self.capacity
-            self._write_index = torch.from_numpy(self.free.reshape(self.layers, per_layer) + base)
+            self._write_index = torch.from_numpy(self.free.reshape(self.layers, per_layer) + base).unbind(0)
         else:
             self.chunk_start = self.extent
             extent = self.extent + q
             self._grow(extent)
         self.extent = extent
-        self._masks: dict[str, torch.Tensor] = {}
+        self._masks: dict[str, list[torch.Tensor]] = {}
         return extent
 
     def write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,29 +188,79 @@ class SlotStorage:
             raise InvalidInputError(
                 f"the cache holds {self.batch} sequences of {self.heads} KV heads, the model "
                 f"wrote {tuple(key.shape[:2])}: reset() the cache before a new batch")
-        out = []
+        decode = self.q == 1 and not self.aligned
         for store, new in ((self.keys, key.detach()), (self.values, value.detach())):
             buffer = store[e]
             if buffer is None:
                 buffer = store[e] = new.new_zeros((self.batch, self.heads, self.capacity, new.shape[-1]))
-            if self.q == 1 and not self.aligned:
-                flat = buffer.view(-1, buffer.shape[-1])
-                flat.index_copy_(0, self._write_index[e], new.reshape(-1, new.shape[-1]))
+            if decode:
+                key_ = (e, store is self.keys)
+                flat = self._flat.get(key_)
+                if flat is None or flat[0] is not buffer:
+                    flat = self._flat[key_] = (buffer, buffer.view(-1, buffer.shape[-1]))
+                flat[1].index_copy_(0, self._write_index[e], new.reshape(-1, new.shape[-1]))
             else:
                 buffer[:, :, self.chunk_start:self.chunk_start + self.q] = new
-            out.append(buffer[:, :, : self.extent])
-        return out[0], out[1]
+        # The [0, extent) views, kept while the buffers and the extent stay (the steady state).
+        cached = self._views[e]
+        keys, values = self.keys[e], self.values[e]
+        if cached is None or cached[0] is not keys or cached[2] != self.extent:
+            assert keys is not None and values is not None
+            cached = self._views[e] = (keys, keys[:, :, : self.extent], self.extent, values[:, :, : self.extent])
+        return cached[1], cached[3]
 
-    def mask(self, e: int, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None) -> torch.Tensor:
+    def mask(self, e: int, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None) -> torch.Tensor | None:
         """Layer ``e``'s attention mask ``(batch, kv_heads * groups, q, extent)``: every
         held slot, and within a chunk the earlier tokens and itself, padding never.
         Boolean (True: attend) for ``dtype`` None, else additive in ``dtype``. The
-        masks of every layer are built once per forward."""
-        key = str(dtype)
-        masks = self._masks.get(key)
+        masks of every layer are built once per forward; a single token's additive
+        masks are kept from step to step and changed only where a slot was filled or
+        freed (:meth:`_decode_masks`), and are None when every slot of the extent holds
+        a key (the steady state: the new token takes the slot the last victim freed)."""
+        masks = self._masks.get(dtype)  # type: ignore[call-overload]
         if masks is None:
-            masks = self._masks[key] = self._all_masks(pads, groups, q, dtype)
+            if q == 1 and dtype is not None and not self.aligned:
+                if self.valid[:, : self.extent].all():  # every slot holds a key: nothing to mask
+                    self._mask_stale = True
+                    masks = self._masks[dtype] = [None] * self.layers  # type: ignore[index]
+                else:
+                    masks = self._masks[dtype] = self._decode_masks(groups, dtype)  # type: ignore[index]
+            else:
+                masks = self._masks[dtype] = list(self._all_masks(pads, groups, q, dtype).unbind(0))  # type: ignore[index]
         return masks[e]
+
+    def _decode_masks(self, groups: int, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The additive masks of a single-token forward, one view per layer of a store
+        ``(layers, batch, heads * groups, capacity)`` that mirrors ``valid``: rebuilt when
+        the layout, shape or dtype changed, else updated at the slots changed since."""
+        store = self._mask_store
+        shape = (self.layers, self.batch, self.heads * groups, self.capacity)
+        if store is None or store.dtype != dtype or tuple(store.shape) != shape or self._mask_stale:
+            valid = torch.from_numpy(self.valid4()).repeat_interleave(groups, dim=2)
+            store = torch.zeros(shape, dtype=dtype).masked_fill_(~valid, torch.finfo(dtype).min)
+            self._mask_store, self._mask_stale = store, False
+            self._mask_views = None
+            self._mask_changes = []
+        else:
+            changed = self._mask_changes
+            if changed:
+                flat = store.view(-1, self.capacity)
+                rows = np.concatenate([c[0] for c in changed])
+                slots = np.concatenate([c[1] for c in changed])
+                values = np.concatenate([c[2] for c in changed])
+                expanded = (rows[:, None] * groups + np.arange(groups)[None, :]).reshape(-1)
+                flat[torch.from_numpy(expanded), torch.from_numpy(np.repeat(slots, groups))] = torch.from_numpy(
+                    np.where(np.repeat(values, groups), 0.0, torch.finfo(dtype).min)).to(dtype)
+        self._mask_changes = []
+        views = self._mask_views
+        if views is None or views[0] != self.extent:
+            views = self._mask_views = (self.extent, [store[e, :, :, None, : self.extent] for e in range(self.layers)])
+        return views[1]
+
+    def _note_valid(self, rows: np.ndarray, slots: np.ndarray, valid: bool) -> None:
+        """Record slots made valid or invalid, for the kept additive masks (when kept)."""
+        if not self._mask_stale:
+            self._mask_changes.append((rows, slots, np.full(len(rows), valid)))
 
     def _all_masks(self, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None) -> torch.Tensor:
         valid = torch.from_numpy(self.valid4()[:, :, :, : self.extent])  # (layers, batch, heads, extent)
@@ -219,6 +303,17 @@ class SlotStorage:
         rank[np.broadcast_to(rows, (self.rows, self.q)), self.new_columns()] = new_rank
         return rank[:, : self.extent], new_rank
 
+    def gather_kept(self, weights: np.ndarray, width: int, step: int = 1) -> np.ndarray:
+        """``(rows / step, width)``: each row's weights (``weights`` ``(rows / step,
+        extent)``, physical order) at its held slots, in kept order (every ``step``-th
+        storage row's slots: ``mean`` head mode)."""
+        slots = self.slots[::step, :width]
+        key = (slots.shape[0], weights.shape[1])
+        cached = self._offsets
+        if cached is None or cached[0] != key:
+            cached = self._offsets = (key, (np.arange(key[0], dtype=np.int64) * key[1])[:, None])
+        return weights.reshape(-1)[slots + cached[1]]
+
     def kept_columns(self, width: int) -> np.ndarray:
         """``(rows, width)`` physical slots of each row's held positions, kept order (the
         columns past a row's count are never read)."""
@@ -236,10 +331,41 @@ class SlotStorage:
         out = np.where(col < counts, held, chunk)
         return np.clip(out, 0, self.extent - 1)
 
+    def apply_steady(self, slots: np.ndarray) -> bool:
+        """The steady state of :meth:`apply_step`, in few array operations: every row held
+        the same count, took its token at ``free`` and evicted exactly one kept index
+        (``slots``, one per row). Returns False (nothing done) when that is not the case."""
+        n = self.counts
+        if self.aligned or len(slots) != self.rows or self.compact_every_step:
+            return False
+        count = int(n[0])
+        if not (n == count).all():
+            return False
+        rows = self._row_index()
+        layout = self.slots[:, : count + 1]
+        layout[:, count] = self.free
+        freed = layout[rows, slots]
+        keep = np.ones((self.rows, count + 1), dtype=bool)
+        keep[rows, slots] = False
+        layout[:, :count] = layout[keep].reshape(self.rows, count)
+        self.valid[rows, freed] = False
+        if not self._mask_stale:
+            self._mask_changes.append((rows, freed, np.zeros(self.rows, dtype=bool)))
+        self.free = freed
+        return True
+
+    def _row_index(self) -> np.ndarray:
+        index = self._rows_cache
+        if index is None or len(index) != self.rows:
+            index = self._rows_cache = np.arange(self.rows)
+        return index
+
     def apply_step(self, victims: np.ndarray, slots: np.ndarray) -> None:
         """After a decode step: each row admitted its token (at ``free``, or appended
         while aligned) and evicted ``victims[row]`` positions whose kept-order indices
         (before the eviction, the new token last) are ``slots``, row after row."""
+        if len(slots) == self.rows and self.apply_steady(slots):
+            return
         rows = np.arange(self.rows)
         n = self.counts
         new_slot = np.full(self.rows, self.extent - 1, dtype=np.int64) if self.aligned else self.free.copy()
@@ -250,17 +376,26 @@ class SlotStorage:
         self._grow(width)
         flat_valid = self.valid
         flat_valid[rows, new_slot] = True
-        layout = self.slots[:, :width].copy()
-        layout[rows, n] = new_slot
+        self.slots[rows, n] = new_slot  # the new token, last in kept order
         one = victims == 1
-        victim = np.zeros(self.rows, dtype=np.int64)
-        victim[one] = slots  # one slot per evicting row, in row order
-        freed = layout[rows, victim]
-        cols = np.arange(width - 1)[None, :]
-        shifted = np.where(cols < victim[:, None], layout[:, :-1], layout[:, 1:])
-        self.slots[:, : width - 1] = np.where(one[:, None], shifted, layout[:, :-1])
-        self.slots[~one, width - 1] = layout[~one, width - 1]
+        if one.all() and (n == n[0]).all():
+            # The steady state: every row drops one kept index; one boolean gather.
+            layout = self.slots[:, :width]
+            freed = layout[rows, slots]
+            keep = np.ones((self.rows, width), dtype=bool)
+            keep[rows, slots] = False
+            self.slots[:, : width - 1] = layout[keep].reshape(self.rows, width - 1)
+        else:
+            layout = self.slots[:, :width].copy()
+            victim = np.zeros(self.rows, dtype=np.int64)
+            victim[one] = slots  # one slot per evicting row, in row order
+            freed = layout[rows, victim]
+            cols = np.arange(width - 1)[None, :]
+            shifted = np.where(cols < victim[:, None], layout[:, :-1], layout[:, 1:])
+            self.slots[:, : width - 1] = np.where(one[:, None], shifted, layout[:, :-1])
+            self.slots[~one, width - 1] = layout[~one, width - 1]
         flat_valid[rows[one], freed[one]] = False
+        self._note_valid(rows[one], freed[one], False)
         self.counts = n + 1 - victims
         if self.aligned:
             self.free[:] = self.extent
@@ -293,6 +428,7 @@ class SlotStorage:
                 self.valid[r, new[r]] = True
             self.counts = self.counts + np.array([len(x) for x in new], dtype=np.int64)
             self.free[:] = self.extent
+            self._mask_stale = True
             return
         self._apply_general(victims, slots, new)
 
@@ -347,6 +483,7 @@ class SlotStorage:
         self.free = counts.copy()
         self.extent = width
         self.compactions += 1
+        self._mask_stale = True
 
     def select(self, index: np.ndarray) -> None:
         """Sequences become ``index`` (old sequence numbers; beams, copies, subsets)."""
@@ -363,6 +500,7 @@ class SlotStorage:
                 if old is not None:
                     store[e] = old.index_select(0, torch_index.to(old.device))
         self.batch = len(index)
+        self._mask_stale = True
 
     def nbytes(self) -> int:
         """Bytes of the key and value buffers."""
