@@ -121,7 +121,8 @@ def test_recorded_trace_mean_and_worst(tmp_path, capsys):
     assert row["worst_retained_mass"] == min(masses)
     assert abs(row["retained_mass"] - sum(masses) / 3) < 1e-6
     worst = row["worst_retained_mass_stream"]
-    assert masses[[(s["layer"], s["head"]) for s in row["streams"]].index((worst["layer"], worst["head"]))] == min(masses)
+    where = [(s["layer"], s["head"]) for s in row["streams"]].index((worst["layer"], worst["head"]))
+    assert masses[where] == min(masses)
 
 
 def test_eval_and_record_namespaces():

@@ -230,9 +230,10 @@ def test_policies_see_exactly_the_attention_of_a_full_forward(family, impl, monk
             _, pos, weights, counts, kept = call
             queries = [(pos, None)]
         else:
-            _, weights, admit, fresh, _counts, kept = call
+            _, weights, admit, fresh, counts, kept = call
             start = 0 if fresh else int(max(k.max() for k in kept if len(k))) + 1
             queries = [(start + i, i) for i in range(weights.shape[1])]
+        assert [len(k) for k in kept] == list(counts)
         for b in range(2):
             for h in range(kv):
                 r = b * kv + h  # layer 0's rows come first

@@ -225,7 +225,7 @@ def test_history_registers_follow_eviction_and_growth(backend):
     p = backend.Scissorhands(budget=4, recent_window=1, sinks=1, history_window=3, heads=2)
     rng = np.random.default_rng(5)
     pos = 0
-    for t in range(40):
+    for _ in range(40):
         for _ in range(int(rng.integers(1, 6))):
             pos += 1
             p.on_decode_step(pos, rng.integers(0, 9, (2, p.kept_count())) / 8)
@@ -519,7 +519,7 @@ def test_vote_rate_off_keeps_no_steps(backend):
     p = backend.Scissorhands(budget=4, recent_window=1, vote_rate=False)
     assert p.vote_rate is False and "vote_rate" not in p.state_dict()["params"]
     with pytest.raises(InvalidInputError, match="vote_rate"):
-        p.steps_held
+        _ = p.steps_held
     assert p.memory_bytes() == 64 + 5 * 9
     q = backend.Scissorhands(budget=4, recent_window=1)
     assert stream(p, 40, 3, budget=4) == stream(q, 40, 3, budget=4)

@@ -409,7 +409,7 @@ def run_eval(request: EvalRequest) -> int:
 
     tokens = int(request.tokens)
     prompt_given = request.prompt_tokens is not None
-    prompt_tokens = int(request.prompt_tokens) if prompt_given else DEFAULT_PROMPT_TOKENS
+    prompt_tokens = DEFAULT_PROMPT_TOKENS if request.prompt_tokens is None else int(request.prompt_tokens)
     problem = _check_counts(tokens, prompt_tokens, prompt_given, 3)
     if problem:
         return _fail(problem)

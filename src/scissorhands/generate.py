@@ -110,7 +110,7 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
     """``python -m scissorhands generate``. Every argument is checked before the model
     loads. Returns the process exit status: 0, or 2 on a bad argument."""
     stdin = sys.stdin if stdin is None else stdin
-    stdout = sys.stdout if stdout is None else stdout
+    stream = sys.stdout if stdout is None else stdout
     try:
         spec = policy_spec(request.policy)
         values = {k: v for k, v in request.values.items() if v is not None}
@@ -167,8 +167,8 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
 
     class _Streamer(TextStreamer):  # to the stream given, flushed as text arrives
         def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
-            stdout.write(text + ("\n" if stream_end else ""))
-            stdout.flush()
+            stream.write(text + ("\n" if stream_end else ""))
+            stream.flush()
 
     prompt_tokens = int(inputs["input_ids"].shape[1])
     start = time.perf_counter()

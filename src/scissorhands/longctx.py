@@ -126,7 +126,7 @@ def run_longctx(request: LongContextRequest) -> int:
         results.append({**run.as_dict(), "label": label, "positions": mode, "rows": rows,
                         "seconds": time.perf_counter() - started, "peak_rss_bytes": peak_rss_bytes()})
     bar.close()
-    document = {
+    document: dict[str, Any] = {
         "format": "scissorhands.longctx",
         "version": 1,
         "config": {

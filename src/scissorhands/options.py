@@ -490,7 +490,7 @@ class Run:
     @property
     def options(self) -> PolicyOptions:
         """The values as a :class:`PolicyOptions`."""
-        return PolicyOptions(**{k: v for k, v in self.values.items()})
+        return PolicyOptions(**self.values)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data: ``policy``, ``budget``, each option value (the recent window

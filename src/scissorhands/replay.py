@@ -274,7 +274,7 @@ def _duration(seconds: float) -> str:
 
 
 def _plot(
-    rows: list[dict[str, Any]], budgets: Sequence[int], title: str, path: str, recorded: bool
+    rows: list[dict[str, Any]], budgets: Sequence[int], title: str, path: str | os.PathLike[str], recorded: bool
 ) -> None:
     """Retained mass and heavy-hitter recall against budget, one line per policy setting."""
     from matplotlib.figure import Figure

@@ -68,7 +68,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -579,7 +579,7 @@ def save_recorded_trace(
         packed = weights.astype(np.float16, copy=False)
     else:
         rows: list[npt.NDArray[np.float16]] = []
-        for expected_t, step in enumerate(weights, start=1):
+        for expected_t, step in enumerate(cast(Iterable[Any], weights), start=1):
             a = np.asarray(step)
             if a.ndim == 1:
                 a = a[None, :]

@@ -134,7 +134,7 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
     return attention
 
 
-_MASKS = {"sdpa": sdpa_mask, "eager": eager_mask}
+_MASKS: dict[str, Callable[..., Any]] = {"sdpa": sdpa_mask, "eager": eager_mask}
 for _wrapped in WRAPPED:
     AttentionInterface.register(PREFIX + _wrapped, _make_attention(_wrapped))
     AttentionMaskInterface.register(PREFIX + _wrapped, _MASKS[_wrapped])

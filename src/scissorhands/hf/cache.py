@@ -96,7 +96,7 @@ class EvictingLayer(CacheLayerMixin):
         self.cache = cache
         self.index = index
 
-    @property  # type: ignore[override]
+    @property
     def keys(self) -> torch.Tensor | None:
         """The key buffer ``(batch, kv_heads, capacity, head_dim)``: slots, not kept order
         (:meth:`EvictingCache.kept_keys_values` gives kept order)."""
@@ -107,7 +107,7 @@ class EvictingLayer(CacheLayerMixin):
         if value is not None:
             raise InvalidInputError("an EvictingCache layer's keys are written by the model only")
 
-    @property  # type: ignore[override]
+    @property
     def values(self) -> torch.Tensor | None:
         return self.cache.storage.values[self.index] if self.cache.storage.started() else None
 
@@ -339,8 +339,9 @@ class EvictingCache(Cache):
     def _evicting_index(self, layer: int) -> int:
         if not 0 <= layer < len(self.layers) or not isinstance(self.layers[layer], EvictingLayer):
             raise InvalidInputError(f"layer {layer} is not one of the cache's full-attention layers")
-        index: int = self.layers[layer].index
-        return index
+        evicting = self.layers[layer]
+        assert isinstance(evicting, EvictingLayer)
+        return evicting.index
 
     def held_counts(self) -> np.ndarray:
         """Positions held per (layer, sequence, KV head): ``int64 (evicting layers, batch,
@@ -583,7 +584,7 @@ class EvictingCache(Cache):
         self.storage.select(array)
         for layer in self.layers:
             if not isinstance(layer, EvictingLayer):
-                layer.batch_select_indices(torch.from_numpy(array))
+                layer.batch_select_indices(torch.from_numpy(array))  # type: ignore[union-attr]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: sequence ``i`` becomes a copy of sequence ``beam_idx[i]`` (keys,
@@ -653,9 +654,6 @@ def _pads_from(stock: Any, q: int, batch: int) -> np.ndarray | None:
         return pad.expand(batch).numpy()[:, None]
     block = stock[..., -q:]
     diagonal = block[:, 0, torch.arange(q), torch.arange(q)] if block.shape[-2] == q else block[:, 0, -1, -q:]
-    if diagonal.dtype == torch.bool:
-        pads = ~diagonal
-    else:
-        pads = diagonal < 0
-    pads = pads.expand(batch, q).cpu().numpy()
+    masked = ~diagonal if diagonal.dtype == torch.bool else diagonal < 0
+    pads = masked.expand(batch, q).cpu().numpy()
     return pads if pads.any() else None

@@ -110,12 +110,13 @@ def load_model(
     else:
         directory, kwargs = path, {}
     bars = hf_logging.is_progress_bar_enabled()
-    gguf_utils, gguf_tqdm = None, None
+    gguf_utils: Any = None
+    gguf_tqdm: Any = None
     if not progress:
         hf_logging.disable_progress_bar()
         # The GGUF de-quantisation bar is a bare tqdm that ignores the switch above.
         try:
-            from transformers import modeling_gguf_pytorch_utils as gguf_utils
+            gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
         except ImportError:  # pragma: no cover - older transformers
             gguf_utils = None
         gguf_tqdm = getattr(gguf_utils, "tqdm", None)

@@ -80,8 +80,8 @@ def record_attention(
     seen: dict[int, np.ndarray] = {}
     observe = cache._observe
 
-    def keep(e: int, weights: torch.Tensor) -> None:
-        if e in evicting:
+    def keep(e: int, weights: torch.Tensor | None) -> None:
+        if e in evicting and weights is not None:
             seen[e] = group_mean(weights.detach().cpu(), kv_heads)[0]  # (kv_heads, q, t + q)
         observe(e, weights)
 

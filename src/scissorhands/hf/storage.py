@@ -23,6 +23,8 @@ expects, so the mask it builds is used as it is (``aligned``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -67,7 +69,7 @@ class SlotStorage:
         self.chunk_start = 0
         self.compactions = 0
         self._write_index: tuple[torch.Tensor, ...] = ()
-        self._masks = {}
+        self._masks: dict[torch.dtype | None, list[torch.Tensor | None]] = {}
         self._mask_store: torch.Tensor | None = None
         self._mask_stale = True
         self._mask_changes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -179,7 +181,7 @@ class SlotStorage:
             extent = self.extent + q
             self._grow(extent)
         self.extent = extent
-        self._masks: dict[str, list[torch.Tensor]] = {}
+        self._masks = {}
         return extent
 
     def write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,7 +211,9 @@ class SlotStorage:
             cached = self._views[e] = (keys, keys[:, :, : self.extent], self.extent, values[:, :, : self.extent])
         return cached[1], cached[3]
 
-    def mask(self, e: int, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None) -> torch.Tensor | None:
+    def mask(
+        self, e: int, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None
+    ) -> torch.Tensor | None:
         """Layer ``e``'s attention mask ``(batch, kv_heads * groups, q, extent)``: every
         held slot, and within a chunk the earlier tokens and itself, padding never.
         Boolean (True: attend) for ``dtype`` None, else additive in ``dtype``. The
@@ -217,16 +221,16 @@ class SlotStorage:
         masks are kept from step to step and changed only where a slot was filled or
         freed (:meth:`_decode_masks`), and are None when every slot of the extent holds
         a key (the steady state: the new token takes the slot the last victim freed)."""
-        masks = self._masks.get(dtype)  # type: ignore[call-overload]
+        masks = self._masks.get(dtype)
         if masks is None:
             if q == 1 and dtype is not None and not self.aligned:
                 if self.valid[:, : self.extent].all():  # every slot holds a key: nothing to mask
                     self._mask_stale = True
-                    masks = self._masks[dtype] = [None] * self.layers  # type: ignore[index]
+                    masks = self._masks[dtype] = [None] * self.layers
                 else:
-                    masks = self._masks[dtype] = self._decode_masks(groups, dtype)  # type: ignore[index]
+                    masks = self._masks[dtype] = list(self._decode_masks(groups, dtype))
             else:
-                masks = self._masks[dtype] = list(self._all_masks(pads, groups, q, dtype).unbind(0))  # type: ignore[index]
+                masks = self._masks[dtype] = list(self._all_masks(pads, groups, q, dtype).unbind(0))
         return masks[e]
 
     def _decode_masks(self, groups: int, dtype: torch.dtype) -> list[torch.Tensor]:
