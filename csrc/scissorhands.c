@@ -24,10 +24,15 @@
  * decode steps it stands for, with per-row admission; sh_policy_select_rows copies
  * rows into a new set (beams, batch changes).
  *
- * Selection is O(count) time with one byte of scratch per slot: a byte-at-a-time
- * radix select finds the k-th smallest key (the scratch byte marks which slots are
- * still candidates), then one pass takes every key below that threshold and the
- * lowest slots at it, compacting survivors in order.
+ * A decode step that evicts one position per row (the steady state) is fused: the
+ * pass that applies the weights also finds each row's least-scored evictable slot,
+ * and only the slots after the victim move. Selection of more victims is O(count)
+ * time: a byte-at-a-time radix select finds the k-th smallest key, then one pass
+ * takes every key below that threshold and the lowest slots at it, compacting the
+ * survivors in order (with a vote rate the one scratch byte per slot marks the
+ * candidates). The loops over a row's slots are kernels with a scalar and an AVX2
+ * form (sh_internal.h, simd.c); a step's rows may run on several threads
+ * (parallel.c), each row on one.
  */
 #include <float.h>
 #include <stdlib.h>
@@ -309,7 +314,8 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
         return SH_ERR_NOMEM;
     p->kind = (int8_t)kind;
     p->vote_rate = (uint8_t)cfg->vote_rate;
-    p->history_window = (uint16_t)cfg->history_window;
+    p->history_window = (uint8_t)cfg->history_window;
+    p->threads = 1;
     p->heads = cfg->heads;
     p->budget = cfg->budget;
     p->recent_window = cfg->recent_window;
@@ -363,6 +369,19 @@ int sh_policy_reset(sh_policy *p)
     return SH_OK;
 }
 
+int sh_policy_set_threads(sh_policy *p, uint32_t threads)
+{
+    if (p == NULL || threads < 1 || threads > SH_MAX_THREADS)
+        return SH_ERR_ARG;
+    p->threads = (uint8_t)threads;
+    return SH_OK;
+}
+
+uint32_t sh_policy_threads(const sh_policy *p)
+{
+    return p == NULL ? 0 : p->threads;
+}
+
 size_t sh_policy_count(const sh_policy *p)
 {
     return p == NULL ? 0 : max_count(p);
@@ -411,10 +430,17 @@ uint32_t sh_policy_last_position(const sh_policy *p)
     return p == NULL ? 0 : p->last_position;
 }
 
-/* ---------------------------------------------------------------- attention */
+/* ---------------------------------------------------------------- kernels */
+
+/* The scalar or the AVX2 form of kernel `name` (see sh_internal.h), as `simd` says. */
+#if SH_HAVE_AVX2
+#define KERNEL(simd, name) ((simd) ? sh_avx2_##name : sh_##name)
+#else
+#define KERNEL(simd, name) ((void)(simd), sh_##name)
+#endif
 
 /* 1 when every weight is finite and >= 0 (NaN fails both comparisons). */
-static int weights_valid_f32(const float *a, size_t n)
+int sh_valid_f32(const float *a, size_t n)
 {
     int ok = 1;
     for (size_t i = 0; i < n; i++)
@@ -422,7 +448,7 @@ static int weights_valid_f32(const float *a, size_t n)
     return ok;
 }
 
-static int weights_valid_f64(const double *a, size_t n)
+int sh_valid_f64(const double *a, size_t n)
 {
     int ok = 1;
     for (size_t i = 0; i < n; i++)
@@ -430,9 +456,10 @@ static int weights_valid_f64(const double *a, size_t n)
     return ok;
 }
 
-static int weights_valid(int32_t dtype, const void *attn, size_t n)
+static int weights_valid(int32_t dtype, const void *attn, size_t n, int simd)
 {
-    return dtype == SH_DTYPE_F32 ? weights_valid_f32(attn, n) : weights_valid_f64(attn, n);
+    return dtype == SH_DTYPE_F32 ? KERNEL(simd, valid_f32)(attn, n)
+                                 : KERNEL(simd, valid_f64)(attn, n);
 }
 
 /* The largest float t with (double)t <= share, so that for any float a,
@@ -451,24 +478,90 @@ static float float_threshold(double share)
 }
 
 /* One vote for every weight strictly above 1 / n, compared as if in double on the
-   value as given; votes saturate at UINT32_MAX. */
-static void vote_f32(uint32_t *votes, const float *attn, size_t n)
+   value as given; votes saturate at UINT32_MAX. Then the least slot of [lo, hi)
+   (hi when the range is empty). The scalar form takes two plain passes, which the
+   compiler vectorises for the baseline instruction set. */
+size_t sh_vote_f32(uint32_t *votes, const float *attn, size_t n, float t, size_t lo, size_t hi)
 {
-    float t = float_threshold(1.0 / (double)n);
     for (size_t i = 0; i < n; i++)
         votes[i] += (uint32_t)((attn[i] > t) & (votes[i] != UINT32_MAX));
+    return lo < hi ? sh_least_u32(votes, lo, hi) : hi;
 }
 
-static void vote_f64(uint32_t *votes, const double *attn, size_t n)
+size_t sh_vote_f64(uint32_t *votes, const double *attn, size_t n, double share, size_t lo,
+                   size_t hi)
 {
-    double share = 1.0 / (double)n;
     for (size_t i = 0; i < n; i++)
         votes[i] += (uint32_t)((attn[i] > share) & (votes[i] != UINT32_MAX));
+    return lo < hi ? sh_least_u32(votes, lo, hi) : hi;
 }
 
+/* The first slot of [lo, hi) holding the fewest votes (hi > lo): the least, then
+   where it first occurs. */
+size_t sh_least_u32(const uint32_t *v, size_t lo, size_t hi)
+{
+    uint32_t least = UINT32_MAX;
+    size_t i;
+    for (i = lo; i < hi; i++)
+        least = v[i] < least ? v[i] : least;
+    for (i = lo; v[i] != least; i++)
+        ;
+    return i;
+}
+
+/* The most votes in [lo, hi) (hi > lo). */
+uint32_t sh_max_u32(const uint32_t *v, size_t lo, size_t hi)
+{
+    uint32_t most = 0;
+    for (size_t i = lo; i < hi; i++)
+        most = v[i] > most ? v[i] : most;
+    return most;
+}
+
+/* One pass of the radix select: counts, by the byte at `shift`, the votes of
+   [lo, hi) that agree with prefix on the bytes already chosen (mask). */
+void sh_hist_u32(const uint32_t *v, size_t lo, size_t hi, uint32_t mask, uint32_t prefix,
+                 unsigned shift, size_t hist[256])
+{
+    for (size_t i = lo; i < hi; i++) {
+        if ((v[i] & mask) == prefix)
+            hist[(v[i] >> shift) & 0xff]++;
+    }
+}
+
+/* The bulk selection's last pass: takes every slot of [lo, hi) whose masked votes
+   are below prefix and the `need` lowest slots whose masked votes equal it, and
+   closes the gaps they leave in one pass (the slots after hi move down by the count
+   taken). */
+size_t sh_take_u32(uint32_t *pos, uint32_t *v, size_t n, size_t lo, size_t hi, uint32_t mask,
+                   uint32_t prefix, size_t need, uint32_t *victims, int64_t *slots)
+{
+    size_t w = lo, j = 0;
+    for (size_t i = lo; i < hi; i++) {
+        uint32_t m = v[i] & mask;
+        int victim = m < prefix || (m == prefix && need > 0);
+        if (victim) {
+            need -= (size_t)(m == prefix);
+            victims[j] = pos[i];
+            if (slots != NULL)
+                slots[j] = (int64_t)i;
+            j++;
+            continue;
+        }
+        pos[w] = pos[i];
+        v[w] = v[i];
+        w++;
+    }
+    memmove(pos + w, pos + hi, (n - hi) * sizeof *pos);
+    memmove(v + w, v + hi, (n - hi) * sizeof *v);
+    return j;
+}
+
+/* ---------------------------------------------------------------- attention */
+
 /* With a history window: each register shifts in its vote bit (weight strictly
-   above 1 / n, compared as vote_f32 and vote_f64 do), keeps the last w bits, and
-   the vote count becomes its popcount. */
+   above 1 / n, compared as sh_vote_f32 and sh_vote_f64 do), keeps the last w bits,
+   and the vote count becomes its popcount. */
 static void vote_history_f32(uint32_t *votes, uint64_t *history, uint64_t mask,
                              const float *attn, size_t n)
 {
@@ -498,12 +591,23 @@ static void count_step(uint32_t *held, size_t n)
         held[i] += (uint32_t)(held[i] != UINT32_MAX);
 }
 
+/* Whether a row's scores are plain votes or H2O scores, with nothing else per slot:
+   the rows the fused step and the specialised selection serve. */
+static int plain_scores(const sh_policy *p)
+{
+    return p->kind == SH_H2O
+           || (p->kind == SH_SCISSORHANDS && p->history == NULL && !p->vote_rate);
+}
+
 /* Applies one row of weights (n of them, of dtype: row h's count) to row h's
-   scores; a row holding nothing votes nothing. */
-static void update_row(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n)
+   scores; a row holding nothing votes nothing. With plain scores the same pass finds
+   the least slot of [lo, hi) (hi <= n) and returns it (hi when empty); otherwise it
+   returns hi. */
+static size_t update_row(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n,
+                         size_t lo, size_t hi, int simd)
 {
     if (n == 0)
-        return;
+        return hi;
     if (p->vote_rate)
         count_step(row_held(p, h), n);
     if (p->kind == SH_SCISSORHANDS && p->history != NULL) {
@@ -512,31 +616,25 @@ static void update_row(sh_policy *p, size_t h, int32_t dtype, const void *attn, 
             vote_history_f32(row_votes(p, h), row_history(p, h), mask, attn, n);
         else
             vote_history_f64(row_votes(p, h), row_history(p, h), mask, attn, n);
-    } else if (p->kind == SH_SCISSORHANDS) {
-        if (dtype == SH_DTYPE_F32)
-            vote_f32(row_votes(p, h), attn, n);
-        else
-            vote_f64(row_votes(p, h), attn, n);
-    } else if (p->kind == SH_H2O) {
-        if (dtype == SH_DTYPE_F32)
-            sh_h2o_accumulate_f32(row_scores(p, h), attn, n);
-        else
-            sh_h2o_accumulate_f64(row_scores(p, h), attn, n);
+        return hi;
     }
+    if (p->kind == SH_SCISSORHANDS) {
+        double share = 1.0 / (double)n;
+        if (dtype == SH_DTYPE_F32)
+            return KERNEL(simd, vote_f32)(row_votes(p, h), attn, n, float_threshold(share), lo, hi);
+        return KERNEL(simd, vote_f64)(row_votes(p, h), attn, n, share, lo, hi);
+    }
+    if (p->kind == SH_H2O) {
+        if (dtype == SH_DTYPE_F32)
+            return KERNEL(simd, h2o_accumulate_f32)(row_scores(p, h), attn, n, lo, hi);
+        return KERNEL(simd, h2o_accumulate_f64)(row_scores(p, h), attn, n, lo, hi);
+    }
+    return hi;
 }
 
 static size_t dtype_size(int32_t dtype)
 {
     return dtype == SH_DTYPE_F32 ? sizeof(float) : sizeof(double);
-}
-
-/* Appends pos with a zero score (and an empty vote register, no steps held) to
-   every row (capacity already ensured). */
-static void admit(sh_policy *p, uint32_t pos)
-{
-    for (size_t h = 0; h < p->heads; h++)
-        put_slot(p, h, p->counts[h]++, pos);
-    p->last_position = pos;
 }
 
 /* ---------------------------------------------------------------- selection */
@@ -578,32 +676,57 @@ static unsigned pick_bucket(const size_t hist[256], size_t *need)
     return b;
 }
 
+/* The highest multiple of 8 at or below the top set bit of x (0 for x < 256). */
+static unsigned top_byte_shift(uint64_t x)
+{
+    unsigned shift = 56;
+    while (shift > 0 && (x >> shift) == 0)
+        shift -= 8;
+    return shift;
+}
+
 /* Finds the k-th smallest key in slots [lo, hi) of row h as a (prefix, mask) pair:
    the victims are every slot whose masked key is below prefix, then the lowest
-   *need slots whose masked key equals it. Requires 1 <= k <= hi - lo. */
+   *need slots whose masked key equals it. Requires 1 <= k <= hi - lo. With plain
+   scores each pass is a kernel over the votes or the scores' bits; with a vote rate
+   the scratch byte marks which slots are still candidates. */
 static void radix_select(const sh_policy *p, size_t h, size_t lo, size_t hi, size_t k,
-                         uint64_t *prefix_out, uint64_t *mask_out, size_t *need)
+                         uint64_t *prefix_out, uint64_t *mask_out, size_t *need, int simd)
 {
+    int votes = p->kind == SH_SCISSORHANDS && !p->vote_rate;
+    int scores = p->kind == SH_H2O;
     uint8_t *mark = row_scratch(p, h);
-    uint64_t all = 0;
-    for (size_t i = lo; i < hi; i++) {
-        all |= key_at(p, h, i);
-        mark[i] = 1;
+    uint64_t all;
+    if (votes) {
+        all = KERNEL(simd, max_u32)(row_votes(p, h), lo, hi);
+    } else if (scores) {
+        all = KERNEL(simd, max_f64_bits)(row_scores(p, h), lo, hi);
+    } else {
+        all = 0;
+        for (size_t i = lo; i < hi; i++) {
+            all |= key_at(p, h, i);
+            mark[i] = 1;
+        }
     }
-    int shift = 56;
-    while (shift > 0 && (all >> shift) == 0)
-        shift -= 8;
+    unsigned shift = top_byte_shift(all);
     uint64_t prefix = 0, mask = 0;
     *need = k;
     for (;; shift -= 8) {
         size_t hist[256] = { 0 };
-        for (size_t i = lo; i < hi; i++) {
-            if (mark[i]) {
-                uint64_t key = key_at(p, h, i);
-                if ((key & mask) != prefix)
-                    mark[i] = 0;
-                else
-                    hist[(key >> shift) & 0xff]++;
+        if (votes) {
+            KERNEL(simd, hist_u32)(row_votes(p, h), lo, hi, (uint32_t)mask, (uint32_t)prefix,
+                                   shift, hist);
+        } else if (scores) {
+            KERNEL(simd, hist_f64_bits)(row_scores(p, h), lo, hi, mask, prefix, shift, hist);
+        } else {
+            for (size_t i = lo; i < hi; i++) {
+                if (mark[i]) {
+                    uint64_t key = key_at(p, h, i);
+                    if ((key & mask) != prefix)
+                        mark[i] = 0;
+                    else
+                        hist[(key >> shift) & 0xff]++;
+                }
             }
         }
         unsigned b = pick_bucket(hist, need);
@@ -617,15 +740,13 @@ static void radix_select(const sh_policy *p, size_t h, size_t lo, size_t hi, siz
     *mask_out = mask;
 }
 
-/* The first slot of [lo, hi) holding the least key (hi > lo). Two passes, each a
-   plain loop over one array, which the compiler vectorises. */
-static size_t first_minimum(const sh_policy *p, size_t h, size_t lo, size_t hi)
+/* The first slot of [lo, hi) holding the least key (hi > lo). */
+static size_t first_minimum(const sh_policy *p, size_t h, size_t lo, size_t hi, int simd)
 {
-    size_t i;
     if (p->vote_rate) {
         size_t at = lo;
         double least = rate_at(p, h, lo);
-        for (i = lo + 1; i < hi; i++) {
+        for (size_t i = lo + 1; i < hi; i++) {
             double r = rate_at(p, h, i);
             if (r < least) {
                 least = r;
@@ -634,22 +755,9 @@ static size_t first_minimum(const sh_policy *p, size_t h, size_t lo, size_t hi)
         }
         return at;
     }
-    if (p->kind == SH_SCISSORHANDS) {
-        const uint32_t *v = row_votes(p, h);
-        uint32_t least = UINT32_MAX;
-        for (i = lo; i < hi; i++)
-            least = v[i] < least ? v[i] : least;
-        for (i = lo; v[i] != least; i++)
-            ;
-    } else {
-        const double *s = row_scores(p, h);
-        double least = DBL_MAX;
-        for (i = lo; i < hi; i++)
-            least = s[i] < least ? s[i] : least;
-        for (i = lo; s[i] != least; i++)
-            ;
-    }
-    return i;
+    if (p->kind == SH_SCISSORHANDS)
+        return KERNEL(simd, least_u32)(row_votes(p, h), lo, hi);
+    return KERNEL(simd, least_f64)(row_scores(p, h), lo, hi);
 }
 
 /* Removes the slots marked 1 in mark[lo, hi) from row h, which holds n slots,
@@ -701,13 +809,13 @@ static void compact_row(sh_policy *p, size_t h, size_t n, size_t lo, size_t hi,
    (ties: the lower slot), writing the victims ascending (and their slots), then
    compacting the row. */
 static void evict_row_by_score(sh_policy *p, size_t h, size_t n, size_t lo, size_t hi,
-                               size_t k, uint32_t *victims, int64_t *slots)
+                               size_t k, uint32_t *victims, int64_t *slots, int simd)
 {
-    const uint32_t *pos = row_positions(p, h);
+    uint32_t *pos = row_positions(p, h);
     uint8_t *mark = row_scratch(p, h);
     if (k == 1) {
         /* The steady state: one victim, the first minimum. */
-        size_t i = first_minimum(p, h, lo, hi);
+        size_t i = first_minimum(p, h, lo, hi, simd);
         victims[0] = pos[i];
         if (slots != NULL)
             slots[0] = (int64_t)i;
@@ -716,7 +824,17 @@ static void evict_row_by_score(sh_policy *p, size_t h, size_t n, size_t lo, size
     }
     uint64_t prefix, mask;
     size_t need;
-    radix_select(p, h, lo, hi, k, &prefix, &mask, &need);
+    radix_select(p, h, lo, hi, k, &prefix, &mask, &need, simd);
+    if (plain_scores(p)) {
+        /* Positions and one value array: take and compact in one pass. */
+        if (p->kind == SH_SCISSORHANDS)
+            KERNEL(simd, take_u32)(pos, row_votes(p, h), n, lo, hi, (uint32_t)mask,
+                                   (uint32_t)prefix, need, victims, slots);
+        else
+            KERNEL(simd, take_f64)(pos, row_scores(p, h), n, lo, hi, mask, prefix, need,
+                                   victims, slots);
+        return;
+    }
     size_t j = 0;
     for (size_t i = lo; i < hi; i++) {
         uint64_t masked = key_at(p, h, i) & mask;
@@ -737,13 +855,13 @@ static void evict_row_by_score(sh_policy *p, size_t h, size_t n, size_t lo, size
 /* Evicts k slots from row h, which holds n of them (k <= n minus the protected
    slots): the policy's victims, ascending, to victims (and slots). */
 static void evict_row(sh_policy *p, size_t h, size_t n, size_t k, uint32_t *victims,
-                      int64_t *slots)
+                      int64_t *slots, int simd)
 {
     if (p->kind == SH_STREAMING_LLM) {
         sh_streaming_evict_row(row_positions(p, h), n, p->sinks, k, victims, slots);
     } else {
         size_t sinks = p->sinks < n ? p->sinks : n;
-        evict_row_by_score(p, h, n, sinks, n - p->recent_window, k, victims, slots);
+        evict_row_by_score(p, h, n, sinks, n - p->recent_window, k, victims, slots, simd);
     }
 }
 
@@ -759,8 +877,143 @@ static int check_budget(const sh_policy *p, uint32_t budget)
 
 /* ---------------------------------------------------------------- step */
 
+/* A step's work, shared by the threads that do it: part t handles rows
+   [first_row[t], first_row[t + 1]), writing its victims from first_victim[t] on. */
+typedef struct step_job {
+    sh_policy *p;
+    int32_t dtype;
+    const char *attn;     /* row h's weights at attn + h * row_bytes, or NULL */
+    size_t row_bytes;
+    size_t n;             /* weights per row */
+    int equal;            /* every row holds the same count */
+    int admit;            /* pos joins every row */
+    int scores_change;    /* the weights change the scores */
+    int evicts;           /* rows over budget evict */
+    uint32_t pos;
+    uint32_t budget;
+    uint32_t *victims;
+    int64_t *slots;
+    uint32_t *row_victims; /* per-row victim counts (sh_policy_step_rows), or NULL */
+    int simd;
+    size_t first_row[SH_MAX_THREADS + 1];
+    size_t first_victim[SH_MAX_THREADS];
+    int valid[SH_MAX_THREADS];
+} step_job;
+
+/* Victims row h evicts in this step (its count before the step is given). */
+static size_t row_evicts(const step_job *job, size_t held)
+{
+    size_t after = held + (size_t)job->admit;
+    return (job->evicts && after > job->budget) ? after - job->budget : 0;
+}
+
+/* Checks every weight part t's rows read. */
+static void validate_part(void *ctx, size_t t)
+{
+    step_job *job = ctx;
+    size_t a = job->first_row[t], b = job->first_row[t + 1];
+    int ok = 1;
+    if (job->equal) { /* every row reads all n: one pass over the part's weights */
+        ok = weights_valid(job->dtype, job->attn + a * job->row_bytes, (b - a) * job->n,
+                           job->simd);
+    } else {
+        for (size_t h = a; h < b && ok; h++)
+            ok = weights_valid(job->dtype, job->attn + h * job->row_bytes, job->p->counts[h],
+                               job->simd);
+    }
+    job->valid[t] = ok;
+}
+
+/* The fused single-victim step of row h, which holds n >= 1 slots and gets one
+   victim: the pass that applies the weights also finds the least slot among the
+   evictable ones, and only the slots after the victim move (once, with pos taking
+   the freed last slot). The evictable slots after the admission are [lo, hi) of
+   n + 1, the new slot n (score 0) among them when there is no recent window: it goes
+   only when every older candidate scores more (ties go to the lower slot). */
+static void fused_step_row(const step_job *job, size_t h, size_t n, uint32_t *victim,
+                           int64_t *slot)
+{
+    sh_policy *p = job->p;
+    size_t lo = p->sinks < n + 1 ? p->sinks : n + 1;
+    size_t hi = n + 1 - p->recent_window;
+    size_t top = hi < n ? hi : n; /* the older slots among the evictable ones */
+    size_t at = update_row(p, h, job->dtype, job->attn + h * job->row_bytes, n, lo, top,
+                           job->simd);
+    if (hi == n + 1) {
+        int older_goes = at < top && (p->kind == SH_SCISSORHANDS ? row_votes(p, h)[at] == 0
+                                                                   : row_scores(p, h)[at] == 0.0);
+        if (!older_goes) {
+            /* The newcomer goes at once: the row is as the weights left it. */
+            *victim = job->pos;
+            if (slot != NULL)
+                *slot = (int64_t)n;
+            return;
+        }
+    }
+    uint32_t *pos = row_positions(p, h);
+    size_t vb = value_bytes(p->kind);
+    char *vals = (char *)p->values + h * p->capacity * vb;
+    *victim = pos[at];
+    if (slot != NULL)
+        *slot = (int64_t)at;
+    memmove(pos + at, pos + at + 1, (n - at - 1) * sizeof *pos);
+    memmove(vals + at * vb, vals + (at + 1) * vb, (n - at - 1) * vb);
+    put_slot(p, h, n - 1, job->pos);
+}
+
+/* Applies the step to row h, writing its victims from victims + at. */
+static void step_row(step_job *job, size_t h, size_t at)
+{
+    sh_policy *p = job->p;
+    size_t held = p->counts[h];
+    size_t k = row_evicts(job, held);
+    uint32_t *victims = job->victims + at;
+    int64_t *slots = job->slots == NULL ? NULL : job->slots + at;
+    if (job->row_victims != NULL)
+        job->row_victims[h] = (uint32_t)k;
+    if (job->scores_change && k == 1 && held != 0 && plain_scores(p)) {
+        fused_step_row(job, h, held, victims, slots);
+        return;
+    }
+    if (job->scores_change)
+        update_row(p, h, job->dtype, job->attn + h * job->row_bytes, held, 0, 0, job->simd);
+    if (job->admit)
+        put_slot(p, h, held++, job->pos);
+    if (k != 0)
+        evict_row(p, h, held, k, victims, slots, job->simd);
+    p->counts[h] = (uint32_t)(held - k);
+}
+
+/* Applies the step to part t's rows. */
+static void step_part(void *ctx, size_t t)
+{
+    step_job *job = ctx;
+    size_t at = job->first_victim[t];
+    for (size_t h = job->first_row[t]; h < job->first_row[t + 1]; h++) {
+        size_t held = job->p->counts[h];
+        step_row(job, h, at);
+        at += row_evicts(job, held);
+    }
+}
+
+/* How many parts (threads) a step over `rows` rows holding `slots` positions in all
+   uses, and the rows of each: contiguous, about equal in number. */
+static size_t plan_parts(const sh_policy *p, step_job *job, size_t rows, uint64_t slots)
+{
+    size_t parts = p->threads;
+    if (parts > rows)
+        parts = rows;
+    if (parts < 2 || slots < SH_PARALLEL_MIN_SLOTS)
+        parts = 1;
+    for (size_t t = 0; t <= parts; t++)
+        job->first_row[t] = rows * t / parts;
+    return parts;
+}
+
 /* The work of sh_policy_step (row_victims NULL: every row must evict the same
-   number) and of sh_policy_step_rows (row_victims given: any numbers). */
+   number) and of sh_policy_step_rows (row_victims given: any numbers). Checks
+   everything (the weights of all rows, on the part's threads) before any row
+   changes; then each row is stepped on its own, by one thread. */
 static int step_impl(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
                      const void *attn, size_t heads, size_t n, uint32_t budget,
                      uint32_t *victims, int64_t *slots, size_t victims_cap,
@@ -783,10 +1036,29 @@ static int step_impl(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
     uint32_t *counts = p->counts;
     size_t rows = p->heads;
     uint32_t most = counts[0], least = counts[0];
-    for (size_t h = 1; h < rows; h++) {
+    uint64_t held_all = 0;
+    for (size_t h = 0; h < rows; h++) {
         most = counts[h] > most ? counts[h] : most;
         least = counts[h] < least ? counts[h] : least;
+        held_all += counts[h];
     }
+    step_job job;
+    job.p = p;
+    job.dtype = scores_change ? dtype : SH_DTYPE_NONE;
+    job.attn = scores_change ? attn : NULL;
+    job.row_bytes = scores_change ? n * dtype_size(dtype) : 0;
+    job.n = n;
+    job.equal = least == most;
+    job.admit = do_admit;
+    job.scores_change = scores_change;
+    job.evicts = do_evict && p->kind != SH_FULL;
+    job.pos = pos;
+    job.budget = budget;
+    job.victims = victims;
+    job.slots = slots;
+    job.row_victims = row_victims;
+    job.simd = sh_simd_active();
+    size_t parts = plan_parts(p, &job, rows, held_all);
     if (scores_change) {
         if (attn == NULL)
             return SH_ERR_ARG;
@@ -794,27 +1066,23 @@ static int step_impl(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
             return SH_ERR_LENGTH;
         if (n != most)
             return (row_victims == NULL && least != most) ? SH_ERR_RAGGED : SH_ERR_LENGTH;
-        if (least == most) { /* every row reads all n: one pass over heads * n */
-            if (!weights_valid(dtype, attn, rows * n))
-                return SH_ERR_WEIGHT;
+        if (parts > 1) {
+            sh_run_parts(validate_part, &job, parts);
         } else {
-            size_t row_bytes = n * dtype_size(dtype);
-            for (size_t h = 0; h < rows; h++) {
-                if (!weights_valid(dtype, (const char *)attn + h * row_bytes, counts[h]))
-                    return SH_ERR_WEIGHT;
-            }
+            validate_part(&job, 0);
+        }
+        for (size_t t = 0; t < parts; t++) {
+            if (!job.valid[t])
+                return SH_ERR_WEIGHT;
         }
     }
-    int evicts = do_evict && p->kind != SH_FULL;
     uint64_t k0 = 0, total = 0;
-    if (evicts && least == most) { /* every row evicts the same k0 */
-        uint64_t held = (uint64_t)most + (uint64_t)do_admit;
-        k0 = held > budget ? held - budget : 0;
+    if (job.evicts && least == most) { /* every row evicts the same k0 */
+        k0 = row_evicts(&job, most);
         total = k0 * rows;
-    } else if (evicts) {
+    } else if (job.evicts) {
         for (size_t h = 0; h < rows; h++) {
-            uint64_t held = (uint64_t)counts[h] + (uint64_t)do_admit;
-            uint64_t k = held > budget ? held - budget : 0;
+            uint64_t k = row_evicts(&job, counts[h]);
             if (h == 0)
                 k0 = k;
             else if (row_victims == NULL && k != k0)
@@ -828,27 +1096,18 @@ static int step_impl(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
         return rc;
 
     /* Nothing below can fail. */
-    if (scores_change) {
-        size_t row_bytes = n * dtype_size(dtype);
-        for (size_t h = 0; h < rows; h++)
-            update_row(p, h, dtype, (const char *)attn + h * row_bytes, counts[h]);
-    }
-    if (do_admit)
-        admit(p, pos);
     size_t at = 0;
-    if (total != 0 || row_victims != NULL) {
-        for (size_t h = 0; h < rows; h++) {
-            size_t held = counts[h];
-            size_t k = (evicts && held > budget) ? held - budget : 0;
-            if (row_victims != NULL)
-                row_victims[h] = (uint32_t)k;
-            if (k != 0) {
-                evict_row(p, h, held, k, victims + at, slots == NULL ? NULL : slots + at);
-                counts[h] = (uint32_t)(held - k);
-                at += k;
-            }
-        }
+    for (size_t t = 0; t < parts; t++) {
+        job.first_victim[t] = at;
+        for (size_t h = job.first_row[t]; h < job.first_row[t + 1]; h++)
+            at += row_evicts(&job, counts[h]);
     }
+    if (parts > 1)
+        sh_run_parts(step_part, &job, parts);
+    else
+        step_part(&job, 0);
+    if (do_admit)
+        p->last_position = pos;
     *n_victims = row_victims == NULL ? (size_t)k0 : at;
     return SH_OK;
 }
@@ -896,15 +1155,15 @@ static int joins(const uint8_t *adm, size_t i)
 /* Checks every weight token i's vote step reads in one row of a chunk: columns
    [0, nh) and nh + j for each token j < i that joined (all of them when !gap). */
 static int chunk_weights_valid(int32_t dtype, const char *row, size_t nh, size_t i,
-                               const uint8_t *adm, int gap)
+                               const uint8_t *adm, int gap, int simd)
 {
     size_t es = dtype_size(dtype);
     if (!gap)
-        return weights_valid(dtype, row, nh + i);
-    if (!weights_valid(dtype, row, nh))
+        return weights_valid(dtype, row, nh + i, simd);
+    if (!weights_valid(dtype, row, nh, simd))
         return 0;
     for (size_t j = 0; j < i; j++) {
-        if (adm[j] && !weights_valid(dtype, row + (nh + j) * es, 1))
+        if (adm[j] && !weights_valid(dtype, row + (nh + j) * es, 1, simd))
             return 0;
     }
     return 1;
@@ -929,6 +1188,7 @@ int sh_policy_extend(sh_policy *p, int32_t dtype, const void *attn, size_t heads
 {
     if (p == NULL || chunk < 1)
         return SH_ERR_ARG;
+    int simd = sh_simd_active();
     int fresh = is_fresh(p);
     if (fresh ? chunk - 1 > UINT32_MAX : (uint64_t)p->last_position + chunk > UINT32_MAX)
         return SH_ERR_POSITION;
@@ -955,7 +1215,7 @@ int sh_policy_extend(sh_policy *p, int32_t dtype, const void *attn, size_t heads
                 gap = skips = 1; /* it neither votes in this row nor joins it */
                 continue;
             }
-            if (reads && !chunk_weights_valid(dtype, grid + i * width * es, nh, i, adm, gap))
+            if (reads && !chunk_weights_valid(dtype, grid + i * width * es, nh, i, adm, gap, simd))
                 return SH_ERR_WEIGHT;
             held++;
         }
@@ -996,7 +1256,7 @@ int sh_policy_extend(sh_policy *p, int32_t dtype, const void *attn, size_t heads
                 const char *row = grid + i * width * es;
                 if (gap)
                     gather_weights(dtype, row, nh, i, adm, buf);
-                update_row(p, h, dtype, gap ? buf : row, held);
+                update_row(p, h, dtype, gap ? buf : row, held, 0, 0, simd);
             }
             put_slot(p, h, held++, (uint32_t)(first + i));
         }

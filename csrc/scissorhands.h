@@ -20,8 +20,15 @@
  * SH_ERR_RAGGED otherwise; the *_rows calls take ragged rows.
  *
  * Every exported function returns an sh_status and takes explicit lengths; a call
- * that fails leaves the object exactly as it was.  There is no global state: two
- * objects may be used from two threads at once, one object from one thread at a time.
+ * that fails leaves the object exactly as it was.  Two objects may be used from two
+ * threads at once, one object from one thread at a time. The only process-wide
+ * setting is sh_set_simd (for tests: it forces the portable scalar kernels).
+ *
+ * The hot loops (weight validation, the vote update, H2O's float64 add, the search
+ * for the least-voted slot and the bulk selection) exist in a portable scalar form
+ * and, on x86-64, an AVX2 form chosen at run time when the CPU has it; the two give
+ * bit-identical results. A step with many rows may spread them over threads
+ * (sh_policy_set_threads); the results do not depend on the thread count.
  *
  * This header, with its preprocessor lines removed, is the cffi cdef: keep it to
  * plain declarations.
@@ -65,6 +72,12 @@ enum sh_dtype {
     SH_DTYPE_F64 = 2
 };
 
+/* The kernels' instruction set (sh_simd_level). */
+enum sh_simd {
+    SH_SIMD_SCALAR = 0, /* portable C: any CPU, or forced with sh_set_simd(0) */
+    SH_SIMD_AVX2 = 1    /* x86-64 AVX2, chosen at run time when the CPU has it */
+};
+
 /* What one call to sh_policy_step does. */
 enum sh_flags {
     SH_STEP_ADMIT = 1, /* update the scores with attn, then admit pos */
@@ -76,14 +89,19 @@ enum sh_flags {
    itself by sh_policy_memory_bytes (it holds the count of a single row);
    SH_COUNT_BYTES: the count of each row, counted besides when heads > 1. A row's
    first capacity is min(budget + 1, SH_INITIAL_CAPACITY_LIMIT) slots
-   (SH_FULL_INITIAL_CAPACITY for SH_FULL). */
+   (SH_FULL_INITIAL_CAPACITY for SH_FULL). A step spreads its rows over at most
+   SH_MAX_THREADS threads, and over more than one only when it has at least two rows
+   holding SH_PARALLEL_MIN_SLOTS positions in all (below that a thread costs more
+   than it saves). */
 enum sh_sizes {
     SH_HEADER_BYTES = 64,
     SH_COUNT_BYTES = 4,
     SH_MAX_HEADS = 65536,
     SH_MAX_HISTORY_WINDOW = 64,
     SH_INITIAL_CAPACITY_LIMIT = 4096,
-    SH_FULL_INITIAL_CAPACITY = 64
+    SH_FULL_INITIAL_CAPACITY = 64,
+    SH_MAX_THREADS = 64,
+    SH_PARALLEL_MIN_SLOTS = 262144
 };
 
 /* Construction parameters. recent_window and sinks are the protected suffix and
@@ -113,6 +131,26 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out);
 
 /* Frees a policy; NULL is allowed. */
 void sh_policy_free(sh_policy *p);
+
+/* Threads sh_policy_step and sh_policy_step_rows may use for one call's rows, 1..
+   SH_MAX_THREADS (else SH_ERR_ARG); 1 for a new policy. A call uses
+   min(threads, heads) of them when its rows hold at least SH_PARALLEL_MIN_SLOTS
+   positions, else one. Each row is one thread's work, so the results (victims,
+   slots, state) are identical for every thread count. Kept by reset and
+   sh_policy_select_rows; not part of the state. */
+int sh_policy_set_threads(sh_policy *p, uint32_t threads);
+
+/* The thread count set by sh_policy_set_threads. */
+uint32_t sh_policy_threads(const sh_policy *p);
+
+/* Process-wide: 0 forces the portable scalar kernels, nonzero (the default) lets
+   each call use the best instruction set the CPU has. For tests and benchmarks of
+   the two paths (their results are bit-identical); read atomically when a call
+   starts. Returns the previous setting (0 or 1). */
+int sh_set_simd(int enabled);
+
+/* The instruction set a call starting now uses: SH_SIMD_AVX2 or SH_SIMD_SCALAR. */
+int sh_simd_level(void);
 
 /* Back to holding {0} with zero scores in every row; forgets every admitted
    position. Keeps the allocated capacity and the number of rows. */

@@ -16,6 +16,9 @@ written independently of both backends: ``extend`` on a fresh policy against
 each row its own single-head policy), ``step_rows`` on rows of different counts against
 independent single-head policies, and ``select_rows`` against the rows picked out of
 ``state_dict()``.
+
+Every C-path test runs twice: on the kernels this CPU runs by default (AVX2 where it has
+it) and on the forced scalar kernels (``c_paths``), whose results must be identical.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from c_paths import BACKEND_PATHS, PATHS, base_backend, on_path, path_of
 from conftest import BACKENDS, POLICY_NAMES, load_backend
 from hypothesis import given, note
 from hypothesis import strategies as st
@@ -56,10 +60,12 @@ def outcome(fn, *args, **kwargs):
 
 
 HISTORY_WINDOWS = st.none() | st.sampled_from([1, 2, 3, 64]) | st.integers(1, 64)
+#: Head counts of most examples: one head twice as often.
+SMALL_HEADS = st.sampled_from([1, 1, 2, 3])
 
 
 @st.composite
-def params_for(draw, policy: str, heads: st.SearchStrategy[int] = st.sampled_from([1, 1, 2, 3])):
+def params_for(draw, policy: str, heads: st.SearchStrategy[int] = SMALL_HEADS):
     """Constructor parameters of a small policy (with sinks and a history window
     where the policy has them, each often left at its default)."""
     budget = draw(st.integers(1, 8))
@@ -116,7 +122,8 @@ def attention(draw, heads: int, n: int):
     if kind == "none":
         return None
     if kind == "length":
-        rows = draw(weight_rows(heads, n + draw(st.sampled_from([-1, 1]))))
+        # One weight too few or too many (rows holding nothing can only get one too many).
+        rows = draw(weight_rows(heads, n + draw(st.sampled_from([-1, 1]) if n else st.just(1))))
     elif kind == "type":
         return draw(st.sampled_from([[True] * n, ["x"] * n, np.zeros(n, dtype=bool),
                                      np.zeros(n, dtype=complex), "weights"]))
@@ -272,128 +279,137 @@ def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30)
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("c_path", PATHS)
 @given(data=st.data())
-def test_native_equals_reference(policy, data):
+def test_native_equals_reference(c_path, policy, data):
     """Random valid and invalid operation sequences give the same results, errors and state."""
-    run_operations(data, policy, data.draw(params_for(policy)))
+    with on_path(c_path):
+        run_operations(data, policy, data.draw(params_for(policy)))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", HEAVY_NAMES)
+@pytest.mark.parametrize("c_path", PATHS)
 @given(data=st.data())
-def test_native_equals_reference_long_sequences(policy, data):
+def test_native_equals_reference_long_sequences(c_path, policy, data):
     """Long sequences with eviction postponed: growth, batching and many ties agree."""
-    run_operations(data, policy, data.draw(params_for(policy, heads=st.just(2))), max_ops=150)
+    with on_path(c_path):
+        run_operations(data, policy, data.draw(params_for(policy, heads=st.just(2))), max_ops=150)
 
 
 @pytest.mark.parametrize("policy", HEAVY_NAMES)
+@pytest.mark.parametrize("c_path", PATHS)
 @given(data=st.data())
-def test_decode_stream_agrees(policy, data):
+def test_decode_stream_agrees(c_path, policy, data):
     """A long valid decode stream (float32 or float64, grid or uniform) evicting every step agrees."""
-    params = data.draw(params_for(policy))
-    pair = Pair(policy, params)
-    dtype = data.draw(st.sampled_from([np.float32, np.float64]))
-    grid = data.draw(st.booleans())
-    seed = data.draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    for t in range(1, 120):
-        n = pair.objs[1].kept_count()
-        w = (rng.integers(0, 9, (params["heads"], n)) / 8 if grid
-             else rng.random((params["heads"], n))).astype(dtype)
-        results = [plain(o.step(t, w, return_indices=True)) for o in pair.objs]
-        assert results[0] == results[1], f"step {t}"
-        assert pair.objs[0].state_dict() == pair.objs[1].state_dict(), f"step {t}"
-    pair.check()
+    with on_path(c_path):
+        params = data.draw(params_for(policy))
+        pair = Pair(policy, params)
+        dtype = data.draw(st.sampled_from([np.float32, np.float64]))
+        grid = data.draw(st.booleans())
+        seed = data.draw(st.integers(0, 2**32 - 1))
+        rng = np.random.default_rng(seed)
+        for t in range(1, 120):
+            n = pair.objs[1].kept_count()
+            w = (rng.integers(0, 9, (params["heads"], n)) / 8 if grid
+                 else rng.random((params["heads"], n))).astype(dtype)
+            results = [plain(o.step(t, w, return_indices=True)) for o in pair.objs]
+            assert results[0] == results[1], f"step {t}"
+            assert pair.objs[0].state_dict() == pair.objs[1].state_dict(), f"step {t}"
+        pair.check()
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("backend_name", BACKEND_PATHS)
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 @given(data=st.data())
 def test_heads_equal_independent_policies(backend_name, policy, data):
     """A heads=H policy behaves as H single-head policies, each fed its own row."""
-    backend = load_backend(backend_name)
-    params = data.draw(params_for(policy, heads=st.integers(2, 4)))
-    heads = params.pop("heads")
-    cls = backend.POLICIES[policy]
-    multi = cls(heads=heads, **params)
-    singles = [cls(**params) for _ in range(heads)]
-    if data.draw(st.booleans()):
-        prompt = data.draw(prompts(heads))
-        multi.prefill(prompt)
+    with on_path(path_of(backend_name)):
+        backend = load_backend(base_backend(backend_name))
+        params = data.draw(params_for(policy, heads=st.integers(2, 4)))
+        heads = params.pop("heads")
+        cls = backend.POLICIES[policy]
+        multi = cls(heads=heads, **params)
+        singles = [cls(**params) for _ in range(heads)]
+        if data.draw(st.booleans()):
+            prompt = data.draw(prompts(heads))
+            multi.prefill(prompt)
+            for h, s in enumerate(singles):
+                s.prefill(prompt[h])
+        pos = multi.state_dict()["last_position"]
+        for _ in range(data.draw(st.integers(1, 40))):
+            pos += data.draw(st.integers(1, 3))
+            n = multi.kept_count()
+            rows = data.draw(st.lists(st.lists(st.sampled_from(GRID), min_size=n, max_size=n),
+                                      min_size=heads, max_size=heads))
+            w = np.array(rows, dtype=data.draw(st.sampled_from([np.float32, np.float64])))
+            floor = protected(params) + 1
+            budget = data.draw(st.none() | st.integers(floor, 9))
+            victims, slots = multi.step(pos, w, budget, return_indices=True)
+            for h, s in enumerate(singles):
+                v, sl = s.step(pos, w[h], budget, return_indices=True)
+                assert victims[h].tolist() == v and slots[h].tolist() == sl
+        state = multi.state_dict()
         for h, s in enumerate(singles):
-            s.prefill(prompt[h])
-    pos = multi.state_dict()["last_position"]
-    for _ in range(data.draw(st.integers(1, 40))):
-        pos += data.draw(st.integers(1, 3))
-        n = multi.kept_count()
-        rows = data.draw(st.lists(st.lists(st.sampled_from(GRID), min_size=n, max_size=n),
-                                  min_size=heads, max_size=heads))
-        w = np.array(rows, dtype=data.draw(st.sampled_from([np.float32, np.float64])))
-        floor = protected(params) + 1
-        budget = data.draw(st.none() | st.integers(floor, 9))
-        victims, slots = multi.step(pos, w, budget, return_indices=True)
-        for h, s in enumerate(singles):
-            v, sl = s.step(pos, w[h], budget, return_indices=True)
-            assert victims[h].tolist() == v and slots[h].tolist() == sl
-    state = multi.state_dict()
-    for h, s in enumerate(singles):
-        single = s.state_dict()
-        for key in ("kept", "votes", "scores", "history"):
-            if key in state:
-                assert state[key][h] == single[key][0]
-        assert state["last_position"] == single["last_position"]
+            single = s.state_dict()
+            for key in ("kept", "votes", "scores", "history"):
+                if key in state:
+                    assert state[key][h] == single[key][0]
+            assert state["last_position"] == single["last_position"]
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("c_path", PATHS)
 @given(data=st.data())
-def test_from_state_dict_agrees_on_mutated_states(policy, data):
+def test_from_state_dict_agrees_on_mutated_states(c_path, policy, data):
     """Both backends accept or refuse (with the same class) a state with one corrupted value."""
-    params = data.draw(params_for(policy))
-    pair = Pair(policy, params)
-    for t in range(1, data.draw(st.integers(1, 12))):
-        for o in pair.objs:
-            n = o.kept_count()
-            o.on_decode_step(t, np.full((params["heads"], n), 0.5) if t % 3 else
-                             np.eye(1, n, t % n).repeat(params["heads"], axis=0))
-    state = pair.objs[1].state_dict()
-    fields = ["kept", "last_position"] + [k for k in ("votes", "scores", "history", "steps_held")
-                                          if k in state]
-    if policy in HEAVY_NAMES:
-        fields.append("params")
-    field = data.draw(st.sampled_from(fields))
-    if field == "last_position":
-        state[field] = data.draw(st.sampled_from([-1, 0, 2**32, 1.0, None])
-                                 | st.integers(0, state[field] + 2))
-    elif field == "params":
-        # The optional parameters: dropped (an older state), or set to any value.
-        key = data.draw(st.sampled_from(["sinks", "history_window", "vote_rate"]
-                                        if policy == "scissorhands" else ["sinks"]))
-        if key in state["params"] and data.draw(st.booleans()):
-            del state["params"][key]
+    with on_path(c_path):
+        params = data.draw(params_for(policy))
+        pair = Pair(policy, params)
+        for t in range(1, data.draw(st.integers(1, 12))):
+            for o in pair.objs:
+                n = o.kept_count()
+                o.on_decode_step(t, np.full((params["heads"], n), 0.5) if t % 3 else
+                                 np.eye(1, n, t % n).repeat(params["heads"], axis=0))
+        state = pair.objs[1].state_dict()
+        fields = ["kept", "last_position"] + [k for k in ("votes", "scores", "history", "steps_held")
+                                              if k in state]
+        if policy in HEAVY_NAMES:
+            fields.append("params")
+        field = data.draw(st.sampled_from(fields))
+        if field == "last_position":
+            state[field] = data.draw(st.sampled_from([-1, 0, 2**32, 1.0, None])
+                                     | st.integers(0, state[field] + 2))
+        elif field == "params":
+            # The optional parameters: dropped (an older state), or set to any value.
+            key = data.draw(st.sampled_from(["sinks", "history_window", "vote_rate"]
+                                            if policy == "scissorhands" else ["sinks"]))
+            if key in state["params"] and data.draw(st.booleans()):
+                del state["params"][key]
+            else:
+                state["params"][key] = data.draw(
+                    st.sampled_from([None, -1, 0, 1, 2, 64, 65, 2.0, True, False, 0.5]) | st.integers(0, 8))
+        elif field in ("history", "steps_held"):
+            h = data.draw(st.integers(0, params["heads"] - 1))
+            i = data.draw(st.integers(0, len(state[field][h]) - 1))
+            bad = st.sampled_from([-1, 2**64, 2**64 - 1, 2**32, 1.0, True, None]) | st.integers(0, 20)
+            state[field][h][i] = data.draw(bad)
         else:
-            state["params"][key] = data.draw(
-                st.sampled_from([None, -1, 0, 1, 2, 64, 65, 2.0, True, False, 0.5]) | st.integers(0, 8))
-    elif field in ("history", "steps_held"):
-        h = data.draw(st.integers(0, params["heads"] - 1))
-        i = data.draw(st.integers(0, len(state[field][h]) - 1))
-        bad = st.sampled_from([-1, 2**64, 2**64 - 1, 2**32, 1.0, True, None]) | st.integers(0, 20)
-        state[field][h][i] = data.draw(bad)
-    else:
-        h = data.draw(st.integers(0, params["heads"] - 1))
-        i = data.draw(st.integers(0, len(state[field][h]) - 1))
-        if field == "scores":
-            bad = st.sampled_from([-0.5, math.nan, "1", None, 1]) | st.floats(0, 4)
-        else:
-            bad = st.sampled_from([-1, 2**32, UINT32_MAX, 1.0, True, None]) | st.integers(0, 20)
-        state[field][h][i] = data.draw(bad)
-    note(f"state: {state}")
-    outs = []
-    for b in pair.backends:
-        try:
-            outs.append(("ok", b.POLICIES[policy].from_state_dict(state).state_dict()))
-        except (TypeError, ValueError) as exc:
-            outs.append(("raised", type(exc).__name__))
-    assert outs[0] == outs[1]
+            h = data.draw(st.integers(0, params["heads"] - 1))
+            i = data.draw(st.integers(0, len(state[field][h]) - 1))
+            if field == "scores":
+                bad = st.sampled_from([-0.5, math.nan, "1", None, 1]) | st.floats(0, 4)
+            else:
+                bad = st.sampled_from([-1, 2**32, UINT32_MAX, 1.0, True, None]) | st.integers(0, 20)
+            state[field][h][i] = data.draw(bad)
+        note(f"state: {state}")
+        outs = []
+        for b in pair.backends:
+            try:
+                outs.append(("ok", b.POLICIES[policy].from_state_dict(state).state_dict()))
+            except (TypeError, ValueError) as exc:
+                outs.append(("raised", type(exc).__name__))
+        assert outs[0] == outs[1]
 
 
 # ---------------------------------------------------------------- chunks, rows, selection
@@ -410,22 +426,23 @@ def fresh_prompts(draw, heads: int):
     return grid.astype(draw(st.sampled_from([np.float32, np.float64])))
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("backend_name", BACKEND_PATHS)
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 @given(data=st.data())
 def test_extend_on_a_fresh_policy_is_prefill(backend_name, policy, data):
     """On a fresh policy extend(attn) leaves exactly the state (and memory) prefill(attn) leaves."""
-    backend = load_backend(backend_name)
-    params = data.draw(params_for(policy, heads=st.integers(1, 3)))
-    prompt = data.draw(fresh_prompts(params["heads"]))
-    a, b = (backend.POLICIES[policy](**params) for _ in range(2))
-    if data.draw(st.booleans()):  # fresh again after a reset
-        for p in (a, b):
-            p.on_decode_step(1, None)
-            p.reset()
-    a.prefill(prompt)
-    b.extend(prompt)
-    assert a.state_dict() == b.state_dict() and a.memory_bytes() == b.memory_bytes()
+    with on_path(path_of(backend_name)):
+        backend = load_backend(base_backend(backend_name))
+        params = data.draw(params_for(policy, heads=st.integers(1, 3)))
+        prompt = data.draw(fresh_prompts(params["heads"]))
+        a, b = (backend.POLICIES[policy](**params) for _ in range(2))
+        if data.draw(st.booleans()):  # fresh again after a reset
+            for p in (a, b):
+                p.on_decode_step(1, None)
+                p.reset()
+        a.prefill(prompt)
+        b.extend(prompt)
+        assert a.state_dict() == b.state_dict() and a.memory_bytes() == b.memory_bytes()
 
 
 def _decode_steps_oracle(cls, params, state, attn, mask, fresh):
@@ -455,126 +472,129 @@ def _decode_steps_oracle(cls, params, state, attn, mask, fresh):
     return p
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("backend_name", BACKEND_PATHS)
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 @given(data=st.data())
 def test_extend_equals_the_decode_steps_of_its_admitted_tokens(backend_name, policy, data):
     """Each row after extend(attn, admit) holds what its admitted tokens' decode steps give."""
-    backend = load_backend(backend_name)
-    cls = backend.POLICIES[policy]
-    params = data.draw(params_for(policy, heads=st.integers(1, 3)))
-    heads = params["heads"]
-    multi = cls(**params)
-    for t in range(1, data.draw(st.integers(0, 6)) + 1):  # 0 steps: fresh
-        n = multi.kept_count()
-        multi.step(t, np.array([[data.draw(st.sampled_from(GRID)) for _ in range(n)] for _ in range(heads)])
-                   if t % 2 else None)
-    state = multi.state_dict()
-    fresh = state["last_position"] == 0
-    n = 0 if fresh else multi.kept_count()
-    c = data.draw(st.integers(1, 5))
-    attn = np.array([[[data.draw(st.sampled_from(GRID)) for _ in range(n + c)] for _ in range(c)]
-                     for _ in range(heads)]).reshape(heads, c, n + c)
-    mask = np.array([[data.draw(st.booleans()) for _ in range(c)] for _ in range(heads)], dtype=bool)
-    multi.extend(attn, mask)
-    got = multi.state_dict()
-    single = dict(params, heads=1)
-    for h in range(heads):
-        row_state = {**state, "params": {**state["params"], "heads": 1},
-                     **{k: [state[k][h]] for k in ("kept", "votes", "scores", "history", "steps_held")
-                        if k in state}}
-        want = _decode_steps_oracle(cls, single, row_state, attn[h], mask[h], fresh).state_dict()
-        for key in ("kept", "votes", "scores", "history", "steps_held"):
-            if key in got:
-                assert got[key][h] == want[key][0], f"row {h} {key}"
-    assert got["last_position"] == (c - 1 if fresh else state["last_position"] + c)
+    with on_path(path_of(backend_name)):
+        backend = load_backend(base_backend(backend_name))
+        cls = backend.POLICIES[policy]
+        params = data.draw(params_for(policy, heads=st.integers(1, 3)))
+        heads = params["heads"]
+        multi = cls(**params)
+        for t in range(1, data.draw(st.integers(0, 6)) + 1):  # 0 steps: fresh
+            n = multi.kept_count()
+            multi.step(t, np.array([[data.draw(st.sampled_from(GRID)) for _ in range(n)] for _ in range(heads)])
+                       if t % 2 else None)
+        state = multi.state_dict()
+        fresh = state["last_position"] == 0
+        n = 0 if fresh else multi.kept_count()
+        c = data.draw(st.integers(1, 5))
+        attn = np.array([[[data.draw(st.sampled_from(GRID)) for _ in range(n + c)] for _ in range(c)]
+                         for _ in range(heads)]).reshape(heads, c, n + c)
+        mask = np.array([[data.draw(st.booleans()) for _ in range(c)] for _ in range(heads)], dtype=bool)
+        multi.extend(attn, mask)
+        got = multi.state_dict()
+        single = dict(params, heads=1)
+        for h in range(heads):
+            row_state = {**state, "params": {**state["params"], "heads": 1},
+                         **{k: [state[k][h]] for k in ("kept", "votes", "scores", "history", "steps_held")
+                            if k in state}}
+            want = _decode_steps_oracle(cls, single, row_state, attn[h], mask[h], fresh).state_dict()
+            for key in ("kept", "votes", "scores", "history", "steps_held"):
+                if key in got:
+                    assert got[key][h] == want[key][0], f"row {h} {key}"
+        assert got["last_position"] == (c - 1 if fresh else state["last_position"] + c)
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("backend_name", BACKEND_PATHS)
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 @given(data=st.data())
 def test_rows_of_different_counts_equal_independent_policies(backend_name, policy, data):
     """step_rows on rows of different counts gives, row by row, what independent single-head
     policies give (the same victims, slots and state)."""
-    backend = load_backend(backend_name)
-    cls = backend.POLICIES[policy]
-    params = data.draw(params_for(policy, heads=st.integers(2, 4)))
-    heads = params.pop("heads")
-    multi = cls(heads=heads, **params)
-    # Rows of different counts from a state: each row keeps some of positions 0..6.
-    kept = [sorted(data.draw(st.sets(st.integers(0, 6), max_size=6))) for _ in range(heads)]
-    state = multi.state_dict()
-    state["kept"] = kept
-    if "votes" in state:
-        state["votes"] = [[0] * len(r) for r in kept]
-    if "scores" in state:
-        state["scores"] = [[0.0] * len(r) for r in kept]
-    for key in ("history", "steps_held"):
-        if key in state:
-            state[key] = [[0] * len(r) for r in kept]
-    state["last_position"] = 6
-    multi = cls.from_state_dict(state)
-    singles = []
-    for h in range(heads):
-        one = {**state, "params": {**state["params"], "heads": 1},
-               **{k: [state[k][h]] for k in ("kept", "votes", "scores", "history", "steps_held") if k in state}}
-        singles.append(cls.from_state_dict(one))
-    pos = 6
-    for _ in range(data.draw(st.integers(1, 25))):
-        pos += data.draw(st.integers(1, 3))
-        counts = multi.counts.tolist()
-        w = np.array([[data.draw(st.sampled_from(GRID)) for _ in range(max(counts))] for _ in range(heads)],
-                     dtype=data.draw(st.sampled_from([np.float32, np.float64]))).reshape(heads, max(counts))
-        budget = data.draw(st.none() | st.integers(protected(params) + 1, 9))
-        if data.draw(st.integers(0, 3)) == 0:
-            got = multi.evict_rows(budget)
-            outs = [s.evict(budget, return_indices=True) for s in singles]
-            pos -= 1
-        else:
-            got = multi.step_rows(pos, w, budget)
-            outs = [s.step(pos, w[h, :counts[h]], budget, return_indices=True) for h, s in enumerate(singles)]
-        assert got.counts.tolist() == [len(v) for v, _ in outs]
-        assert got.victims.tolist() == [p for v, _ in outs for p in v]
-        assert got.slots.tolist() == [i for _, sl in outs for i in sl]
-    final = multi.state_dict()
-    for h, s in enumerate(singles):
-        one = s.state_dict()
-        for key in ("kept", "votes", "scores", "history", "steps_held"):
-            if key in final:
-                assert final[key][h] == one[key][0]
+    with on_path(path_of(backend_name)):
+        backend = load_backend(base_backend(backend_name))
+        cls = backend.POLICIES[policy]
+        params = data.draw(params_for(policy, heads=st.integers(2, 4)))
+        heads = params.pop("heads")
+        multi = cls(heads=heads, **params)
+        # Rows of different counts from a state: each row keeps some of positions 0..6.
+        kept = [sorted(data.draw(st.sets(st.integers(0, 6), max_size=6))) for _ in range(heads)]
+        state = multi.state_dict()
+        state["kept"] = kept
+        if "votes" in state:
+            state["votes"] = [[0] * len(r) for r in kept]
+        if "scores" in state:
+            state["scores"] = [[0.0] * len(r) for r in kept]
+        for key in ("history", "steps_held"):
+            if key in state:
+                state[key] = [[0] * len(r) for r in kept]
+        state["last_position"] = 6
+        multi = cls.from_state_dict(state)
+        singles = []
+        for h in range(heads):
+            one = {**state, "params": {**state["params"], "heads": 1},
+                   **{k: [state[k][h]] for k in ("kept", "votes", "scores", "history", "steps_held") if k in state}}
+            singles.append(cls.from_state_dict(one))
+        pos = 6
+        for _ in range(data.draw(st.integers(1, 25))):
+            pos += data.draw(st.integers(1, 3))
+            counts = multi.counts.tolist()
+            w = np.array([[data.draw(st.sampled_from(GRID)) for _ in range(max(counts))] for _ in range(heads)],
+                         dtype=data.draw(st.sampled_from([np.float32, np.float64]))).reshape(heads, max(counts))
+            budget = data.draw(st.none() | st.integers(protected(params) + 1, 9))
+            if data.draw(st.integers(0, 3)) == 0:
+                got = multi.evict_rows(budget)
+                outs = [s.evict(budget, return_indices=True) for s in singles]
+                pos -= 1
+            else:
+                got = multi.step_rows(pos, w, budget)
+                outs = [s.step(pos, w[h, :counts[h]], budget, return_indices=True) for h, s in enumerate(singles)]
+            assert got.counts.tolist() == [len(v) for v, _ in outs]
+            assert got.victims.tolist() == [p for v, _ in outs for p in v]
+            assert got.slots.tolist() == [i for _, sl in outs for i in sl]
+        final = multi.state_dict()
+        for h, s in enumerate(singles):
+            one = s.state_dict()
+            for key in ("kept", "votes", "scores", "history", "steps_held"):
+                if key in final:
+                    assert final[key][h] == one[key][0]
 
 
-@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("backend_name", BACKEND_PATHS)
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 @given(data=st.data())
 def test_select_rows_picks_rows_out_of_the_state(backend_name, policy, data):
     """After select_rows(index), state_dict() holds old row index[i] as row i (every per-slot
     field), heads is len(index), and later steps behave as on a policy loaded with that state."""
-    backend = load_backend(backend_name)
-    cls = backend.POLICIES[policy]
-    params = data.draw(params_for(policy, heads=st.integers(1, 3)))
-    p = cls(**params)
-    for t in range(1, data.draw(st.integers(0, 8)) + 1):
-        n = int(p.counts.max())
-        if data.draw(st.booleans()):
-            p.step_rows(t, np.array([[data.draw(st.sampled_from(GRID)) for _ in range(n)]
-                                     for _ in range(p.heads)]), None)
-        else:  # a chunk that leaves tokens out of some rows: rows of different counts
-            fresh = p.state_dict()["last_position"] == 0 and p.counts.tolist() == [1] * p.heads
-            base = 0 if fresh else n
-            p.extend(np.full((p.heads, 2, base + 2), 0.25),
-                     np.array([[data.draw(st.booleans()) for _ in range(2)] for _ in range(p.heads)]))
-            break
-    before = p.state_dict()
-    index = data.draw(st.lists(st.integers(0, p.heads - 1), min_size=1, max_size=5))
-    p.select_rows(np.array(index) if data.draw(st.booleans()) else index)
-    after = p.state_dict()
-    assert after["params"] == {**before["params"], "heads": len(index)} and p.heads == len(index)
-    for key in ("kept", "votes", "scores", "history", "steps_held"):
-        if key in before:
-            assert after[key] == [before[key][i] for i in index]
-    loaded = cls.from_state_dict(after)
-    t = after["last_position"] + 1
-    w = np.full((len(index), int(p.counts.max())), 0.5)
-    assert plain(p.step_rows(t, w, None)) == plain(loaded.step_rows(t, w, None))
-    assert p.state_dict() == loaded.state_dict()
+    with on_path(path_of(backend_name)):
+        backend = load_backend(base_backend(backend_name))
+        cls = backend.POLICIES[policy]
+        params = data.draw(params_for(policy, heads=st.integers(1, 3)))
+        p = cls(**params)
+        for t in range(1, data.draw(st.integers(0, 8)) + 1):
+            n = int(p.counts.max())
+            if data.draw(st.booleans()):
+                p.step_rows(t, np.array([[data.draw(st.sampled_from(GRID)) for _ in range(n)]
+                                         for _ in range(p.heads)]), None)
+            else:  # a chunk that leaves tokens out of some rows: rows of different counts
+                fresh = p.state_dict()["last_position"] == 0 and p.counts.tolist() == [1] * p.heads
+                base = 0 if fresh else n
+                p.extend(np.full((p.heads, 2, base + 2), 0.25),
+                         np.array([[data.draw(st.booleans()) for _ in range(2)] for _ in range(p.heads)]))
+                break
+        before = p.state_dict()
+        index = data.draw(st.lists(st.integers(0, p.heads - 1), min_size=1, max_size=5))
+        p.select_rows(np.array(index) if data.draw(st.booleans()) else index)
+        after = p.state_dict()
+        assert after["params"] == {**before["params"], "heads": len(index)} and p.heads == len(index)
+        for key in ("kept", "votes", "scores", "history", "steps_held"):
+            if key in before:
+                assert after[key] == [before[key][i] for i in index]
+        loaded = cls.from_state_dict(after)
+        t = after["last_position"] + 1
+        w = np.full((len(index), int(p.counts.max())), 0.5)
+        assert plain(p.step_rows(t, w, None)) == plain(loaded.step_rows(t, w, None))
+        assert p.state_dict() == loaded.state_dict()

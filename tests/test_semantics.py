@@ -1,7 +1,8 @@
 """Each semantic rule and each error of the policy API, pinned on both backends.
 
 Every error test also checks that the failed call left ``state_dict()`` and
-``memory_bytes()`` exactly as they were.
+``memory_bytes()`` exactly as they were. The C path runs twice: on the kernels this CPU
+runs by default (AVX2 where it has it) and on the forced scalar kernels.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+from c_paths import BACKEND_PATHS, backend_on
 from conftest import unchanged
 
 from scissorhands._shared import UINT32_MAX
@@ -22,6 +24,15 @@ from scissorhands.errors import InvalidInputError, InvalidTypeError, Scissorhand
 HEAVY = ("Scissorhands", "H2O")
 ALL = ("Scissorhands", "H2O", "StreamingLLM", "Full")
 BYTES_PER_SLOT = {"Scissorhands": 9, "H2O": 13, "StreamingLLM": 4, "Full": 4}
+
+
+@pytest.fixture(params=BACKEND_PATHS)
+def backend(request):
+    """Each backend in turn, the C path twice: on the kernels this CPU runs by default
+    (AVX2 where it has it) and on the forced scalar kernels (their results must be
+    identical)."""
+    with backend_on(request.param) as b:
+        yield b
 
 
 @pytest.fixture(params=ALL)

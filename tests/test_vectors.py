@@ -1,9 +1,11 @@
-"""The project's own known-answer vectors (``vectors/*.json``) on both backends, and their
-generator: regenerating them from the reference changes nothing."""
+"""The project's own known-answer vectors (``vectors/*.json``) on both backends (the C path
+on both kernel paths, SIMD and scalar), and their generator: regenerating them from the
+reference changes nothing."""
 
 from __future__ import annotations
 
 import pytest
+from c_paths import BACKEND_PATHS, backend_on
 from conftest import POLICY_NAMES, VECTORS_DIR, load_generator, load_vectors
 from vector_runner import FORMAT, VERSION, VectorError, check_case
 
@@ -13,9 +15,18 @@ GENERATE = load_generator()
 VECTORS = load_vectors()
 
 
+@pytest.fixture(params=BACKEND_PATHS)
+def backend(request):
+    """Each backend in turn, the C path twice: on the kernels this CPU runs by default
+    (AVX2 where it has it) and on the forced scalar kernels (their results must be
+    identical)."""
+    with backend_on(request.param) as b:
+        yield b
+
+
 def _cases() -> list[pytest.param]:
     params = []
-    for file_name, doc in VECTORS.items():
+    for doc in VECTORS.values():
         for case in doc["cases"]:
             params.append(pytest.param(doc["policy"], case, id=f"{doc['policy']}: {case['name']}"))
     return params

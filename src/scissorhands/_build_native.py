@@ -10,11 +10,15 @@ from __future__ import annotations
 import os
 import pathlib
 import shlex
+import sys
 
 from cffi import FFI
 
 CSRC = pathlib.Path(__file__).resolve().parent.parent.parent / "csrc"
-SOURCES = ["scissorhands.c", "h2o.c", "streaming_llm.c"]
+SOURCES = ["scissorhands.c", "h2o.c", "streaming_llm.c", "simd.c", "parallel.c"]
+#: POSIX threads for a step's rows (csrc/parallel.c); nothing extra on Windows, where the
+#: parts of a step run one after another.
+THREADS = [] if sys.platform == "win32" else ["-pthread"]
 
 
 def read_cdef(header: pathlib.Path) -> str:
@@ -37,8 +41,10 @@ ffibuilder.set_source(
     # Relative to the project root, where setuptools runs this hook.
     sources=[f"csrc/{name}" for name in SOURCES],
     include_dirs=["csrc"],
-    extra_compile_args=["-O3", "-std=c11"] + shlex.split(os.environ.get("SCISSORHANDS_CFLAGS", "")),
-    extra_link_args=shlex.split(os.environ.get("SCISSORHANDS_LDFLAGS", "")),
+    # The baseline instruction set: the AVX2 kernels (csrc/simd.c) carry their own target
+    # attribute and are chosen at run time, so no -march flag belongs here.
+    extra_compile_args=["-O3", "-std=c11", *THREADS] + shlex.split(os.environ.get("SCISSORHANDS_CFLAGS", "")),
+    extra_link_args=THREADS + shlex.split(os.environ.get("SCISSORHANDS_LDFLAGS", "")),
 )
 
 if __name__ == "__main__":

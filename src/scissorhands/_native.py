@@ -3,19 +3,31 @@
 Everything here mirrors ``csrc/scissorhands.h`` one to one; the friendly classes live
 in :mod:`scissorhands.policies`. ``check`` turns a C status code into the library's
 exception, so no other module needs to know the codes.
+
+``SCISSORHANDS_SIMD=0`` in the environment when this module is first imported forces
+the C core's portable scalar kernels for the process (``lib.sh_set_simd(0)``; the AVX2
+ones give bit-identical results, so this is for testing the scalar path, as
+``.ci/sanitize`` does); unset or any other value leaves the default, AVX2 where the CPU
+has it. ``lib.sh_simd_level()`` says which path runs.
 """
 
 from __future__ import annotations
+
+import os
 
 from scissorhands._sh_cffi import ffi, lib
 from scissorhands.errors import InvalidInputError, ScissorhandsError
 
 __all__ = ["check", "ffi", "lib"]
 
+if os.environ.get("SCISSORHANDS_SIMD", "").strip() == "0":
+    lib.sh_set_simd(0)
+
 _MESSAGES = {
     lib.SH_ERR_ARG: (ScissorhandsError, "invalid argument to the C core"),
     lib.SH_ERR_LENGTH: (InvalidInputError, "attention does not match the held positions"),
-    lib.SH_ERR_WEIGHT: (InvalidInputError, "attention weights must be finite and >= 0 (found NaN, inf or a negative weight)"),
+    lib.SH_ERR_WEIGHT: (InvalidInputError,
+                        "attention weights must be finite and >= 0 (found NaN, inf or a negative weight)"),
     lib.SH_ERR_POSITION: (InvalidInputError, "position must be greater than every position admitted"),
     lib.SH_ERR_BUDGET: (InvalidInputError, "budget must be >= 1 and greater than recent_window + sinks"),
     lib.SH_ERR_STATE: (InvalidInputError, "the policy is not in a state that allows this call"),

@@ -1,0 +1,683 @@
+/*
+ * simd.c - the AVX2 forms of the hot loops (sh_internal.h states their contracts)
+ * and the process-wide switch between them and the portable scalar forms.
+ *
+ * The package is built for the baseline instruction set (no -march=native): each
+ * function here carries __attribute__((target("avx2"))) and runs only after
+ * sh_simd_active() has seen the CPU report AVX2 (__builtin_cpu_supports, which also
+ * checks that the operating system saves the YMM registers).
+ *
+ * Every result equals the scalar form's bit for bit: the comparisons are the same
+ * IEEE comparisons on the same values (float32 weights against the same float
+ * threshold), the float64 add is the same single rounding (no FMA, no
+ * reassociation: each lane adds its own slot), and a search for the least key keeps,
+ * per lane, the first slot holding that lane's least key, then takes the lowest slot
+ * among the lanes that hold the overall least - the first slot holding it, as the
+ * scalar loops find.
+ */
+#include <float.h>
+#include <stdint.h>
+
+#include "sh_internal.h"
+
+#if SH_HAVE_AVX2
+#include <immintrin.h>
+#endif
+
+/* 1: calls may use the AVX2 kernels (when the CPU has them); 0: scalar only. */
+static int simd_allowed = 1;
+
+int sh_set_simd(int enabled)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return __atomic_exchange_n(&simd_allowed, enabled != 0, __ATOMIC_RELAXED);
+#else
+    int old = simd_allowed;
+    simd_allowed = enabled != 0;
+    return old;
+#endif
+}
+
+/* Whether this CPU (and OS) runs AVX2 code. */
+static int cpu_has_avx2(void)
+{
+#if SH_HAVE_AVX2
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+#else
+    return 0;
+#endif
+}
+
+int sh_simd_active(void)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    int allowed = __atomic_load_n(&simd_allowed, __ATOMIC_RELAXED);
+#else
+    int allowed = simd_allowed;
+#endif
+    return allowed && cpu_has_avx2();
+}
+
+int sh_simd_level(void)
+{
+    return sh_simd_active() ? SH_SIMD_AVX2 : SH_SIMD_SCALAR;
+}
+
+#if SH_HAVE_AVX2
+
+#define AVX2 __attribute__((target("avx2")))
+
+/* ---------------------------------------------------------------- validation */
+
+AVX2 int sh_avx2_valid_f32(const float *a, size_t n)
+{
+    const __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(FLT_MAX);
+    __m256 ok0 = _mm256_cmp_ps(zero, zero, _CMP_EQ_OQ), ok1 = ok0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 x = _mm256_loadu_ps(a + i), y = _mm256_loadu_ps(a + i + 8);
+        ok0 = _mm256_and_ps(ok0, _mm256_and_ps(_mm256_cmp_ps(x, zero, _CMP_GE_OQ),
+                                               _mm256_cmp_ps(x, top, _CMP_LE_OQ)));
+        ok1 = _mm256_and_ps(ok1, _mm256_and_ps(_mm256_cmp_ps(y, zero, _CMP_GE_OQ),
+                                               _mm256_cmp_ps(y, top, _CMP_LE_OQ)));
+    }
+    int ok = _mm256_movemask_ps(_mm256_and_ps(ok0, ok1)) == 0xff;
+    for (; i < n; i++)
+        ok &= (a[i] >= 0.0f) & (a[i] <= FLT_MAX);
+    return ok;
+}
+
+AVX2 int sh_avx2_valid_f64(const double *a, size_t n)
+{
+    const __m256d zero = _mm256_setzero_pd(), top = _mm256_set1_pd(DBL_MAX);
+    __m256d ok0 = _mm256_cmp_pd(zero, zero, _CMP_EQ_OQ), ok1 = ok0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d x = _mm256_loadu_pd(a + i), y = _mm256_loadu_pd(a + i + 4);
+        ok0 = _mm256_and_pd(ok0, _mm256_and_pd(_mm256_cmp_pd(x, zero, _CMP_GE_OQ),
+                                               _mm256_cmp_pd(x, top, _CMP_LE_OQ)));
+        ok1 = _mm256_and_pd(ok1, _mm256_and_pd(_mm256_cmp_pd(y, zero, _CMP_GE_OQ),
+                                               _mm256_cmp_pd(y, top, _CMP_LE_OQ)));
+    }
+    int ok = _mm256_movemask_pd(_mm256_and_pd(ok0, ok1)) == 0xf;
+    for (; i < n; i++)
+        ok &= (a[i] >= 0.0) & (a[i] <= DBL_MAX);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- least key, by lane */
+
+/* The least of 8 uint32 lanes seen so far and, per lane, the first slot holding it. */
+typedef struct least_u32x8 {
+    __m256i least, where, slot;
+} least_u32x8;
+
+AVX2 static inline void least_u32x8_start(least_u32x8 *m, __m256i v, size_t at)
+{
+    m->least = v;
+    m->slot = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(uint32_t)at),
+                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    m->where = m->slot;
+}
+
+/* The next 8 slots (after the last ones seen). */
+AVX2 static inline void least_u32x8_add(least_u32x8 *m, __m256i v)
+{
+    const __m256i bias = _mm256_set1_epi32(INT32_MIN);
+    m->slot = _mm256_add_epi32(m->slot, _mm256_set1_epi32(8));
+    __m256i less = _mm256_cmpgt_epi32(_mm256_xor_si256(m->least, bias), _mm256_xor_si256(v, bias));
+    m->least = _mm256_min_epu32(m->least, v);
+    m->where = _mm256_blendv_epi8(m->where, m->slot, less);
+}
+
+/* The first slot holding the least of all lanes, and that least. */
+AVX2 static inline size_t least_u32x8_end(const least_u32x8 *m, uint32_t *least)
+{
+    uint32_t l[8], w[8];
+    _mm256_storeu_si256((__m256i *)l, m->least);
+    _mm256_storeu_si256((__m256i *)w, m->where);
+    uint32_t best = l[0], at = w[0];
+    for (int j = 1; j < 8; j++) {
+        if (l[j] < best || (l[j] == best && w[j] < at)) {
+            best = l[j];
+            at = w[j];
+        }
+    }
+    *least = best;
+    return at;
+}
+
+/* The same for 4 double lanes (slots as 64-bit lanes). */
+typedef struct least_f64x4 {
+    __m256d least;
+    __m256i where, slot;
+} least_f64x4;
+
+AVX2 static inline void least_f64x4_start(least_f64x4 *m, __m256d x, size_t at)
+{
+    m->least = x;
+    m->slot = _mm256_add_epi64(_mm256_set1_epi64x((long long)at), _mm256_setr_epi64x(0, 1, 2, 3));
+    m->where = m->slot;
+}
+
+AVX2 static inline void least_f64x4_add(least_f64x4 *m, __m256d x)
+{
+    m->slot = _mm256_add_epi64(m->slot, _mm256_set1_epi64x(4));
+    __m256d less = _mm256_cmp_pd(x, m->least, _CMP_LT_OQ);
+    m->least = _mm256_blendv_pd(m->least, x, less);
+    m->where = _mm256_castpd_si256(
+        _mm256_blendv_pd(_mm256_castsi256_pd(m->where), _mm256_castsi256_pd(m->slot), less));
+}
+
+AVX2 static inline size_t least_f64x4_end(const least_f64x4 *m, double *least)
+{
+    double l[4];
+    int64_t w[4];
+    _mm256_storeu_pd(l, m->least);
+    _mm256_storeu_si256((__m256i *)w, m->where);
+    double best = l[0];
+    int64_t at = w[0];
+    for (int j = 1; j < 4; j++) {
+        if (l[j] < best || (l[j] == best && w[j] < at)) {
+            best = l[j];
+            at = w[j];
+        }
+    }
+    *least = best;
+    return (size_t)at;
+}
+
+/* ---------------------------------------------------------------- votes */
+
+/* 8 vote counts after one step: one more where `above` is set, unless saturated. */
+AVX2 static inline __m256i vote8(__m256i v, __m256i above)
+{
+    __m256i full = _mm256_cmpeq_epi32(v, _mm256_set1_epi32(-1));
+    return _mm256_sub_epi32(v, _mm256_andnot_si256(full, above));
+}
+
+/* Where 8 float32 weights are above the threshold t. */
+AVX2 static inline __m256i above8_f32(const float *a, __m256 t)
+{
+    return _mm256_castps_si256(_mm256_cmp_ps(_mm256_loadu_ps(a), t, _CMP_GT_OQ));
+}
+
+/* Where 8 float64 weights are above the share, as 8 32-bit lanes. */
+AVX2 static inline __m256i above8_f64(const double *a, __m256d share)
+{
+    __m256d m0 = _mm256_cmp_pd(_mm256_loadu_pd(a), share, _CMP_GT_OQ);
+    __m256d m1 = _mm256_cmp_pd(_mm256_loadu_pd(a + 4), share, _CMP_GT_OQ);
+    /* Per 128-bit half: the low words of m0's two lanes, then m1's ... */
+    __m256 packed = _mm256_shuffle_ps(_mm256_castpd_ps(m0), _mm256_castpd_ps(m1),
+                                      _MM_SHUFFLE(2, 0, 2, 0));
+    /* ... then the 64-bit pairs back in slot order: m0 0-1, m0 2-3, m1 0-1, m1 2-3. */
+    return _mm256_permute4x64_epi64(_mm256_castps_si256(packed), _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+AVX2 static inline __m256i load8(const uint32_t *v)
+{
+    return _mm256_loadu_si256((const __m256i *)v);
+}
+
+AVX2 static inline void store8(uint32_t *v, __m256i x)
+{
+    _mm256_storeu_si256((__m256i *)v, x);
+}
+
+/* The vote over slots [from, to) without looking for the least. */
+AVX2 static void vote_span_f32(uint32_t *votes, const float *attn, size_t from, size_t to,
+                               float t)
+{
+    const __m256 t8 = _mm256_set1_ps(t);
+    size_t i = from;
+    for (; i + 8 <= to; i += 8)
+        store8(votes + i, vote8(load8(votes + i), above8_f32(attn + i, t8)));
+    for (; i < to; i++)
+        votes[i] += (uint32_t)((attn[i] > t) & (votes[i] != UINT32_MAX));
+}
+
+AVX2 static void vote_span_f64(uint32_t *votes, const double *attn, size_t from, size_t to,
+                               double share)
+{
+    const __m256d s4 = _mm256_set1_pd(share);
+    size_t i = from;
+    for (; i + 8 <= to; i += 8)
+        store8(votes + i, vote8(load8(votes + i), above8_f64(attn + i, s4)));
+    for (; i < to; i++)
+        votes[i] += (uint32_t)((attn[i] > share) & (votes[i] != UINT32_MAX));
+}
+
+AVX2 size_t sh_avx2_vote_f32(uint32_t *votes, const float *attn, size_t n, float t, size_t lo,
+                             size_t hi)
+{
+    if (lo >= hi || hi - lo < 16) {
+        vote_span_f32(votes, attn, 0, n, t);
+        return lo < hi ? sh_least_u32(votes, lo, hi) : hi;
+    }
+    const __m256 t8 = _mm256_set1_ps(t);
+    vote_span_f32(votes, attn, 0, lo, t);
+    __m256i v = vote8(load8(votes + lo), above8_f32(attn + lo, t8));
+    store8(votes + lo, v);
+    least_u32x8 m;
+    least_u32x8_start(&m, v, lo);
+    size_t i = lo + 8;
+    for (; i + 8 <= hi; i += 8) {
+        v = vote8(load8(votes + i), above8_f32(attn + i, t8));
+        store8(votes + i, v);
+        least_u32x8_add(&m, v);
+    }
+    uint32_t least;
+    size_t at = least_u32x8_end(&m, &least);
+    for (; i < hi; i++) {
+        uint32_t x = votes[i] + (uint32_t)((attn[i] > t) & (votes[i] != UINT32_MAX));
+        votes[i] = x;
+        if (x < least) {
+            least = x;
+            at = i;
+        }
+    }
+    vote_span_f32(votes, attn, hi, n, t);
+    return at;
+}
+
+AVX2 size_t sh_avx2_vote_f64(uint32_t *votes, const double *attn, size_t n, double share,
+                             size_t lo, size_t hi)
+{
+    if (lo >= hi || hi - lo < 16) {
+        vote_span_f64(votes, attn, 0, n, share);
+        return lo < hi ? sh_least_u32(votes, lo, hi) : hi;
+    }
+    const __m256d s4 = _mm256_set1_pd(share);
+    vote_span_f64(votes, attn, 0, lo, share);
+    __m256i v = vote8(load8(votes + lo), above8_f64(attn + lo, s4));
+    store8(votes + lo, v);
+    least_u32x8 m;
+    least_u32x8_start(&m, v, lo);
+    size_t i = lo + 8;
+    for (; i + 8 <= hi; i += 8) {
+        v = vote8(load8(votes + i), above8_f64(attn + i, s4));
+        store8(votes + i, v);
+        least_u32x8_add(&m, v);
+    }
+    uint32_t least;
+    size_t at = least_u32x8_end(&m, &least);
+    for (; i < hi; i++) {
+        uint32_t x = votes[i] + (uint32_t)((attn[i] > share) & (votes[i] != UINT32_MAX));
+        votes[i] = x;
+        if (x < least) {
+            least = x;
+            at = i;
+        }
+    }
+    vote_span_f64(votes, attn, hi, n, share);
+    return at;
+}
+
+AVX2 size_t sh_avx2_least_u32(const uint32_t *v, size_t lo, size_t hi)
+{
+    if (hi - lo < 16)
+        return sh_least_u32(v, lo, hi);
+    least_u32x8 m;
+    least_u32x8_start(&m, load8(v + lo), lo);
+    size_t i = lo + 8;
+    for (; i + 8 <= hi; i += 8)
+        least_u32x8_add(&m, load8(v + i));
+    uint32_t least;
+    size_t at = least_u32x8_end(&m, &least);
+    for (; i < hi; i++) {
+        if (v[i] < least) {
+            least = v[i];
+            at = i;
+        }
+    }
+    return at;
+}
+
+AVX2 uint32_t sh_avx2_max_u32(const uint32_t *v, size_t lo, size_t hi)
+{
+    __m256i most = _mm256_setzero_si256();
+    size_t i = lo;
+    for (; i + 8 <= hi; i += 8)
+        most = _mm256_max_epu32(most, load8(v + i));
+    uint32_t l[8];
+    store8(l, most);
+    uint32_t best = 0;
+    for (int j = 0; j < 8; j++)
+        best = l[j] > best ? l[j] : best;
+    for (; i < hi; i++)
+        best = v[i] > best ? v[i] : best;
+    return best;
+}
+
+AVX2 void sh_avx2_hist_u32(const uint32_t *v, size_t lo, size_t hi, uint32_t mask,
+                           uint32_t prefix, unsigned shift, size_t hist[256])
+{
+    if (mask == 0) { /* every slot is a candidate: a plain count */
+        sh_hist_u32(v, lo, hi, mask, prefix, shift, hist);
+        return;
+    }
+    const __m256i mk = _mm256_set1_epi32((int32_t)mask), pf = _mm256_set1_epi32((int32_t)prefix);
+    size_t i = lo;
+    for (; i + 8 <= hi; i += 8) {
+        __m256i match = _mm256_cmpeq_epi32(_mm256_and_si256(load8(v + i), mk), pf);
+        for (unsigned bits = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(match)); bits != 0;
+             bits &= bits - 1)
+            hist[(v[i + (unsigned)__builtin_ctz(bits)] >> shift) & 0xff]++;
+    }
+    sh_hist_u32(v, i, hi, mask, prefix, shift, hist);
+}
+
+/* ---------------------------------------------------------------- H2O scores */
+
+/* 4 scores after one step: the weights added in double, saturating at DBL_MAX
+   (min_pd(x, DBL_MAX) is x < DBL_MAX ? x : DBL_MAX, as the scalar form). */
+AVX2 static inline __m256d add4(double *s, __m256d w)
+{
+    __m256d x = _mm256_min_pd(_mm256_add_pd(_mm256_loadu_pd(s), w), _mm256_set1_pd(DBL_MAX));
+    _mm256_storeu_pd(s, x);
+    return x;
+}
+
+AVX2 static inline __m256d widen4(const float *a)
+{
+    return _mm256_cvtps_pd(_mm_loadu_ps(a));
+}
+
+AVX2 static inline double add1(double *s, double w)
+{
+    double x = *s + w;
+    x = x > DBL_MAX ? DBL_MAX : x;
+    *s = x;
+    return x;
+}
+
+AVX2 static void add_span_f32(double *s, const float *a, size_t from, size_t to)
+{
+    size_t i = from;
+    for (; i + 4 <= to; i += 4)
+        add4(s + i, widen4(a + i));
+    for (; i < to; i++)
+        add1(&s[i], (double)a[i]);
+}
+
+AVX2 static void add_span_f64(double *s, const double *a, size_t from, size_t to)
+{
+    size_t i = from;
+    for (; i + 4 <= to; i += 4)
+        add4(s + i, _mm256_loadu_pd(a + i));
+    for (; i < to; i++)
+        add1(&s[i], a[i]);
+}
+
+AVX2 size_t sh_avx2_h2o_accumulate_f32(double *scores, const float *attn, size_t n, size_t lo,
+                                       size_t hi)
+{
+    if (lo >= hi || hi - lo < 8) {
+        add_span_f32(scores, attn, 0, n);
+        return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
+    }
+    add_span_f32(scores, attn, 0, lo);
+    least_f64x4 m;
+    least_f64x4_start(&m, add4(scores + lo, widen4(attn + lo)), lo);
+    size_t i = lo + 4;
+    for (; i + 4 <= hi; i += 4)
+        least_f64x4_add(&m, add4(scores + i, widen4(attn + i)));
+    double least;
+    size_t at = least_f64x4_end(&m, &least);
+    for (; i < hi; i++) {
+        double x = add1(&scores[i], (double)attn[i]);
+        if (x < least) {
+            least = x;
+            at = i;
+        }
+    }
+    add_span_f32(scores, attn, hi, n);
+    return at;
+}
+
+AVX2 size_t sh_avx2_h2o_accumulate_f64(double *scores, const double *attn, size_t n, size_t lo,
+                                       size_t hi)
+{
+    if (lo >= hi || hi - lo < 8) {
+        add_span_f64(scores, attn, 0, n);
+        return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
+    }
+    add_span_f64(scores, attn, 0, lo);
+    least_f64x4 m;
+    least_f64x4_start(&m, add4(scores + lo, _mm256_loadu_pd(attn + lo)), lo);
+    size_t i = lo + 4;
+    for (; i + 4 <= hi; i += 4)
+        least_f64x4_add(&m, add4(scores + i, _mm256_loadu_pd(attn + i)));
+    double least;
+    size_t at = least_f64x4_end(&m, &least);
+    for (; i < hi; i++) {
+        double x = add1(&scores[i], attn[i]);
+        if (x < least) {
+            least = x;
+            at = i;
+        }
+    }
+    add_span_f64(scores, attn, hi, n);
+    return at;
+}
+
+AVX2 size_t sh_avx2_least_f64(const double *s, size_t lo, size_t hi)
+{
+    if (hi - lo < 8)
+        return sh_least_f64(s, lo, hi);
+    least_f64x4 m;
+    least_f64x4_start(&m, _mm256_loadu_pd(s + lo), lo);
+    size_t i = lo + 4;
+    for (; i + 4 <= hi; i += 4)
+        least_f64x4_add(&m, _mm256_loadu_pd(s + i));
+    double least;
+    size_t at = least_f64x4_end(&m, &least);
+    for (; i < hi; i++) {
+        if (s[i] < least) {
+            least = s[i];
+            at = i;
+        }
+    }
+    return at;
+}
+
+/* The scores' bits as 4 unsigned 64-bit lanes, biased so that a signed comparison
+   orders them as unsigned. */
+AVX2 static inline __m256i biased_bits(const double *s, __m256i bias)
+{
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)s), bias);
+}
+
+AVX2 uint64_t sh_avx2_max_f64_bits(const double *s, size_t lo, size_t hi)
+{
+    const __m256i bias = _mm256_set1_epi64x(INT64_MIN);
+    __m256i most = bias; /* 0, biased */
+    size_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+        __m256i x = biased_bits(s + i, bias);
+        most = _mm256_blendv_epi8(most, x, _mm256_cmpgt_epi64(x, most));
+    }
+    uint64_t l[4];
+    _mm256_storeu_si256((__m256i *)l, _mm256_xor_si256(most, bias));
+    uint64_t best = 0;
+    for (int j = 0; j < 4; j++)
+        best = l[j] > best ? l[j] : best;
+    for (; i < hi; i++) {
+        uint64_t b = sh_h2o_key(s, i);
+        best = b > best ? b : best;
+    }
+    return best;
+}
+
+AVX2 void sh_avx2_hist_f64_bits(const double *s, size_t lo, size_t hi, uint64_t mask,
+                                uint64_t prefix, unsigned shift, size_t hist[256])
+{
+    if (mask == 0) {
+        sh_hist_f64_bits(s, lo, hi, mask, prefix, shift, hist);
+        return;
+    }
+    const __m256i mk = _mm256_set1_epi64x((long long)mask);
+    const __m256i pf = _mm256_set1_epi64x((long long)prefix);
+    size_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+        __m256i bits4 = _mm256_loadu_si256((const __m256i *)(s + i));
+        __m256i match = _mm256_cmpeq_epi64(_mm256_and_si256(bits4, mk), pf);
+        for (unsigned bits = (unsigned)_mm256_movemask_pd(_mm256_castsi256_pd(match)); bits != 0;
+             bits &= bits - 1)
+            hist[(sh_h2o_key(s, i + (unsigned)__builtin_ctz(bits)) >> shift) & 0xff]++;
+    }
+    sh_hist_f64_bits(s, i, hi, mask, prefix, shift, hist);
+}
+
+/* ---------------------------------------------------------------- bulk take */
+
+/* For a 4-bit mask of lanes to keep, their lane numbers in order (then zeros). */
+static const uint8_t KEEP4[16][4] = {
+    {0, 0, 0, 0}, {0, 0, 0, 0}, {1, 0, 0, 0}, {0, 1, 0, 0},
+    {2, 0, 0, 0}, {0, 2, 0, 0}, {1, 2, 0, 0}, {0, 1, 2, 0},
+    {3, 0, 0, 0}, {0, 3, 0, 0}, {1, 3, 0, 0}, {0, 1, 3, 0},
+    {2, 3, 0, 0}, {0, 2, 3, 0}, {1, 2, 3, 0}, {0, 1, 2, 3},
+};
+
+/* The permutation that packs the kept 32-bit lanes of 4 to the front. */
+AVX2 static inline __m128i keep_lanes(unsigned keep)
+{
+    int32_t packed;
+    memcpy(&packed, KEEP4[keep], sizeof packed);
+    return _mm_cvtepu8_epi32(_mm_cvtsi32_si128(packed));
+}
+
+/* The same for 4 64-bit lanes, as a permutation of their 8 32-bit halves. */
+AVX2 static inline __m256i keep_lanes64(unsigned keep)
+{
+    __m128i lanes = _mm_slli_epi32(keep_lanes(keep), 1);
+    __m128i next = _mm_add_epi32(lanes, _mm_set1_epi32(1));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi32(lanes, next)),
+                                   _mm_unpackhi_epi32(lanes, next), 1);
+}
+
+AVX2 static inline __m128i pack4(__m128i x, __m128i lanes)
+{
+    return _mm_castps_si128(_mm_permutevar_ps(_mm_castsi128_ps(x), lanes));
+}
+
+/* Which of 4 lanes (bits) are taken: every one below the prefix, then ties at it
+   while *need lasts. */
+static inline unsigned taken4(unsigned below, unsigned at, size_t *need)
+{
+    if (at == 0 || *need == 0)
+        return below;
+    unsigned ties = sh_lowest_bits(at, *need);
+    *need -= (size_t)__builtin_popcount(ties);
+    return below | ties;
+}
+
+/* Writes the positions of the taken lanes of the 4 slots from i to victims + *j. */
+static inline void emit4(const uint32_t *pos, size_t i, unsigned taken, uint32_t *victims,
+                         int64_t *slots, size_t *j)
+{
+    for (unsigned bits = taken; bits != 0; bits &= bits - 1) {
+        size_t slot = i + (unsigned)__builtin_ctz(bits);
+        victims[*j] = pos[slot];
+        if (slots != NULL)
+            slots[*j] = (int64_t)slot;
+        (*j)++;
+    }
+}
+
+AVX2 size_t sh_avx2_take_u32(uint32_t *pos, uint32_t *v, size_t n, size_t lo, size_t hi,
+                             uint32_t mask, uint32_t prefix, size_t need, uint32_t *victims,
+                             int64_t *slots)
+{
+    const __m128i bias = _mm_set1_epi32(INT32_MIN);
+    const __m128i mk = _mm_set1_epi32((int32_t)mask), pf = _mm_set1_epi32((int32_t)prefix);
+    const __m128i pf_biased = _mm_xor_si128(pf, bias);
+    size_t w = lo, j = 0, i = lo;
+    for (; i + 4 <= hi; i += 4) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(v + i));
+        __m128i p4 = _mm_loadu_si128((const __m128i *)(pos + i));
+        __m128i m = _mm_and_si128(x, mk);
+        unsigned below = (unsigned)_mm_movemask_ps(
+            _mm_castsi128_ps(_mm_cmpgt_epi32(pf_biased, _mm_xor_si128(m, bias))));
+        unsigned at = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(m, pf)));
+        unsigned taken = taken4(below, at, &need);
+        unsigned keep = ~taken & 0xfu;
+        if (taken != 0) {
+            emit4(pos, i, taken, victims, slots, &j);
+            __m128i lanes = keep_lanes(keep);
+            p4 = pack4(p4, lanes);
+            x = pack4(x, lanes);
+        }
+        /* Slots [w, w + 4) lie below i + 4: nothing not yet read is overwritten. */
+        _mm_storeu_si128((__m128i *)(pos + w), p4);
+        _mm_storeu_si128((__m128i *)(v + w), x);
+        w += (size_t)__builtin_popcount(keep);
+    }
+    for (; i < hi; i++) {
+        uint32_t m = v[i] & mask;
+        if (m < prefix || (m == prefix && need > 0)) {
+            need -= (size_t)(m == prefix);
+            victims[j] = pos[i];
+            if (slots != NULL)
+                slots[j] = (int64_t)i;
+            j++;
+            continue;
+        }
+        pos[w] = pos[i];
+        v[w] = v[i];
+        w++;
+    }
+    memmove(pos + w, pos + hi, (n - hi) * sizeof *pos);
+    memmove(v + w, v + hi, (n - hi) * sizeof *v);
+    return j;
+}
+
+AVX2 size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi,
+                             uint64_t mask, uint64_t prefix, size_t need, uint32_t *victims,
+                             int64_t *slots)
+{
+    const __m256i bias = _mm256_set1_epi64x(INT64_MIN);
+    const __m256i mk = _mm256_set1_epi64x((long long)mask);
+    const __m256i pf = _mm256_set1_epi64x((long long)prefix);
+    const __m256i pf_biased = _mm256_xor_si256(pf, bias);
+    size_t w = lo, j = 0, i = lo;
+    for (; i + 4 <= hi; i += 4) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(s + i));
+        __m128i p4 = _mm_loadu_si128((const __m128i *)(pos + i));
+        __m256i m = _mm256_and_si256(x, mk);
+        unsigned below = (unsigned)_mm256_movemask_pd(
+            _mm256_castsi256_pd(_mm256_cmpgt_epi64(pf_biased, _mm256_xor_si256(m, bias))));
+        unsigned at = (unsigned)_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(m, pf)));
+        unsigned taken = taken4(below, at, &need);
+        unsigned keep = ~taken & 0xfu;
+        if (taken != 0) {
+            emit4(pos, i, taken, victims, slots, &j);
+            p4 = pack4(p4, keep_lanes(keep));
+            x = _mm256_castps_si256(
+                _mm256_permutevar8x32_ps(_mm256_castsi256_ps(x), keep_lanes64(keep)));
+        }
+        _mm_storeu_si128((__m128i *)(pos + w), p4);
+        _mm256_storeu_si256((__m256i *)(s + w), x);
+        w += (size_t)__builtin_popcount(keep);
+    }
+    for (; i < hi; i++) {
+        uint64_t m = sh_h2o_key(s, i) & mask;
+        if (m < prefix || (m == prefix && need > 0)) {
+            need -= (size_t)(m == prefix);
+            victims[j] = pos[i];
+            if (slots != NULL)
+                slots[j] = (int64_t)i;
+            j++;
+            continue;
+        }
+        pos[w] = pos[i];
+        s[w] = s[i];
+        w++;
+    }
+    memmove(pos + w, pos + hi, (n - hi) * sizeof *pos);
+    memmove(s + w, s + hi, (n - hi) * sizeof *s);
+    return j;
+}
+
+#endif /* SH_HAVE_AVX2 */

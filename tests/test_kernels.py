@@ -1,0 +1,222 @@
+"""The C core's kernels: the AVX2 and the scalar path give identical results, at sizes where
+the vector loops and their tails both run.
+
+The vector, differential and semantics suites already run on both kernel paths, but
+their policies are small (a handful of slots: mostly the scalar tails). Here rows hold
+17 to 300 slots, with ties, exact fair shares, saturated votes, scores that differ in
+their last bit, sinks, no recent window (the newcomer may go at once), rows of
+different counts and bulk evictions; every result is compared across the two paths
+and with the pure-Python reference.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from c_paths import PATHS, on_path
+
+import scissorhands
+import scissorhands.reference as reference
+from scissorhands._native import lib
+from scissorhands.errors import InvalidInputError
+
+UINT32_MAX = 2**32 - 1
+SIZES = (17, 40, 97, 300)
+HEAVY = ("scissorhands", "h2o")
+
+
+def plain(value: Any) -> Any:
+    """Results as comparable plain data."""
+    if isinstance(value, np.ndarray):
+        return (str(value.dtype), value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``("ok", result)`` or ``("raised", exception class name)``."""
+    try:
+        return ("ok", plain(fn(*args, **kwargs)))
+    except (TypeError, ValueError) as exc:
+        return ("raised", type(exc).__name__)
+
+
+def weights(rng: np.random.Generator, heads: int, n: int, dtype: Any) -> np.ndarray:
+    """One step's weights, of a kind drawn at random: spread out, on a coarse grid (ties
+    and weights exactly at the fair share), all equal (nobody votes) or a few spikes."""
+    kind = rng.integers(0, 4)
+    if kind == 0:
+        w = rng.exponential(size=(heads, n))
+        w /= w.sum(axis=1, keepdims=True)
+    elif kind == 1:
+        w = rng.integers(0, 4, size=(heads, n)) / max(n, 1)
+    elif kind == 2:
+        w = np.full((heads, n), 1.0 / max(n, 1))
+    else:
+        w = np.zeros((heads, n))
+        w[:, rng.integers(0, max(n, 1), size=3)] = 0.3
+    return np.ascontiguousarray(w.astype(dtype))
+
+
+class Trio:
+    """One policy three times: C on the AVX2 path, C on the scalar path, the reference."""
+
+    def __init__(self, policy: str, state: dict[str, Any] | None = None, **params: Any) -> None:
+        self.objs = []
+        for module in (scissorhands, scissorhands, reference):
+            cls = module.POLICIES[policy]
+            self.objs.append(cls.from_state_dict(state) if state is not None else cls(**params))
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        outs = []
+        for obj, path in zip(self.objs, (*PATHS, "simd")):
+            with on_path(path):
+                outs.append(outcome(getattr(obj, name), *args, **kwargs))
+        assert outs[0] == outs[1], f"{name}: AVX2 {outs[0]!r:.300} != scalar {outs[1]!r:.300}"
+        assert outs[0] == outs[2], f"{name}: C {outs[0]!r:.300} != reference {outs[2]!r:.300}"
+        return outs[0]
+
+    def check(self) -> None:
+        states = [o.state_dict() for o in self.objs]
+        assert states[0] == states[1], "AVX2 and scalar states differ"
+        assert states[0] == states[2], "C and reference states differ"
+
+
+# ---------------------------------------------------------------- the two paths
+
+
+def test_simd_switch_and_level():
+    """sh_set_simd(0) forces the scalar kernels and returns the previous setting; allowed,
+    the level is AVX2 exactly when this CPU reports AVX2 (on Linux x86-64)."""
+    before = lib.sh_set_simd(0)  # 0 already when SCISSORHANDS_SIMD=0 (the sanitizer's second pass)
+    try:
+        assert before in (0, 1)
+        assert lib.sh_simd_level() == lib.SH_SIMD_SCALAR
+        assert lib.sh_set_simd(1) == 0
+        level = lib.sh_simd_level()
+    finally:
+        lib.sh_set_simd(before)
+    if sys.platform == "linux" and platform.machine() == "x86_64":
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        assert level == (lib.SH_SIMD_AVX2 if "avx2" in flags else lib.SH_SIMD_SCALAR)
+    else:
+        assert level in (lib.SH_SIMD_AVX2, lib.SH_SIMD_SCALAR)
+
+
+def test_environment_variable_forces_the_scalar_path():
+    """SCISSORHANDS_SIMD=0 when the package is imported makes every call use the scalar kernels."""
+    code = "from scissorhands._native import lib; print(lib.sh_simd_level())"
+    env = dict(os.environ, SCISSORHANDS_SIMD="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(lib.SH_SIMD_SCALAR)
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("budget", SIZES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("policy", HEAVY)
+@pytest.mark.parametrize("protect", ["none", "sinks", "half"])
+def test_decode_paths_agree(policy, dtype, budget, heads, protect):
+    """A long decode (fused one-victim steps, steps that evict more, split steps and bulk
+    evictions) gives the same victims, slots and state on both paths and the reference."""
+    rw, sinks = {"none": (0, 0), "sinks": (5, 3), "half": (budget // 2, 0)}[protect]
+    rng = np.random.default_rng([budget, heads, len(policy), len(protect)])
+    trio = Trio(policy, budget=budget, recent_window=rw, sinks=sinks, heads=heads)
+    for pos in range(1, int(budget * 1.5) + 41):
+        n = trio.objs[2].kept_count()
+        w = weights(rng, heads, n, dtype)
+        if heads == 1 and rng.random() < 0.5:
+            w = w[0]
+        r = rng.random()
+        if r < 0.08:  # a split step, then a bulk eviction to a smaller budget
+            trio.call("on_decode_step", pos, w)
+            trio.call("evict", int(rng.integers(rw + sinks + 1, budget + 1)), return_indices=True)
+        elif r < 0.12:  # admit without evicting: the next step evicts two
+            trio.call("on_decode_step", pos, w)
+        else:
+            trio.call("step", pos, w, return_indices=bool(rng.random() < 0.5))
+    trio.check()
+
+
+@pytest.mark.parametrize("policy", HEAVY)
+@pytest.mark.parametrize("n", [9, 33, 130])
+def test_bulk_selection_paths_agree(policy, n):
+    """Bulk evictions over keys that tie across vector blocks, differ only in a low byte or
+    bit, or saturate (UINT32_MAX votes, DBL_MAX scores) agree on both paths and the reference."""
+    rng = np.random.default_rng(n)
+    if policy == "scissorhands":
+        pool = [0, 1, 255, 256, 257, 65535, 65536, 2**24, 2**24 + 1, UINT32_MAX - 1, UINT32_MAX]
+    else:
+        one = 1.0
+        pool = [0.0, 5e-324, 1e-300, one, math.nextafter(one, 2), math.nextafter(math.nextafter(one, 2), 2),
+                0.5, 2.0, 1e300, sys.float_info.max]
+    for trial in range(12):
+        values = [pool[i] for i in rng.integers(0, len(pool) if trial % 3 else 3, size=n)]
+        state = scissorhands.POLICIES[policy](budget=n, recent_window=2, sinks=1).state_dict()
+        state.update(kept=[list(range(n))], last_position=n - 1)
+        state["votes" if policy == "scissorhands" else "scores"] = [values]
+        trio = Trio(policy, state)
+        trio.call("evict", int(rng.integers(4, n + 1)), return_indices=True)
+        trio.check()
+
+
+def test_saturated_votes_agree():
+    """Votes at and next to UINT32_MAX saturate alike on both paths and the reference."""
+    n = 50
+    state = scissorhands.Scissorhands(budget=n, recent_window=3).state_dict()
+    state.update(kept=[list(range(n))], last_position=n - 1,
+                 votes=[[UINT32_MAX - (i % 3) for i in range(n)]])
+    trio = Trio("scissorhands", state)
+    for t in range(n, n + 6):
+        trio.call("step", t, np.full(trio.objs[2].kept_count(), 1.0, dtype=np.float32))
+    trio.check()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("policy", HEAVY)
+def test_a_bad_weight_is_found_anywhere(policy, dtype):
+    """A NaN, infinite or negative weight at any index (vector body or tail, any row) is
+    refused on both paths, and the policy is left exactly as it was."""
+    n, heads = 37, 3
+    for path in PATHS:
+        with on_path(path):
+            p = scissorhands.POLICIES[policy](budget=n, recent_window=2, heads=heads)
+            for t in range(1, n):
+                p.step(t, np.full((heads, p.kept_count()), 0.5, dtype=dtype))
+            before = p.state_dict()
+            for bad in (math.nan, math.inf, -1e-30):
+                for i in range(n):
+                    w = np.full((heads, n), 0.01, dtype=dtype)
+                    w[i % heads, i] = bad
+                    with pytest.raises(InvalidInputError):
+                        p.step(n, w)
+            assert p.state_dict() == before
+
+
+@pytest.mark.parametrize("policy", HEAVY)
+def test_rows_of_different_counts_agree(policy):
+    """step_rows on rows of different counts (each evicting none, one or several) agrees on
+    both paths and the reference."""
+    rng = np.random.default_rng(7)
+    counts = [60, 45, 80, 1, 0]
+    state = scissorhands.POLICIES[policy](budget=50, recent_window=4, heads=len(counts)).state_dict()
+    state["kept"] = [sorted(rng.choice(200, size=c, replace=False).tolist()) for c in counts]
+    key = "votes" if policy == "scissorhands" else "scores"
+    state[key] = [(rng.integers(0, 5, size=c).tolist() if key == "votes" else (rng.integers(0, 5, size=c) / 4).tolist())
+                  for c in counts]
+    state["last_position"] = 199
+    trio = Trio(policy, state)
+    for t in range(200, 260):
+        n = int(trio.objs[2].counts.max())
+        budget = int(rng.integers(5, 70)) if rng.random() < 0.3 else None
+        trio.call("step_rows", t, weights(rng, len(counts), n, np.float32), budget)
+    trio.check()
