@@ -8,7 +8,7 @@ import torch
 from scissorhands.hf import EvictingCache, load_model
 
 torch.set_num_threads(1)
-model, tokenizer = load_model(attn_implementation="sdpa", progress=False)
+model, tokenizer = load_model(progress=False)  # sdpa attention, as transformers loads by default
 cache = EvictingCache.from_model(model, "scissorhands", budget=96, recent_window=0.75, sinks=4)
 
 messages = [{"role": "user", "content": "Name a planet of the solar system."}]

@@ -11,7 +11,7 @@ import torch
 from scissorhands.hf import EvictingCache, load_model
 
 torch.set_num_threads(1)
-model, tokenizer = load_model(attn_implementation="sdpa", progress=False)
+model, tokenizer = load_model(progress=False)  # sdpa attention, as transformers loads by default
 tokenizer.padding_side = "left"  # decoder-only models generate after left padding
 
 prompts = ["The three primary colours are", "Write one sentence about the sea:"]

@@ -161,5 +161,5 @@ def smollm2() -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield hf.load_model(progress=False)
+    yield hf.load_model(progress=False, attn_implementation="eager")
     torch.set_num_threads(threads)

@@ -287,6 +287,75 @@ def test_streaming_llm_logits_equal_a_masked_one_shot_forward():
     assert torch.allclose(ours, one_shot[prompt - 1 : n - 1], atol=1e-4)
 
 
+#: positions="cache" re-rotates stored keys in float32: attention logits within this
+#: relative error of the exact ones (measured: below 1e-6).
+RANK_TOLERANCE = 1e-5
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("policy", ["scissorhands", "h2o", "streaming-llm"])
+def test_positions_cache_logits_equal_keys_rotated_at_their_ranks(policy, impl, monkeypatch):
+    """positions="cache" (StreamingLLM's rotation, the SinkCache bug class): after
+    evictions in the middle of the cache, every (sequence, KV head)'s attention logits
+    equal those computed from scratch with the held keys rotated at ranks 0..n-1 (in
+    position order, padding not counted) and the query at rank n."""
+    from transformers.models.llama import modeling_llama
+
+    model = _model("llama", impl)
+    captured = []
+    original = hf.attention._eager_for
+
+    def capturing(module):
+        function = original(module)
+
+        def attention(module, query, key, value, mask, **kwargs):
+            if module.layer_idx == 0:
+                captured.append((query.detach().clone(), key.detach().clone()))
+            return function(module, query, key, value, mask, **kwargs)
+
+        return attention
+
+    monkeypatch.setattr(hf.attention, "_eager_for", capturing)
+    batch, total, kv, group = 2, 22, 2, 2
+    ids, mask = _prompts(batch=batch, length=total, seed=4)  # the second sequence left-padded
+    cache = hf.EvictingCache.from_model(model, policy, 6, PolicyOptions(recent_window=2, sinks=1), positions="cache")
+    hf.prefill(model, cache, ids[:, :7], attention_mask=mask[:, :7])
+    for t in range(7, total - 1):
+        hf.decode_step(model, cache, ids[:, t])
+    storage = cache.storage
+    held = {(b, h): cache.kept_positions(0, b, h) for b in range(batch) for h in range(kv)}
+    slots = {(b, h): storage.slots[b * kv + h, : storage.counts[b * kv + h]].copy()
+             for b in range(batch) for h in range(kv)}
+    free = storage.free.copy()
+    assert any(np.any(np.diff(k) > 1) and k[0] == 0 for k in held.values())  # a gap in the middle
+    captured.clear()
+    hf.decode_step(model, cache, ids[:, total - 1])
+    query, key = captured[-1]
+
+    layer = model.model.layers[0]
+    with torch.no_grad():
+        hidden = layer.input_layernorm(model.model.embed_tokens(ids))
+        q_raw = layer.self_attn.q_proj(hidden).view(batch, total, -1, 16).transpose(1, 2)
+        k_raw = layer.self_attn.k_proj(hidden).view(batch, total, -1, 16).transpose(1, 2)
+
+    def rotate(x, ranks):
+        cos, sin = model.model.rotary_emb(x, torch.tensor(ranks)[None])
+        return x * cos + modeling_llama.rotate_half(x) * sin
+
+    worst = 0.0
+    for (b, h), kept in held.items():
+        order = np.append(kept, total - 1).astype(np.int64)
+        n = len(order) - 1
+        keys = rotate(k_raw[b, h, torch.from_numpy(order)], np.arange(n + 1))[0]
+        row_slots = torch.from_numpy(np.append(slots[(b, h)], free[b * kv + h]))
+        for g in range(group):
+            head = h * group + g
+            expect = keys @ rotate(q_raw[b, head, total - 1 : total], [n]).reshape(-1)
+            got = key[b, h, row_slots] @ query[b, head, 0]
+            worst = max(worst, float((expect - got).abs().max() / expect.abs().max()))
+    assert 0 <= worst < RANK_TOLERANCE
+
+
 def test_a_forward_without_position_ids_lands_at_the_true_position():
     """After eviction the cache reports the tokens seen, so a forward without position_ids
     gives the logits of one with the true position."""

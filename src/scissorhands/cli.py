@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--budgets", type=_positive_int, nargs="+", default=None, metavar="N",
         help="cache budgets in positions (replay default: 256 512 1024 on decode-4096, "
         "N/8 N/4 N/2 on a recorded trace of N positions; eval default: N/8 and N/5 of "
-        "--tokens, rounded down)")
+        "--tokens, rounded down; longctx default: 1024 2048)")
     _option_flags(group)
     group.add_argument("--backend", choices=BACKENDS, default="native",
                        help="the C-backed policies or the pure-Python reference (default: native)")

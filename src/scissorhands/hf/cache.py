@@ -300,9 +300,11 @@ class EvictingCache(Cache):
         """Build a cache for ``model`` and install the library's attention in it (see
         :mod:`scissorhands.hf.attention`: an implementation registered with transformers,
         wrapping the model's ``sdpa`` or ``eager`` one and selected with
-        ``model.set_attn_implementation``; it costs one matmul and a softmax per layer
-        and step under ``sdpa``, nothing more under ``eager``; undo it with
-        ``model.set_attn_implementation("sdpa")`` or :func:`scissorhands.hf.uninstall`).
+        ``model.set_attn_implementation``).  Under ``eager`` it costs nothing beyond the
+        model's own attention.  Under ``sdpa`` it costs one matmul and a softmax per layer
+        beside sdpa until the first eviction (``stats.rows_seconds``), then runs the
+        model's eager attention instead of sdpa, whose weights come free.  Undo it with
+        ``model.set_attn_implementation("sdpa")`` or :func:`scissorhands.hf.uninstall`.
 
         The parameters are the constructor's; the cache is checked before the model is
         touched.
@@ -457,17 +459,22 @@ class EvictingCache(Cache):
             delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
             assert self._positions is not None
             delta_query = new_rank[: batch * heads: heads] - self._positions  # (batch, q)
-            shape = (layers, batch, heads, storage.extent)
-            by_sequence = np.ascontiguousarray(delta_keys.reshape(shape).transpose(1, 0, 2, 3))
-            ids = torch.from_numpy(by_sequence.reshape(batch, -1))
-            cos, sin = self.rotary(query, ids)
-            width = cos.shape[-1]
-            cos = cos.reshape(batch, layers, heads, storage.extent, width)
-            sin = sin.reshape(batch, layers, heads, storage.extent, width)
-            cos_q, sin_q = self.rotary(query, torch.from_numpy(np.ascontiguousarray(delta_query)))
-            self._rotations = (cos, sin, cos_q[:, None], sin_q[:, None])
+            # The rotary embedding of each distinct angle once (a few hundred of them),
+            # then gathered: the same values as embedding every slot's.
+            deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
+            distinct, inverse = np.unique(deltas, return_inverse=True)
+            cos_d, sin_d = self.rotary(query, torch.from_numpy(distinct)[None])
+            index = torch.from_numpy(inverse.reshape(-1))
+            cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
+            width = cos_all.shape[-1]
+            keys_end = delta_keys.size
+            shape = (layers, batch, heads, storage.extent, width)
+            cos, sin = cos_all[:keys_end].reshape(shape), sin_all[:keys_end].reshape(shape)
+            cos_q = cos_all[keys_end:].reshape(batch, 1, q, width)
+            sin_q = sin_all[keys_end:].reshape(batch, 1, q, width)
+            self._rotations = (cos, sin, cos_q, sin_q)
         cos, sin, cos_q, sin_q = self._rotations
-        key = _rotate(key, cos[:, e], sin[:, e])
+        key = _rotate(key, cos[e], sin[e])
         query = _rotate(query, cos_q, sin_q)
         self.stats.rerotate_seconds += time.perf_counter() - start
         return query, key
@@ -623,13 +630,14 @@ class EvictingCache(Cache):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary rotation by the angles of ``cos``/``sin`` of the first ``cos.shape[-1]``
-    dimensions (the rotate-half layout transformers' models use; the rest pass)."""
+    """Rotary rotation by the angles of ``cos``/``sin`` (in ``x``'s dtype) of the first
+    ``cos.shape[-1]`` dimensions (the rotate-half layout transformers' models use; the
+    rest pass)."""
     width = cos.shape[-1]
     rot, rest = x[..., :width], x[..., width:]
     half = width // 2
     turned = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    out = rot * cos.to(x.dtype) + turned * sin.to(x.dtype)
+    out = torch.addcmul(rot * cos, turned, sin)
     return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 

@@ -62,7 +62,7 @@ def default_gguf_path() -> str:
 def load_model(
     path: str | os.PathLike[str] | None = None,
     *,
-    attn_implementation: str = "eager",
+    attn_implementation: str = "sdpa",
     progress: bool = True,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer on CPU, offline, in evaluation mode.
@@ -73,10 +73,10 @@ def load_model(
         A ``.gguf`` file (dequantised to float32 by transformers through ``gguf``) or a
         directory holding a transformers checkpoint.  Default: the SmolLM2-135M GGUF of
         :func:`default_gguf_path`.
-    attn_implementation : str, default "eager"
-        Passed to ``from_pretrained``.  An :class:`~scissorhands.hf.EvictingCache` wraps
-        ``"eager"`` (whose weights reach the policies as computed) or ``"sdpa"`` (the
-        cache computes the weights; transformers' default).
+    attn_implementation : str, default "sdpa"
+        Passed to ``from_pretrained`` (``"sdpa"`` is transformers' own default).  An
+        :class:`~scissorhands.hf.EvictingCache` wraps ``"sdpa"`` or ``"eager"`` (see
+        :mod:`scissorhands.hf.attention`).
     progress : bool, default True
         Show transformers' loading progress bars.
 
