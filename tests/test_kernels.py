@@ -1,18 +1,21 @@
-"""The C core's kernels: the AVX2 and the scalar path give identical results, at sizes where
-the vector loops and their tails both run.
+"""The C core's kernels and threads: the AVX2 and the scalar path give identical results,
+at sizes where the vector loops and their tails both run, and so does any thread count.
 
 The vector, differential and semantics suites already run on both kernel paths, but
 their policies are small (a handful of slots: mostly the scalar tails). Here rows hold
 17 to 300 slots, with ties, exact fair shares, saturated votes, scores that differ in
 their last bit, sinks, no recent window (the newcomer may go at once), rows of
 different counts and bulk evictions; every result is compared across the two paths
-and with the pure-Python reference.
+and with the pure-Python reference. The thread tests use calls large enough to be
+split (``PARALLEL_MIN_SLOTS``), on every policy.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
+import pickle
 import platform
 import subprocess
 import sys
@@ -24,8 +27,9 @@ from c_paths import PATHS, on_path
 
 import scissorhands
 import scissorhands.reference as reference
+from scissorhands import _shared
 from scissorhands._native import lib
-from scissorhands.errors import InvalidInputError
+from scissorhands.errors import InvalidInputError, InvalidTypeError
 
 UINT32_MAX = 2**32 - 1
 SIZES = (17, 40, 97, 300)
@@ -220,3 +224,89 @@ def test_rows_of_different_counts_agree(policy):
         budget = int(rng.integers(5, 70)) if rng.random() < 0.3 else None
         trio.call("step_rows", t, weights(rng, len(counts), n, np.float32), budget)
     trio.check()
+
+
+# ---------------------------------------------------------------- threads
+
+
+def test_limits_agree_with_the_header():
+    """_shared states the C header's thread limits exactly."""
+    assert (_shared.MAX_THREADS, _shared.PARALLEL_MIN_SLOTS) == (lib.SH_MAX_THREADS, lib.SH_PARALLEL_MIN_SLOTS)
+
+
+def test_threads_knob(backend):
+    """threads is 1 by default, settable in [1, 64] (else the documented errors, nothing
+    changes), kept by reset and select_rows, and not part of the state (a copy starts at 1)."""
+    p = backend.Scissorhands(budget=8, recent_window=2, heads=2)
+    assert p.threads == 1
+    p.threads = 2
+    assert p.threads == 2
+    for bad, exc in ((0, InvalidInputError), (65, InvalidInputError), (-1, InvalidInputError),
+                     (True, InvalidTypeError), (1.5, InvalidTypeError), ("2", InvalidTypeError)):
+        with pytest.raises(exc):
+            p.threads = bad
+        assert p.threads == 2
+    p.threads = np.int64(64)
+    assert p.threads == 64
+    p.reset()
+    p.select_rows([1, 0, 0])
+    assert p.threads == 64
+    assert "threads" not in str(p.state_dict())
+    for clone in (copy.deepcopy(p), pickle.loads(pickle.dumps(p)), type(p).from_state_dict(p.state_dict())):
+        assert clone.threads == 1
+
+
+def _threaded(policy: str, heads: int, budget: int, threads: int) -> Any:
+    """A policy of ``heads`` rows holding ``budget`` each, on ``threads`` threads."""
+    params = {"budget": budget}
+    if policy in HEAVY:
+        params["recent_window"] = 16
+    elif policy == "streaming-llm":
+        params["sinks"] = 4
+    p = scissorhands.POLICIES[policy](heads=heads, **params)
+    p.threads = threads
+    for t in range(1, budget):
+        p.step(t, None)
+    return p
+
+
+@pytest.mark.parametrize("policy", ["scissorhands", "h2o", "streaming-llm", "full"])
+def test_threads_do_not_change_results(policy):
+    """Calls split over 2, 3 or 7 threads (rows holding >= PARALLEL_MIN_SLOTS) return the
+    victims and slots, and leave the state, of the same calls on one thread; a bad weight
+    in the last row is refused before any row changes."""
+    heads, budget = 80, 4096  # 327,680 slots: above the threshold
+    assert heads * (budget - 600) >= _shared.PARALLEL_MIN_SLOTS
+    rng = np.random.default_rng(3)
+    ps = [_threaded(policy, heads, budget, t) for t in (1, 2, 3, 7)]
+    pos = budget - 1
+
+    def same(name: str, *args: Any, **kwargs: Any) -> None:
+        outs = [outcome(getattr(p, name), *args, **kwargs) for p in ps]
+        assert all(o == outs[0] for o in outs), name
+
+    for step in range(12):
+        pos += 1
+        n = int(ps[0].counts.max())
+        w = weights(rng, heads, n, np.float32 if step % 2 else np.float64)
+        if step == 5:
+            same("on_decode_step", pos, w)
+            same("evict", budget - 500, return_indices=True)  # bulk, still above the threshold
+        elif step == 8:  # rows of different counts: some rows leave the chunk's tokens out
+            admit = rng.random((heads, 2)) < 0.5
+            same("extend", np.full((heads, 2, n + 2), 0.01), admit)
+            pos += 2
+            same("step_rows", pos, weights(rng, heads, int(ps[0].counts.max()), np.float32), budget - 300)
+        else:
+            same("step", pos, w, return_indices=True)
+    if policy in HEAVY:
+        n = int(ps[0].counts.max())
+        bad = np.full((heads, n), 0.01)
+        bad[-1, int(ps[0].counts[-1]) - 1] = math.nan  # the last weight the last row reads
+        before = [p.state_dict() for p in ps[:2]]
+        for p in ps[:2]:
+            with pytest.raises(InvalidInputError):
+                p.step_rows(pos + 1, bad)
+        assert [p.state_dict() for p in ps[:2]] == before
+    states = [p.state_dict() for p in ps]
+    assert all(s == states[0] for s in states)

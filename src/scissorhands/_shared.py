@@ -41,6 +41,8 @@ __all__ = [
     "MASKED_MESSAGE",
     "MAX_HEADS",
     "MAX_HISTORY_WINDOW",
+    "MAX_THREADS",
+    "PARALLEL_MIN_SLOTS",
     "SLOT_BYTES",
     "STATE_FORMAT",
     "STATE_VERSION",
@@ -75,6 +77,10 @@ MAX_HISTORY_WINDOW = 64
 HEADER_BYTES = 64
 #: Bytes ``memory_bytes()`` counts for each row's count when ``heads > 1``.
 COUNT_BYTES = 4
+#: Largest ``threads`` of a policy: the threads one call may spread its rows over.
+MAX_THREADS = 64
+#: A call spreads its rows over threads only when they hold this many positions in all.
+PARALLEL_MIN_SLOTS = 262144
 #: A row's first capacity is ``min(budget + 1, INITIAL_CAPACITY_LIMIT)`` slots.
 INITIAL_CAPACITY_LIMIT = 4096
 #: A row's first capacity for :class:`Full`, which has no budget to size it.

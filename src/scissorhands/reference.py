@@ -46,6 +46,7 @@ from ._shared import (
     HISTORY_BYTES,
     INITIAL_CAPACITY_LIMIT,
     MAX_HEADS,
+    MAX_THREADS,
     SLOT_BYTES,
     STATE_FORMAT,
     STATE_VERSION,
@@ -156,6 +157,7 @@ class _Policy:
         self.heads = check_int("heads", heads, 1, MAX_HEADS)
         self._lock = threading.RLock()
         self._capacity = self._initial_capacity()
+        self._threads = 1
         self.reset()
 
     # -- hooks --------------------------------------------------------------------------
@@ -678,6 +680,18 @@ class _Policy:
         row = self._kept[head]
         i = bisect.bisect_left(row, int(pos))
         return i if i < len(row) and row[i] == pos else None
+
+    @property
+    def threads(self) -> int:
+        """Threads the C path may use for one call's rows (default 1). The reference
+        keeps and validates the setting as the C-backed classes do (an integer in
+        ``[1, 64]``, not part of the state) and always works on one thread: the count
+        never changes a result."""
+        return self._threads
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        self._threads = check_int("threads", value, 1, MAX_THREADS)
 
     def memory_bytes(self) -> int:
         """``64 + capacity * bytes per slot`` for one head, ``64 + 4 * heads + capacity *

@@ -16,6 +16,7 @@ import numpy as np
 from scissorhands._native import check, ffi, lib
 from scissorhands._shared import (
     MAX_HEADS,
+    MAX_THREADS,
     STATE_FORMAT,
     STATE_VERSION,
     UINT32_MAX,
@@ -652,6 +653,37 @@ class NativePolicy:
     def budget(self) -> int:
         """The configured budget (positions kept per head after :meth:`evict`)."""
         return self._budget
+
+    @property
+    def threads(self) -> int:
+        """Threads one :meth:`step`, :meth:`step_rows`, :meth:`evict` or
+        :meth:`evict_rows` call may spread its rows over (default 1).
+
+        A call uses ``min(threads, heads)`` threads only when its rows hold at least
+        262,144 positions in all (``PARALLEL_MIN_SLOTS`` in ``scissorhands._shared``:
+        a model's layers x KV heads at long budgets); below that one thread does the
+        work, since starting another costs more than it saves. The threads are
+        started for the call and joined before it returns. Each row is one thread's work, so
+        victims, slots and state are identical for every thread count. Settable, in
+        ``[1, 64]``; a runtime setting, not part of :meth:`state_dict` (a loaded or
+        copied policy starts at 1), kept by :meth:`reset` and :meth:`select_rows`.
+        Leave it at 1 where another library already keeps the cores busy (torch in
+        the transformers cache and ``eval``).
+
+        Raises
+        ------
+        InvalidTypeError
+            A value that is not an integer (bools included).
+        InvalidInputError
+            A value outside ``[1, 64]``.
+        """
+        return int(lib.sh_policy_threads(self._ptr))
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        value = check_int("threads", value, 1, MAX_THREADS)
+        with self._lock:
+            check(lib.sh_policy_set_threads(self._ptr, value), type(self).__name__)
 
     def memory_bytes(self) -> int:
         """Bytes of policy state: ``64 + capacity * bytes_per_slot`` for one head,
