@@ -226,6 +226,35 @@ def test_rows_of_different_counts_agree(policy):
     trio.check()
 
 
+@pytest.mark.parametrize("policy", ["scissorhands", "h2o", "streaming-llm"])
+def test_step_fast_path_agrees_with_the_general_path(policy):
+    """step(pos, attn) with the configured budget (which may go straight to C) and the same
+    call through the general path (return_indices=True) give the same result or error."""
+    params = {"budget": 20, "sinks": 2} if policy == "streaming-llm" else {"budget": 20, "recent_window": 3}
+    base = scissorhands.POLICIES[policy](**params)
+    for t in range(1, 25):
+        base.step(t, np.full(base.kept_count(), 0.05))
+    n, last = base.kept_count(), 24
+    good = np.linspace(0.0, 0.1, n)
+    inputs = [
+        (last + 1, good.astype(np.float32)), (last + 1, good), (last + 1, good[None, :]),
+        (last + 1, good.astype(np.float16)), (last + 1, good.astype(">f8")), (last + 1, good.tolist()),
+        (last + 1, np.repeat(good, 2)[::2]), (last + 1, np.ones(n + 1)), (last + 1, np.ones((2, n))),
+        (last + 1, np.array([math.nan] + [0.1] * (n - 1))), (last + 1, -good - 1),
+        (last + 1, np.ones((1, 1, n))), (last + 1, np.float32(0.5)), (last + 1, None),
+        (last, good), (-1, good), (2**32, good), (2**40, good), (True, good), (float(last + 1), good),
+        (np.int64(last + 1), good),
+    ]
+    for pos, attn in inputs:
+        fast, general = copy.deepcopy(base), copy.deepcopy(base)
+        got = outcome(fast.step, pos, attn)
+        want = outcome(general.step, pos, attn, return_indices=True)
+        if want[0] == "ok":
+            want = ("ok", want[1][0])
+        assert got == want, (pos, attn)
+        assert fast.state_dict() == general.state_dict() and fast.kept_count() == general.kept_count()
+
+
 # ---------------------------------------------------------------- threads
 
 

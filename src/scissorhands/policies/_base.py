@@ -38,6 +38,8 @@ from scissorhands.options import SPECS, protected_message, shown_values
 _DTYPE_CODES = {np.dtype(np.float32): lib.SH_DTYPE_F32, np.dtype(np.float64): lib.SH_DTYPE_F64}
 _ADMIT = lib.SH_STEP_ADMIT
 _EVICT = lib.SH_STEP_EVICT
+_BOTH = _ADMIT | _EVICT
+_ndarray = np.ndarray
 _NONE = lib.SH_DTYPE_NONE
 _NULL = ffi.NULL
 _ERR_LENGTH = lib.SH_ERR_LENGTH
@@ -106,6 +108,9 @@ class NativePolicy:
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
         self._lock = threading.Lock()
+        # Bound once: the decode step takes and releases the lock on every call.
+        self._acquire = self._lock.acquire
+        self._release = self._lock.release
         # Mirrors of the C object, read on the hot path: the largest count of a row,
         # whether the rows hold different counts, and the last position.
         self._n = 1
@@ -244,12 +249,11 @@ class NativePolicy:
             ``pos`` is out of range or not above every admitted position; ``attn``
             has the wrong shape; a weight read is NaN, infinite or negative.
         """
-        lock = self._lock
-        lock.acquire()
+        self._acquire()
         try:
             self._call(_ADMIT, pos, attn, 0, False)
         finally:
-            lock.release()
+            self._release()
 
     def evict(self, budget: int | None = None, return_indices: bool = False) -> Any:
         """Evict down to ``budget`` positions per head and return the victims.
@@ -281,24 +285,55 @@ class NativePolicy:
             The rows would evict different numbers of positions (rows holding
             different counts): nothing changes; :meth:`evict_rows` takes that case.
         """
-        lock = self._lock
-        lock.acquire()
+        self._acquire()
         try:
             return self._call(_EVICT, 0, None, budget, return_indices)
         finally:
-            lock.release()
+            self._release()
 
     def step(self, pos: int, attn: Any, budget: int | None = None, return_indices: bool = False) -> Any:
         """:meth:`on_decode_step` then :meth:`evict`, validated together and run as one
         C call: either both happen or, on an error, neither does. Returns what
         :meth:`evict` returns; rows that would evict different numbers raise
-        ``InvalidInputError`` before anything changes (:meth:`step_rows` takes them)."""
-        lock = self._lock
-        lock.acquire()
+        ``InvalidInputError`` before anything changes (:meth:`step_rows` takes them).
+
+        The serving loop's call: with an ``int`` position, the configured budget and a
+        C-contiguous float32/float64 NumPy array of the right rank, it goes straight to
+        C, which checks the position, the row length and every weight before anything
+        changes. Anything else, and any error C reports, takes the path that validates
+        in the documented order first (so errors are the same either way)."""
+        self._acquire()
         try:
-            return self._call(_ADMIT | _EVICT, pos, attn, budget, return_indices)
+            if type(pos) is int and budget is None and not return_indices:
+                h = self._heads
+                if not self._reads_attention:
+                    dtype, buf, width = _NONE, _NULL, 0
+                elif (type(attn) is _ndarray and (dtype := _DTYPE_CODES.get(attn.dtype))
+                      and (attn.ndim == 1 if h == 1 else attn.ndim == 2 and len(attn) == h)):
+                    try:  # ValueError: not C-contiguous (the general path copies it)
+                        buf = _from_buffer(attn)
+                    except ValueError:
+                        buf = None
+                    width = len(attn) if h == 1 else attn.size // h
+                else:
+                    buf = None
+                if buf is not None:
+                    vc = self._victims_c
+                    try:  # OverflowError: pos outside uint32 (the general path says why)
+                        rc = _step(self._ptr, _BOTH, pos, dtype, buf, h, width, self._budget, vc, _NULL,
+                                   self._victims_size, self._n_victims)
+                    except OverflowError:
+                        rc = -1
+                    if not rc:
+                        k = self._n_victims[0]
+                        self._n += 1 - k  # every row admitted pos and evicted k
+                        self._last = pos
+                        if h == 1:
+                            return [vc[0]] if k == 1 else _unpack(vc, k)
+                        return self._victims[: h * k].reshape(h, k).copy()
+            return self._call(_BOTH, pos, attn, budget, return_indices)
         finally:
-            lock.release()
+            self._release()
 
     def _call_rows(self, flags: int, pos: Any, attn: Any, budget: Any) -> RowVictims:
         """:meth:`_call` for rows that may evict different numbers: the same validation
