@@ -2,8 +2,9 @@
 
 The model's own ``generate`` runs with an :class:`~scissorhands.hf.EvictingCache`;
 the text streams to stdout as it is produced, and one summary line goes to stderr:
-tokens per second, the KV positions and bytes held against what a full cache would hold
-at that length, and the process's peak resident memory.  A prompt longer than the
+the time to the first token (the prompt's prefill), tokens per second after it, the KV
+positions and bytes held against what a full cache would hold at that length, and the
+process's peak resident memory.  A prompt longer than the
 budget is consumed in chunks (``--prefill-chunk``), the cache evicting after each, so
 memory stays bounded during the prompt too.
 
@@ -165,7 +166,14 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
     if request.seed is not None:
         torch.manual_seed(request.seed)
 
+    first_token: list[float] = []
+
     class _Streamer(TextStreamer):  # to the stream given, flushed as text arrives
+        def put(self, value: Any) -> None:
+            if not self.next_tokens_are_prompt and not first_token:  # the first generated token
+                first_token.append(time.perf_counter())
+            super().put(value)
+
         def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
             stream.write(text + ("\n" if stream_end else ""))
             stream.flush()
@@ -174,14 +182,17 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(**inputs, cache=cache, streamer=_Streamer(tokenizer, skip_prompt=True), **kwargs)
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
     new = int(out.shape[1]) - prompt_tokens
+    first = (first_token[0] if first_token else end) - start
+    rate = f"{(new - 1) / (end - start - first):.1f} tokens/s" if new > 1 and end - start > first else "-"
     seen = cache.get_seq_length()
     held = int(cache.held_counts().max(initial=0))
     held_bytes, full_bytes = cache.kv_bytes(held), cache.kv_bytes(seen)
-    print(f"{new} tokens in {seconds:.1f} s ({new / seconds:.1f} tokens/s, prompt {prompt_tokens} tokens); "
-          f"KV held: {held} of {seen} positions per layer and KV head, {_bytes(held_bytes)} against a full "
-          f"cache's {_bytes(full_bytes)}; peak RSS {_bytes(peak_rss_bytes())}", file=sys.stderr)
+    print(f"{new} tokens in {end - start:.1f} s: the first after {first:.2f} s (prompt of {prompt_tokens} "
+          f"tokens), then {rate}; KV held: {held} of {seen} positions per layer and KV head, "
+          f"{_bytes(held_bytes)} against a full cache's {_bytes(full_bytes)}; peak RSS "
+          f"{_bytes(peak_rss_bytes())}", file=sys.stderr)
     return 0
 
 
