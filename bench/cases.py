@@ -20,8 +20,16 @@ contiguous, as after a long decode. Implementations measured side by side:
 ``separate``
     (batched cases) the same heads as H single-head C-backed policies, one call each;
 ``bandwidth``
-    (batched cases) a numpy pass touching the same bytes: ``np.add.reduce`` over the
-    weights plus a copy of the policy's state bytes.
+    (batched and serving cases) a numpy pass touching the same bytes: ``np.add.reduce``
+    over the weights plus a copy of the policy's state bytes;
+``c_threads``
+    (serving cases large enough to be split) the Python API with ``threads = 2``.
+
+The ``serving`` cases are the shapes a serving loop runs: a model's rows (256 = 32
+layers x 8 KV heads, Llama-3-8B's shape) at budgets 4,096 to 32,768 in one call, and a
+single row at 8,192 and 32,768. Their steady states are loaded through the thin native
+layer (``sh_policy_import_state``): ``from_state_dict`` checks each of millions of
+values in Python, which would take longer than the timing.
 """
 
 from __future__ import annotations
@@ -44,10 +52,10 @@ import scissorhands
 from bench.numpy_policy import NUMPY_POLICIES
 from bench.timing import Settings, Stat, time_batches, time_eaches
 from scissorhands._native import check, ffi, lib
-from scissorhands._shared import SLOT_BYTES
+from scissorhands._shared import PARALLEL_MIN_SLOTS, SLOT_BYTES
 from scissorhands.options import SPECS, shown_values
 
-__all__ = ["BATCH_SHAPES", "CASES", "DECODE_BUDGETS", "POLICY_NAMES", "Case", "Context"]
+__all__ = ["BATCH_SHAPES", "CASES", "DECODE_BUDGETS", "POLICY_NAMES", "SERVING_SHAPES", "Case", "Context"]
 
 #: Policies compared on every case.
 POLICY_NAMES = ("scissorhands", "h2o", "streaming-llm")
@@ -56,6 +64,11 @@ DECODE_BUDGETS = (128, 512, 2048, 8192)
 #: (heads, budget) of the batched cases: a layer's KV heads (3: SmolLM2-135M, 8, 32),
 #: plus one call over a whole model's worth of rows (256 x 4096 = 1M weights).
 BATCH_SHAPES = ((3, 512), (8, 512), (32, 512), (3, 4096), (8, 4096), (32, 4096), (256, 4096))
+#: (heads, budget) of the serving cases: one call over a model's rows (256 = 32 layers x
+#: 8 KV heads) at long budgets, and single rows at long budgets.
+SERVING_SHAPES = ((1, 8192), (1, 32768), (256, 4096), (256, 8192), (256, 32768))
+#: Threads of the ``c_threads`` implementation in the serving cases.
+SERVING_THREADS = 2
 #: Budget of the ``decode-4096`` replay.
 REPLAY_BUDGET = 512
 
@@ -213,6 +226,30 @@ def c_policy(state: State, sd: dict[str, Any] | None = None) -> Any:
     return scissorhands.POLICIES[state.policy].from_state_dict(sd if sd is not None else state.state_dict())
 
 
+#: States of at least this many slots are loaded with ``c_policy_loaded``.
+_LOAD_DIRECTLY = 1 << 18
+
+
+def c_policy_loaded(state: State, threads: int = 1) -> Any:
+    """The C-backed policy holding ``state``, loaded through the thin native layer
+    (``sh_policy_import_state``) rather than ``from_state_dict``, for states of millions
+    of slots; the Python object's mirrors of the count and last position are then read
+    back from C (``_sync``), as ``from_state_dict`` does."""
+    obj = scissorhands.POLICIES[state.policy](**state.params())
+    obj.threads = threads
+    votes = scores = ffi.NULL
+    if state.policy == "scissorhands":
+        votes = ffi.from_buffer("uint32_t[]", state.scores)
+    elif state.policy == "h2o":
+        scores = ffi.from_buffer("double[]", state.scores)
+    with obj._lock:
+        check(lib.sh_policy_import_state(obj._ptr, state.heads, state.held, ffi.from_buffer("uint32_t[]", state.kept),
+                                         votes, scores, ffi.NULL, ffi.NULL, state.last))
+        obj._last = state.last
+        obj._sync()
+    return obj
+
+
 class RawPolicy:
     """A C-backed policy of the package driven through its thin native layer
     (``scissorhands._native.lib``) rather than its Python methods: what ``c_raw`` and
@@ -220,7 +257,7 @@ class RawPolicy:
     only the per-call path is the bare C function."""
 
     def __init__(self, state: State) -> None:
-        self.policy = c_policy(state)
+        self.policy = c_policy(state) if state.heads * state.held < _LOAD_DIRECTLY else c_policy_loaded(state)
         self.ptr = self.policy._ptr
         self.heads = state.heads
 
@@ -371,6 +408,8 @@ def _result(case: Case, stats: dict[str, Stat | None], held: int, **extra: Any) 
         "c_raw/noop": _ratio(stats.get("c_raw"), stats.get("noop")),
         "separate/c": _ratio(stats.get("separate"), c),
         "c/bandwidth": _ratio(c, stats.get("bandwidth")),
+        "c_raw/bandwidth": _ratio(stats.get("c_raw"), stats.get("bandwidth")),
+        "c/c_threads": _ratio(c, stats.get("c_threads")),
     }
     derived: dict[str, Any] = {}
     if c is not None and stats.get("c_raw") is not None:
@@ -435,6 +474,73 @@ def run_step_case(ctx: Context, case: Case) -> dict[str, Any]:
     for name, held in (("C policy", obj.kept_count()), ("raw C policy", raw.count())):
         if held != budget:
             raise RuntimeError(f"{case.name}: the {name} left the steady state ({held} held)")
+    return _result(case, stats, budget, **extra)
+
+
+# ---------------------------------------------------------------------------- serving shapes
+
+
+def run_serving_case(ctx: Context, case: Case) -> dict[str, Any]:
+    """A decode step at a serving shape (``step(pos, attn)``, one victim per row, the
+    steady state): the C path beside numpy and the bandwidth floor (a pass that reads
+    the weights once and copies the state once), and, where the rows hold at least
+    ``PARALLEL_MIN_SLOTS`` positions, the same API call on ``SERVING_THREADS`` threads.
+    Every implementation holds its own copy of the state; they are timed interleaved.
+    Afterwards one more step on fresh copies checks that C (on one thread and on
+    several) and numpy evict the same positions."""
+    policy, budget, heads = case.policy, case.budget, case.heads
+    rng = ctx.rng(case.name)
+    state = steady_state(policy, budget, heads, budget, rng)
+    pool = attention_pool(heads, budget, rng)
+    big = heads * budget >= _LOAD_DIRECTLY
+
+    def make_c(threads: int = 1) -> Any:
+        if big:
+            return c_policy_loaded(state, threads)
+        c = c_policy(state)
+        c.threads = threads
+        return c
+
+    obj = make_c()
+    raw = RawPolicy(state)
+    start = state.last
+    runs: dict[str, Callable[[int], int]] = {
+        "c": loop_api(obj.step, pool, _Positions(start)),
+        "c_raw": loop_c(lib.sh_policy_step, raw, budget, pool, _Positions(start)),
+        "noop": loop_c(lib.sh_noop_step, raw, budget, pool, _Positions(0)),
+    }
+    threaded = heads > 1 and heads * budget >= PARALLEL_MIN_SLOTS
+    if threaded:
+        obj_t = make_c(SERVING_THREADS)
+        runs["c_threads"] = loop_api(obj_t.step, pool, _Positions(start))
+    runs["numpy"] = loop_api(numpy_policy(state).step, pool, _Positions(start))
+    if heads == 1 and ctx.reference_allowed(budget):
+        runs["reference"] = loop_api(reference_policy(ctx, state).step, pool, _Positions(start))
+    state_bytes = raw.memory_bytes() - int(lib.SH_HEADER_BYTES)
+    runs["bandwidth"] = loop_bandwidth(pool, state_bytes)
+
+    stats: dict[str, Stat | None] = dict(time_batches(runs, ctx.settings, ctx.loop_ns))
+    stats.setdefault("reference", None)
+    stats.setdefault("c_threads", None)
+    held_now = [("C policy", obj.kept_count()), ("raw C policy", raw.count())]
+    if threaded:
+        held_now.append(("threaded C policy", obj_t.kept_count()))
+    for name, held in held_now:
+        if held != budget:
+            raise RuntimeError(f"{case.name}: the {name} left the steady state ({held} held)")
+    del obj, raw, runs
+    if threaded:
+        del obj_t
+    gc.collect()
+
+    # One more step on fresh copies: the same victims everywhere?
+    a = pool[0]
+    want = np.asarray(numpy_policy(state).step(state.last + 1, a))
+    same = np.array_equal(np.asarray(make_c().step(state.last + 1, a)), want)
+    if threaded:
+        same = same and np.array_equal(np.asarray(make_c(SERVING_THREADS).step(state.last + 1, a)), want)
+    extra = {"bandwidth_bytes": state_bytes + pool[0].nbytes, "threads": SERVING_THREADS if threaded else None,
+             "impls_same_victims": bool(same)}
     return _result(case, stats, budget, **extra)
 
 
@@ -612,14 +718,14 @@ def run_memory_case(ctx: Context, case: Case) -> dict[str, Any]:
     The capacity comes from a raw C object driven through the same state and steps
     (its ``memory_bytes`` must equal the Python object's)."""
     rows = []
+    settle_steps = 3  # admit + evict: the capacity reaches its steady value
     for policy in POLICY_NAMES:
         for budget in DECODE_BUDGETS:
             rng = ctx.rng("memory", policy, budget)
             state = steady_state(policy, budget, 1, budget, rng)
             pool = attention_pool(1, budget, rng, max_bytes=1)
-            settle_steps = 3  # admit + evict: the capacity reaches its steady value
 
-            def settle(p: Any) -> Any:
+            def settle(p: Any, state: State = state, pool: list[np.ndarray] = pool) -> Any:
                 for i in range(settle_steps):
                     p.step(state.last + 1 + i, pool[i % len(pool)])
                 return p
@@ -644,12 +750,12 @@ def run_memory_case(ctx: Context, case: Case) -> dict[str, Any]:
                 "c_bytes_per_held_slot": round(mb / c.kept_count(), 3),
                 "promised_bytes_per_slot": SLOT_BYTES[policy],
             }
-            npo, npo_bytes = _traced_bytes(lambda: settle(numpy_policy(state)))
+            npo, npo_bytes = _traced_bytes(lambda state=state: settle(numpy_policy(state)))
             row["numpy_memory_bytes"] = npo.memory_bytes()
             row["numpy_traced_bytes_per_held_slot"] = round(npo_bytes / npo.kept_count(), 2)
             if ctx.reference is not None and not (ctx.quick and budget > 512):
                 sd = state.state_dict()
-                ref, ref_bytes = _traced_bytes(lambda: settle(reference_policy(ctx, state, sd)))
+                ref, ref_bytes = _traced_bytes(lambda state=state, sd=sd: settle(reference_policy(ctx, state, sd)))
                 row["reference_memory_bytes"] = ref.memory_bytes()
                 row["reference_formula_bytes_per_held_slot"] = round(ref.memory_bytes() / ref.kept_count(), 3)
                 row["reference_traced_bytes"] = ref_bytes
@@ -686,9 +792,11 @@ def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
     raw = RawPolicy(state)
     a = pool[0]
     vic = np.empty(4, dtype=np.uint32)
+    bound_lock = threading.Lock()
     env = {
         "obj": obj, "a": a, "lib": lib, "ffi": ffi, "check": check, "vic": vic,
         "ptr": raw.ptr, "n": budget, "lock": threading.Lock(), "np": np,
+        "acq": bound_lock.acquire, "rel": bound_lock.release,
         "vc": ffi.from_buffer("uint32_t[]", vic), "nv": ffi.new("size_t *"),
         "ca": ffi.from_buffer(a), "m": _Empty(), "noop": lib.sh_noop_step, "fb": ffi.from_buffer,
         "NULL": ffi.NULL, "count": lib.sh_policy_count, "unpack": ffi.unpack, "step": lib.sh_policy_step,
@@ -716,10 +824,12 @@ def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
         ("sh_policy_count(ptr) (a trivial C call, 1 argument)", "count(ptr)"),
         ("Python method call (2 arguments, returns None)", "m.f(1, a)"),
         ("with lock: (acquire + release)", "with lock: pass"),
+        ("acquire(); release() (bound lock methods, as step() calls them)", "acq(); rel()"),
         ("lib.SH_STEP_ADMIT (a cffi constant, looked up on lib)", "lib.SH_STEP_ADMIT"),
         ("lib.sh_noop_step (a function, looked up on lib, not called)", "lib.sh_noop_step"),
         ("type(attn) is np.ndarray", "type(a) is np.ndarray"),
         ("attn.flags.c_contiguous", "a.flags.c_contiguous"),
+        ("attn.ndim == 1 and len(attn) (the short path's rank and length)", "a.ndim == 1 and len(a)"),
         ("attn.shape == (h, n) or ... (shape check)", "a.shape == (1, n) or a.shape == (n,)"),
         ("victims[:k].tolist() (k = 1)", "vic[:1].tolist()"),
         ("ffi.unpack(victims_c, 1) (bound)", "unpack(vc, 1)"),
@@ -804,6 +914,10 @@ def _build_cases() -> list[Case]:
         for heads, budget in BATCH_SHAPES:
             cases.append(Case(f"batch/{policy}/{heads}x{budget}", "batch", run_step_case, policy, budget, heads,
                               quick=heads * budget < 1 << 20))
+    for policy in POLICY_NAMES:
+        for heads, budget in SERVING_SHAPES:
+            cases.append(Case(f"serving/{policy}/{heads}x{budget}", "serving", run_serving_case, policy, budget,
+                              heads, quick=heads * budget < 1 << 20))
     for policy in POLICY_NAMES:
         cases.append(Case(f"replay/{policy}/{REPLAY_BUDGET}", "replay", run_replay_case, policy, REPLAY_BUDGET))
     cases.append(Case("memory", "memory", run_memory_case))

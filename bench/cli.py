@@ -92,7 +92,7 @@ def run(cases: list[Case], quick: bool = False, progress: Any = None) -> dict[st
         "timer_overhead_ns": round(ctx.timer_ns, 2),
         "reference": ctx.reference is not None,
         "results": results,
-        "targets": evaluate_targets(results),
+        "targets": evaluate_targets(results, machine),
         "notes": ctx.notes,
         "elapsed_s": round(time.perf_counter() - start, 2),
     }

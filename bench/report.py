@@ -71,12 +71,17 @@ def machine_info() -> dict[str, Any]:
 # ---------------------------------------------------------------------------- targets
 
 
+#: The policies whose scores the targets on votes and scores are about.
+_HEAVY = ("scissorhands", "h2o")
+
+
 def _target(text: str, measured: Any, met: bool | None, detail: str = "") -> dict[str, Any]:
     return {"target": text, "measured": measured, "met": met, "detail": detail}
 
 
-def evaluate_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The design's performance targets, as measured in this run (reported only)."""
+def evaluate_targets(results: list[dict[str, Any]], machine: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The design's performance targets, as measured in this run (reported only);
+    ``machine`` (:func:`machine_info`) qualifies the thread target."""
     by = {r["name"]: r for r in results}
     out = []
     d = by.get("decode/scissorhands/512")
@@ -106,6 +111,35 @@ def evaluate_targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    for r in results if r["name"] in big and r["impls"].get("c_raw") and r["impls"].get("bandwidth")}
         out.append(_target("(the same, for the C call alone)", raw_big,
                            all(v <= 2 for v in raw_big.values()), "raw C/bandwidth"))
+    one = {r["name"]: r["ratios"].get("numpy/c") for r in results
+           if r["group"] == "serving" and r["heads"] == 1 and r["budget"] == 8192 and r["policy"] in _HEAVY
+           and "numpy/c" in r.get("ratios", {})}
+    if one:
+        out.append(_target("single row at 8192: step with one victim >= 3x faster than the preallocated numpy policy",
+                           one, all(v >= 3 for v in one.values()), "numpy/C"))
+    wide = {r["name"]: r["ratios"].get("c/bandwidth") for r in results
+            if r["group"] == "serving" and r["heads"] == 256 and r["budget"] == 8192 and r["policy"] in _HEAVY
+            and "c/bandwidth" in r.get("ratios", {})}
+    if wide:
+        out.append(_target("256 x 8192 fused step with eviction within 1.3x of the bandwidth floor", wide,
+                           all(v <= 1.3 for v in wide.values()), "C/bandwidth"))
+        raw_wide = {k: by[k]["ratios"].get("c_raw/bandwidth") for k in wide}
+        out.append(_target("(the same, for the C call alone)", raw_wide,
+                           all(v is not None and v <= 1.3 for v in raw_wide.values()), "raw C/bandwidth"))
+    lean = {r["name"]: r["ratios"].get("c/noop") for r in results
+            if r["group"] == "decode" and r["budget"] == 512 and r["policy"] in _HEAVY
+            and "c/noop" in r.get("ratios", {})}
+    if lean:
+        out.append(_target("decode step at budget 512 through the Python API <= 3x the no-op cffi call", lean,
+                           all(v <= 3 for v in lean.values()), "C/noop"))
+    split = {r["name"]: r["ratios"].get("c/c_threads") for r in results
+             if r["group"] == "serving" and r["heads"] == 256 and r["budget"] == 32768 and r["policy"] in _HEAVY
+             and "c/c_threads" in r.get("ratios", {})}
+    if split:
+        m = machine or {}
+        out.append(_target("256 x 32768 with 2 threads >= 1.6x faster than with 1 (only meaningful on a quiet "
+                           f"machine: {m.get('usable_cores')} usable cores, load {m.get('load_average')} at the start)",
+                           split, all(v >= 1.6 for v in split.values()), "1 thread / 2 threads"))
     flat = {}
     for group in ("evict-one", "evict-bulk"):
         for r in results:
@@ -168,7 +202,7 @@ def _iqr(r: dict[str, Any], impl: str) -> str:
     s = _stat(r, impl)
     if s is None:
         return "-"
-    return f"{fmt_ns(s['q1_ns'])}–{fmt_ns(s['q3_ns'])}"
+    return f"{fmt_ns(s['q1_ns'])}\u2013{fmt_ns(s['q3_ns'])}"  # an en dash
 
 
 def _table(headers: list[str], rows: list[list[str]], align: str | None = None) -> list[str]:
@@ -243,6 +277,25 @@ def format_report(report: dict[str, Any]) -> str:
                     "(separate); bandwidth = np.add.reduce(attn) + copy of the state bytes =="]
         out += _table(["case", "weights", "C", "C IQR", "raw C", "noop", "separate", "separate/C", "numpy/C", "ref/C",
                        "C/noop", "bandwidth", "C/bw", "C ns/slot"], rows)
+
+    serving = [r for r in results if r["group"] == "serving"]
+    if serving:
+        rows = []
+        for r in serving:
+            q = r.get("ratios", {})
+            rows.append([
+                r["name"], f"{r['weights']:,}", fmt_ns(_med(r, "c")), _iqr(r, "c"), fmt_ns(_med(r, "c_raw")),
+                fmt_ns(_med(r, "numpy")), _fmt_ratio(q.get("numpy/c")), fmt_ns(_med(r, "bandwidth")),
+                _fmt_ratio(q.get("c/bandwidth")), _fmt_ratio(q.get("c_raw/bandwidth")),
+                fmt_ns(_med(r, "c_threads")), _fmt_ratio(q.get("c/c_threads")),
+                "-" if r.get("c_ns_per_slot") is None else f"{r['c_ns_per_slot']:.3f}",
+                "yes" if r.get("impls_same_victims") else "NO",
+            ])
+        out += ["", "== Serving shapes: step(pos, attn) with one victim per row, a model's rows (256 = 32 layers "
+                    "x 8 KV heads) or one row; bandwidth = np.add.reduce(attn) + one copy of the state; "
+                    "2 thr = the same API call with threads = 2 =="]
+        out += _table(["case", "weights", "C", "C IQR", "raw C", "numpy", "numpy/C", "bandwidth", "C/bw", "raw/bw",
+                       "C 2 thr", "1/2 thr", "C ns/slot", "agree"], rows)
 
     replay = [r for r in results if r["group"] == "replay" and "impls" in r]
     if replay:

@@ -59,6 +59,11 @@ def test_quick_run_writes_the_report_shape(quick_report: tuple[dict, str]) -> No
             assert r["ratios"]["numpy/c"] > 0 and "c_work_ns_per_slot" in r
         if r["group"] == "batch":
             assert {"separate/c", "c/bandwidth"} <= set(r["ratios"])
+        if r["group"] == "serving":
+            for impl in ("c", "c_raw", "noop", "numpy", "bandwidth"):
+                assert set(r["impls"][impl]) == STAT_KEYS, (r["name"], impl)
+            assert {"numpy/c", "c/bandwidth", "c_raw/bandwidth"} <= set(r["ratios"])
+            assert r["impls_same_victims"] is True
         if r["group"].startswith("evict"):
             assert r["numpy_same_victims"] is True
     replays = [r for r in report["results"] if r["group"] == "replay"]
@@ -68,13 +73,16 @@ def test_quick_run_writes_the_report_shape(quick_report: tuple[dict, str]) -> No
     per_slot = {row["policy"]: row["c_bytes_per_slot"] for row in memory["rows"]}
     assert per_slot == {"scissorhands": 9, "h2o": 13, "streaming-llm": 4}
     assert all(t["met"] in (True, False, None) and t["target"] for t in report["targets"])
+    named = " ".join(t["target"] for t in report["targets"])
+    assert "single row at 8192" in named and "<= 3x the no-op cffi call" in named
 
 
 def test_quick_run_prints_the_tables(quick_report: tuple[dict, str]) -> None:
     """The printed report has a table per case group, the targets and the total run time."""
     _, out = quick_report
     for title in ("== Decode step", "== Evict in the steady state", "== Evict in bulk", "== A layer's heads",
-                  "== decode-4096 replay", "== Memory", "== Where the Python API's time goes", "== Targets"):
+                  "== Serving shapes", "== decode-4096 replay", "== Memory", "== Where the Python API's time goes",
+                  "== Targets"):
         assert title in out
     assert "Total run time" in out
 
@@ -126,3 +134,14 @@ def test_numpy_baseline_validates_weights() -> None:
         with pytest.raises(ValueError):
             npo.on_decode_step(1, np.array([bad], dtype=np.float32))
     assert npo.kept_count() == 1
+
+
+def test_serving_case_times_the_threaded_call(tmp_path: Path) -> None:
+    """A serving case over a model's rows (256 x 4096) also times the call on two threads and
+    checks that every implementation evicts the same positions."""
+    path = tmp_path / "serving.json"
+    proc = _bench("--quick", "--case", "serving/scissorhands/256x4096", "--json", str(path))
+    assert proc.returncode == 0, proc.stderr
+    (r,) = json.loads(path.read_text())["results"]
+    assert r["threads"] == 2 and set(r["impls"]["c_threads"]) == STAT_KEYS
+    assert r["ratios"]["c/c_threads"] > 0 and r["impls_same_victims"] is True
