@@ -498,7 +498,7 @@ def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
         for v in row:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise InvalidTypeError(f"state[{key!r}] must hold integers, found {type(v).__name__}")
-            if not 0 <= v <= high:
+            if not 0 <= int(v) <= high:
                 raise InvalidInputError(f"state[{key!r}] value {v} outside [0, {high}]")
     return np.array([int(v) for row in rows for v in row], dtype=dtype)
 
@@ -508,7 +508,7 @@ def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
         for v in row:
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise InvalidTypeError(f"state[{key!r}] must hold real numbers, found {type(v).__name__}")
-            if not (math.isfinite(v) and v >= 0):
+            if not (math.isfinite(float(v)) and float(v) >= 0):
                 raise InvalidInputError(f"state[{key!r}] value {v} is not finite and >= 0")
     # + 0.0 turns -0.0 into 0.0: the C selection orders scores by their bits.
     return np.array([v for row in rows for v in row], dtype=np.float64) + 0.0
