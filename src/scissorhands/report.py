@@ -307,20 +307,29 @@ def _run_name(run: Mapping[str, Any]) -> str:
 
 def format_longctx(documents: Sequence[dict[str, Any]], markdown: bool = False) -> str:
     """``longctx`` runs as one table: a row per configuration and context length: ms per
-    decode step, KV positions and MB held, resident MB, the window's perplexity and its
-    change against the full cache at that length."""
+    decode step, the policy's and the cache's bookkeeping share of it (``ovh %``), the
+    re-rotation of ``positions="cache"`` (ms per step), KV positions and MB held,
+    resident MB, the window's perplexity and its change against the full cache at that
+    length."""
     runs = _longctx_runs(documents)
     full = {row["length"]: row for run in runs if run["policy"] == "full" for row in run["rows"]}
-    head = ["configuration", "context", "ms/step", "KV held", "KV MB", "RSS MB", "perplexity", "vs full"]
+    head = ["configuration", "context", "ms/step", "ovh %", "rerotate ms", "KV held", "KV MB", "RSS MB",
+            "perplexity", "vs full"]
     body = []
     for run in runs:
         for row in run["rows"]:
             ppl = row.get("perplexity")
             base = full.get(row["length"], {}).get("perplexity")
             change = "-" if ppl is None or base is None else f"{100 * (ppl / base - 1):+.1f}%"
-            body.append([_run_name(run), str(row["length"]), f"{row['ms_per_step']:.1f}", str(row["kv_positions"]),
-                         f"{row['kv_bytes'] / 2**20:.1f}", f"{row['rss_bytes'] / 2**20:.0f}",
-                         "-" if ppl is None else f"{ppl:.3f}", change])
+            overhead, rerotate = "-", "-"
+            if "policy_ms_per_step" in row:
+                share = (row["policy_ms_per_step"] + row["bookkeeping_ms_per_step"]) / row["ms_per_step"]
+                overhead = f"{100 * share:.2f}"
+                if run.get("positions") == "cache":
+                    rerotate = f"{row['rerotate_ms_per_step']:.1f}"
+            body.append([_run_name(run), str(row["length"]), f"{row['ms_per_step']:.1f}", overhead, rerotate,
+                         str(row["kv_positions"]), f"{row['kv_bytes'] / 2**20:.1f}",
+                         f"{row['rss_bytes'] / 2**20:.0f}", "-" if ppl is None else f"{ppl:.3f}", change])
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
