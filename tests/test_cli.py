@@ -147,6 +147,26 @@ def test_eval_and_record_namespaces():
     }
 
 
+def test_generate_takes_one_value_per_option_and_the_prompt_after_it(monkeypatch, capsys):
+    """generate runs one configuration: each option flag takes exactly one value, so a
+    prompt after it stays the prompt, and the help does not promise a sweep."""
+    from scissorhands import generate
+
+    gen = build_parser().parse_args(["generate", "--recent-window", "75%", "--sinks", "4", "Name a planet."])
+    assert gen.prompt == "Name a planet."
+    assert (gen.recent_window, gen.sinks, gen.history_window) == ("75%", 4, None)
+    requests = []
+    monkeypatch.setattr(generate, "run_generate", lambda request: requests.append(request) or 0)
+    assert main(["generate", "--recent-window", "75%", "--vote-rate", "on", "hello"]) == 0
+    assert requests[0].values == {"recent_window": "75%", "vote_rate": True}
+    assert requests[0].prompt == "hello"
+    assert main(["generate", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "several values" not in out and "runs both" not in out
+    assert main(["eval", "--help"]) == 0
+    assert "several values run each" in capsys.readouterr().out
+
+
 def test_eval_and_record_dispatch(monkeypatch):
     """eval and record call scissorhands.evaluate.run_eval / run_record with their requests
     and return their status."""

@@ -94,11 +94,14 @@ _policy_list.__name__ = "policy list"
 # The parser
 
 
-def _option_flags(group: Any) -> None:
-    """One flag per policy option (:data:`scissorhands.options.OPTIONS`)."""
+def _option_flags(group: Any, several: bool = True) -> None:
+    """One flag per policy option (:data:`scissorhands.options.OPTIONS`): one or more
+    values each in a sweep (``several``), else exactly one (so that a positional argument
+    after the flag is not taken for a second value)."""
     for option in OPTIONS:
         group.add_argument(option.flag, dest=option.name, type=_argtype(option.parse, option.long),
-                           nargs="+", default=None, metavar=option.metavar, help=option.help)
+                           nargs="+" if several else None, default=None, metavar=option.metavar,
+                           help=option.help_text(several))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--budget", type=_positive_int, default=512, metavar="N",
                      help="positions each layer and KV head keeps (default: 512)")
     group = gen.add_argument_group("policy options (one value each)")
-    _option_flags(group)
+    _option_flags(group, several=False)
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N",
                      help="tokens to generate (default: 128)")
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -263,8 +266,9 @@ def _with_default_command(argv: list[str]) -> list[str]:
     return ["replay", *argv]
 
 
-def option_values(args: argparse.Namespace) -> dict[str, list[Any] | None]:
-    """The option flags' values, by option name (None: not given)."""
+def option_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The option flags' values, by option name (None: not given): a list of values each
+    in a sweeping command, one value each in ``generate``."""
     return {option.name: getattr(args, option.name, None) for option in OPTIONS}
 
 
@@ -294,11 +298,12 @@ def _run(args: argparse.Namespace) -> int:
         return run_report(args.files, markdown=args.markdown, plot=args.plot)
     if args.command == "generate":
         from .generate import GenerateRequest, run_generate
-        from .generate import option_values as one_each
+
+        one_each = {name: value for name, value in option_values(args).items() if value is not None}
 
         return run_generate(GenerateRequest(
             prompt=args.prompt, file=args.file, policy=args.policy, budget=args.budget,
-            values=one_each(option_values(args)), max_new_tokens=args.max_new_tokens, sample=args.sample,
+            values=one_each, max_new_tokens=args.max_new_tokens, sample=args.sample,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
             chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions, model=args.model,
             attention=args.attention, threads=args.threads, backend=args.backend,

@@ -17,7 +17,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -194,8 +194,3 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
           f"{_bytes(held_bytes)} against a full cache's {_bytes(full_bytes)}; peak RSS "
           f"{_bytes(peak_rss_bytes())}", file=sys.stderr)
     return 0
-
-
-def option_values(values: Mapping[str, Sequence[Any] | None]) -> dict[str, Any]:
-    """The option flags given to ``generate``, one value each (their last)."""
-    return {name: given[-1] for name, given in values.items() if given}

@@ -156,11 +156,15 @@ class OptionSpec:
     short, long : str
         Names in table labels (``rw=32``) and in settings (``recent window 32``).
     flag : str
-        The command-line flag; it takes several values, each a run of its own.
+        The command-line flag; where a command sweeps, it takes several values, each a
+        run of its own.
     parse : callable
         ``parse(text) -> value`` for one command-line value (``InvalidInputError`` if bad).
     help : str
-        The flag's help text.
+        The flag's help text; ``{sweep}`` marks where a sweeping command says so
+        (:meth:`help_text`).
+    sweep : str
+        What several values of the flag do, in a sweeping command's help.
     show_off : bool
         Labels show the option even at its default (``hw=off``); else only when set.
     """
@@ -176,6 +180,11 @@ class OptionSpec:
     metavar: str
     protects: bool = False
     show_off: bool = True
+    sweep: str = "several values run each"
+
+    def help_text(self, several: bool) -> str:
+        """The flag's help: with what several values do when ``several``, else without."""
+        return self.help.replace("{sweep}", f"; {self.sweep}" if several else "")
 
     def text(self, value: Any) -> str:
         """``value`` as labels write it: ``off`` for None, the value otherwise."""
@@ -190,24 +199,25 @@ RECENT_WINDOW = OptionSpec(
     name="recent_window", default=32, check=check_recent_window, short="rw", long="recent window",
     flag="--recent-window", parse=parse_recent_window, metavar="R", protects=True,
     help="recent window of h2o and scissorhands: the newest positions, never evicted; in "
-    "positions or as a fraction of each budget (50%% or 0.5x, rounded down); several values "
-    "run each (default: 32)")
+    "positions or as a fraction of each budget (50%% or 0.5x, rounded down){sweep} "
+    "(default: 32)")
 SINKS = OptionSpec(
     name="sinks", default=0, check=lambda v, b: check_int("sinks", v, 0, b - 1), short="sinks",
     long="sinks", flag="--sinks", parse=_parse_count, metavar="S", protects=True,
     help="attention sinks: the first positions held, never evicted, of every policy taking "
-    "them; several values run each (default: each policy's own, streaming-llm 4, h2o and "
+    "them{sweep} (default: each policy's own, streaming-llm 4, h2o and "
     "scissorhands 0)")
 HISTORY_WINDOW = OptionSpec(
     name="history_window", default=None, check=_check_history_window, short="hw",
     long="history window", flag="--history-window", parse=_parse_history_window, metavar="W",
     help=f"scissorhands' history window in decode steps (1-{MAX_HISTORY_WINDOW}; 0 or none: "
-    "off); several values run each (default: none)")
+    "off){sweep} (default: none)")
 VOTE_RATE = OptionSpec(
     name="vote_rate", default=False, check=lambda v, b: check_flag("vote_rate", v), short="rate",
     long="vote rate", flag="--vote-rate", parse=_parse_on_off, metavar="ON|OFF", show_off=False,
-    help="scissorhands evicts by votes per decode step held (on) or by votes (off); "
-    "'off on' runs both (default: off)")
+    sweep="'off on' runs both",
+    help="scissorhands evicts by votes per decode step held (on) or by votes (off){sweep} "
+    "(default: off)")
 
 #: Every option, in the order constructors take (and validate) them.
 OPTIONS: tuple[OptionSpec, ...] = (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE)
