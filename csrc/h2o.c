@@ -75,8 +75,14 @@ void sh_hist_f64_bits(const double *s, size_t lo, size_t hi, uint64_t mask, uint
 size_t sh_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi, uint64_t mask,
                    uint64_t prefix, size_t need, uint32_t *victims, int64_t *slots)
 {
-    size_t w = lo, j = 0;
-    for (size_t i = lo; i < hi; i++) {
+    return sh_take_f64_from(pos, s, n, lo, lo, hi, mask, prefix, need, victims, slots, 0);
+}
+
+size_t sh_take_f64_from(uint32_t *pos, double *s, size_t n, size_t w, size_t i, size_t hi,
+                        uint64_t mask, uint64_t prefix, size_t need, uint32_t *victims,
+                        int64_t *slots, size_t j)
+{
+    for (; i < hi; i++) {
         uint64_t m = sh_h2o_key(s, i) & mask;
         int victim = m < prefix || (m == prefix && need > 0);
         if (victim) {

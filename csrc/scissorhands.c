@@ -536,8 +536,14 @@ void sh_hist_u32(const uint32_t *v, size_t lo, size_t hi, uint32_t mask, uint32_
 size_t sh_take_u32(uint32_t *pos, uint32_t *v, size_t n, size_t lo, size_t hi, uint32_t mask,
                    uint32_t prefix, size_t need, uint32_t *victims, int64_t *slots)
 {
-    size_t w = lo, j = 0;
-    for (size_t i = lo; i < hi; i++) {
+    return sh_take_u32_from(pos, v, n, lo, lo, hi, mask, prefix, need, victims, slots, 0);
+}
+
+size_t sh_take_u32_from(uint32_t *pos, uint32_t *v, size_t n, size_t w, size_t i, size_t hi,
+                        uint32_t mask, uint32_t prefix, size_t need, uint32_t *victims,
+                        int64_t *slots, size_t j)
+{
+    for (; i < hi; i++) {
         uint32_t m = v[i] & mask;
         int victim = m < prefix || (m == prefix && need > 0);
         if (victim) {

@@ -99,6 +99,14 @@ size_t sh_take_u32(uint32_t *pos, uint32_t *v, size_t n, size_t lo, size_t hi, u
                    uint32_t prefix, size_t need, uint32_t *victims, int64_t *slots);
 size_t sh_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi, uint64_t mask,
                    uint64_t prefix, size_t need, uint32_t *victims, int64_t *slots);
+/* The same from slot i on, with the slots kept so far written below w and j victims
+   already taken: what remains after a vector loop. */
+size_t sh_take_u32_from(uint32_t *pos, uint32_t *v, size_t n, size_t w, size_t i, size_t hi,
+                        uint32_t mask, uint32_t prefix, size_t need, uint32_t *victims,
+                        int64_t *slots, size_t j);
+size_t sh_take_f64_from(uint32_t *pos, double *s, size_t n, size_t w, size_t i, size_t hi,
+                        uint64_t mask, uint64_t prefix, size_t need, uint32_t *victims,
+                        int64_t *slots, size_t j);
 
 #if SH_HAVE_AVX2
 int sh_avx2_valid_f32(const float *a, size_t n);

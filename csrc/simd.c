@@ -614,23 +614,7 @@ AVX2 size_t sh_avx2_take_u32(uint32_t *pos, uint32_t *v, size_t n, size_t lo, si
         _mm_storeu_si128((__m128i *)(v + w), x);
         w += (size_t)__builtin_popcount(keep);
     }
-    for (; i < hi; i++) {
-        uint32_t m = v[i] & mask;
-        if (m < prefix || (m == prefix && need > 0)) {
-            need -= (size_t)(m == prefix);
-            victims[j] = pos[i];
-            if (slots != NULL)
-                slots[j] = (int64_t)i;
-            j++;
-            continue;
-        }
-        pos[w] = pos[i];
-        v[w] = v[i];
-        w++;
-    }
-    memmove(pos + w, pos + hi, (n - hi) * sizeof *pos);
-    memmove(v + w, v + hi, (n - hi) * sizeof *v);
-    return j;
+    return sh_take_u32_from(pos, v, n, w, i, hi, mask, prefix, need, victims, slots, j);
 }
 
 AVX2 size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi,
@@ -661,23 +645,7 @@ AVX2 size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size
         _mm256_storeu_si256((__m256i *)(s + w), x);
         w += (size_t)__builtin_popcount(keep);
     }
-    for (; i < hi; i++) {
-        uint64_t m = sh_h2o_key(s, i) & mask;
-        if (m < prefix || (m == prefix && need > 0)) {
-            need -= (size_t)(m == prefix);
-            victims[j] = pos[i];
-            if (slots != NULL)
-                slots[j] = (int64_t)i;
-            j++;
-            continue;
-        }
-        pos[w] = pos[i];
-        s[w] = s[i];
-        w++;
-    }
-    memmove(pos + w, pos + hi, (n - hi) * sizeof *pos);
-    memmove(s + w, s + hi, (n - hi) * sizeof *s);
-    return j;
+    return sh_take_f64_from(pos, s, n, w, i, hi, mask, prefix, need, victims, slots, j);
 }
 
 #endif /* SH_HAVE_AVX2 */
