@@ -316,6 +316,14 @@ def test_positions_cache_logits_equal_keys_rotated_at_their_ranks(policy, impl, 
         return attention
 
     monkeypatch.setattr(hf.attention, "_eager_for", capturing)
+    grouped = hf.attention.grouped_attention
+
+    def capturing_grouped(module, query, key, value, mask, kwargs):  # sdpa once positions were evicted
+        if module.layer_idx == 0:
+            captured.append((query.detach().clone(), key.detach().clone()))
+        return grouped(module, query, key, value, mask, kwargs)
+
+    monkeypatch.setattr(hf.attention, "grouped_attention", capturing_grouped)
     batch, total, kv, group = 2, 22, 2, 2
     ids, mask = _prompts(batch=batch, length=total, seed=4)  # the second sequence left-padded
     cache = hf.EvictingCache.from_model(model, policy, 6, PolicyOptions(recent_window=2, sinks=1), positions="cache")
