@@ -302,8 +302,10 @@ class EvictingCache(Cache):
         wrapping the model's ``sdpa`` or ``eager`` one and selected with
         ``model.set_attn_implementation``).  Under ``eager`` it costs nothing beyond the
         model's own attention.  Under ``sdpa`` it costs one matmul and a softmax per layer
-        beside sdpa until the first eviction (``stats.rows_seconds``), then runs the
-        model's eager attention instead of sdpa, whose weights come free.  Undo it with
+        beside sdpa until the first eviction (``stats.rows_seconds``), then computes the
+        attention itself, eager's arithmetic per KV head's group of query heads, whose
+        weights come with the output (about sdpa's cost at one query row on a CPU;
+        measured in ``docs/longctx.md``).  Undo it with
         ``model.set_attn_implementation("sdpa")`` or :func:`scissorhands.hf.uninstall`.
 
         The parameters are the constructor's; the cache is checked before the model is
