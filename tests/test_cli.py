@@ -321,6 +321,18 @@ def test_report_refuses_files_that_do_not_compare(tmp_path, capsys, change):
     err = capsys.readouterr().err
     assert err.startswith("scissorhands: error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "p.png").exists()
+    if change == "format":
+        assert path in err
+
+
+def test_report_refuses_eval_and_longctx_files_together(tmp_path, capsys):
+    """An eval file and a longctx file in one report: one error naming both."""
+    run = _result("streaming-llm", 256, 13.0, sinks=4)
+    evaluated = _write(tmp_path, "e.json", _eval_doc("aa", "t.txt", [run]))
+    long = _write(tmp_path, "l.json", {"format": "scissorhands.longctx", "version": 1})
+    assert main(["report", evaluated, long]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and evaluated in err and long in err
 
 
 def test_report_merges_spellings_of_one_window(tmp_path, capsys):

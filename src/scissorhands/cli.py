@@ -244,12 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="combine 'eval --json' (or 'longctx --json') files into one table and plot",
         description="One row per configuration, one column per (text, budget): perplexity "
         "and its change against the full cache, from any number of 'eval --json' files "
-        "measured with the same tokens, prompt, head mode and model.")
-    report.add_argument("files", nargs="+", metavar="JSON", help="'eval --json' output files")
+        "measured with the same tokens, prompt, head mode and model; or, from 'longctx --json' "
+        "files (its parts), one row per configuration and context length.")
+    report.add_argument("files", nargs="+", metavar="JSON",
+                        help="'eval --json' or 'longctx --json' output files (not mixed)")
     report.add_argument("--markdown", action="store_true",
                         help="print a Markdown table, the best of each column in bold")
     report.add_argument("--plot", metavar="PATH",
-                        help="also draw the grid to an image (needs matplotlib)")
+                        help="also draw the grid (eval) or step time and KV memory against "
+                        "context length (longctx) to an image (needs matplotlib)")
     return parser
 
 

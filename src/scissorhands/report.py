@@ -254,7 +254,16 @@ def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
                 documents.append(json.load(handle))
         except (OSError, ValueError) as exc:
             raise ScissorhandsError(f"cannot read {path}: {exc}") from None
-    if documents and all(isinstance(d, dict) and d.get("format") == "scissorhands.longctx" for d in documents):
+    kinds: dict[str, str] = {}
+    for path, doc in zip(files, documents):
+        kind = doc.get("format") if isinstance(doc, dict) else None
+        if kind not in ("scissorhands.eval", "scissorhands.longctx"):
+            raise ScissorhandsError(f"{path} is not a 'scissorhands eval --json' or 'longctx --json' result")
+        kinds.setdefault(kind, os.fspath(path))
+    if len(kinds) > 1:
+        raise ScissorhandsError(f"{kinds['scissorhands.longctx']} is a longctx result and "
+                                f"{kinds['scissorhands.eval']} an eval result: report combines one kind")
+    if "scissorhands.longctx" in kinds:
         try:
             print(format_longctx(documents, markdown=markdown))
             if plot:
