@@ -373,6 +373,7 @@ def plot_longctx(documents: Sequence[dict[str, Any]], path: str | os.PathLike[st
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
     axes[1].set_yscale("log")
+    axes[2].set_yscale("log")  # past the trained context, true positions go off the scale
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 3), fontsize=8, frameon=False)
     fig.savefig(path, dpi=120)
