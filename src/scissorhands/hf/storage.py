@@ -36,6 +36,10 @@ __all__ = ["CACHE_MODES", "CompactStorage", "SlotStorage", "make_storage"]
 CACHE_MODES = ("reuse", "compact")
 
 
+#: A layer's mask not built yet in this forward (``None`` means: no mask needed).
+_UNBUILT: Any = object()
+
+
 class SlotStorage:
     """The slot layout of one cache (see the module docstring).
 
@@ -216,8 +220,10 @@ class SlotStorage:
     ) -> torch.Tensor | None:
         """Layer ``e``'s attention mask ``(batch, kv_heads * groups, q, extent)``: every
         held slot, and within a chunk the earlier tokens and itself, padding never.
-        Boolean (True: attend) for ``dtype`` None, else additive in ``dtype``. The
-        masks of every layer are built once per forward; a single token's additive
+        Boolean (True: attend) for ``dtype`` None, else additive in ``dtype``. A
+        chunk's masks are built layer by layer as the layers ask, one held at a time
+        (every layer's at once would be 30 x 9 x 256 x 2,304 float32, 637 MB, at budget
+        2,048 on SmolLM2); a single token's additive
         masks are kept from step to step and changed only where a slot was filled or
         freed (:meth:`_decode_masks`), and are None when every slot of the extent holds
         a key (the steady state: the new token takes the slot the last victim freed)."""
@@ -229,9 +235,13 @@ class SlotStorage:
                     masks = self._masks[dtype] = [None] * self.layers
                 else:
                     masks = self._masks[dtype] = list(self._decode_masks(groups, dtype))
-            else:
-                masks = self._masks[dtype] = list(self._all_masks(pads, groups, q, dtype).unbind(0))
-        return masks[e]
+            else:  # built layer by layer as asked: one layer's chunk mask at a time in memory
+                masks = self._masks[dtype] = [_UNBUILT] * self.layers
+        mask = masks[e]
+        if mask is _UNBUILT:
+            masks[:] = [_UNBUILT] * self.layers  # one layer's at a time: a chunk's are large
+            mask = masks[e] = self._layer_mask(pads, groups, q, dtype, e)[0]
+        return mask
 
     def _decode_masks(self, groups: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """The additive masks of a single-token forward, one view per layer of a store
@@ -266,8 +276,10 @@ class SlotStorage:
         if not self._mask_stale:
             self._mask_changes.append((rows, slots, np.full(len(rows), valid)))
 
-    def _all_masks(self, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None) -> torch.Tensor:
-        valid = torch.from_numpy(self.valid4()[:, :, :, : self.extent])  # (layers, batch, heads, extent)
+    def _layer_mask(self, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None,
+                   layer: int) -> torch.Tensor:
+        """Layer ``layer``'s mask, as ``(1, batch, heads * groups, q, extent)``."""
+        valid = torch.from_numpy(self.valid4()[layer : layer + 1, :, :, : self.extent])  # (1, batch, heads, extent)
         if q == 1 and not self.aligned:
             mask = valid[:, :, :, None, None, :]
         else:
@@ -278,10 +290,9 @@ class SlotStorage:
                 pad = torch.from_numpy(pads)
                 chunk &= ~pad[:, None, :]
                 chunk |= torch.eye(q, dtype=torch.bool)[None] & pad[:, :, None]  # no row all masked
-            chunk = chunk[None, :, None].expand(self.layers, -1, self.heads, -1, -1)
+            chunk = chunk[None, :, None].expand(1, -1, self.heads, -1, -1)
             mask = torch.cat((held, chunk), dim=-1)[:, :, :, None]
-        mask = mask.expand(-1, -1, -1, groups, -1, -1).reshape(
-            self.layers, self.batch, self.heads * groups, q, self.extent)
+        mask = mask.expand(-1, -1, -1, groups, -1, -1).reshape(1, self.batch, self.heads * groups, q, self.extent)
         if dtype is not None:
             mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
         return mask
