@@ -100,6 +100,21 @@ def test_generate_holds_the_budget_through_a_long_prompt(tiny_model, capsys):
     assert int(summary.group(4)) == 20 and int(summary.group(5)) > 40
 
 
+def test_generate_shows_the_progress_of_a_long_prompt(tiny_model, capsys):
+    """A prompt longer than one chunk gets a progress bar on stderr, which reaches the
+    prompt's length; the text is unchanged by it."""
+    prompt = " ".join(["colour"] * 40)
+    kwargs = dict(model=tiny_model, budget=20, values={"recent_window": 0.75, "sinks": 4}, prompt=prompt,
+                  prefill_chunk=8, max_new_tokens=6)
+    _, quiet_text, _ = _generate(capsys, **kwargs)
+    status, text, err = _generate(capsys, progress=True, **kwargs)
+    assert status == 0 and text == quiet_text
+    summary = SUMMARY.match(err.strip().splitlines()[-1])
+    assert summary is not None, err
+    prompt_tokens = summary.group(2)
+    assert "prompt: 100%" in err and f"{prompt_tokens}/{prompt_tokens}" in err, err
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     (dict(prompt="  "), "the prompt is empty"),
     (dict(file="missing-prompt.txt"), "missing-prompt.txt"),

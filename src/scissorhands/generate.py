@@ -179,9 +179,31 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
             stream.flush()
 
     prompt_tokens = int(inputs["input_ids"].shape[1])
+    bar, hook = None, None
+    if request.progress and prompt_tokens > request.prefill_chunk:
+        # The prompt's chunks, counted as the model's forwards receive them (a forward
+        # pre-hook, PyTorch's own extension point), so that a long prompt shows progress.
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=prompt_tokens, desc="prompt", unit="tok", leave=False, file=sys.stderr, mininterval=0)
+
+        def _count(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if bar is not None and ids is not None and bar.n < prompt_tokens:
+                bar.update(min(int(ids.shape[-1]), prompt_tokens - bar.n))
+                if bar.n >= prompt_tokens:
+                    bar.close()
+
+        hook = model.register_forward_pre_hook(_count, with_kwargs=True)
     start = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(**inputs, cache=cache, streamer=_Streamer(tokenizer, skip_prompt=True), **kwargs)
+    try:
+        with torch.no_grad():
+            out = model.generate(**inputs, cache=cache, streamer=_Streamer(tokenizer, skip_prompt=True), **kwargs)
+    finally:
+        if hook is not None:
+            hook.remove()
+        if bar is not None:
+            bar.close()
     end = time.perf_counter()
     new = int(out.shape[1]) - prompt_tokens
     first = (first_token[0] if first_token else end) - start
