@@ -351,3 +351,13 @@ def test_replay_runs_a_window_given_twice_once(capsys):
     assert main(["--policies", "scissorhands", "--recent-window", "50%", "0.5x", "128", *FAST]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("scissorhands")]
     assert len(rows) == 1 and "recent window 128" in rows[0]
+
+
+def test_a_bare_fraction_for_the_recent_window_says_how_to_write_one(capsys):
+    """--recent-window 0.75 (the Python API's spelling) is refused with the spellings the
+    command line takes."""
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["eval", "--recent-window", "0.75"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "'0.75' is not an integer" in err and "0.75x" in err

@@ -121,6 +121,9 @@ def test_generate_shows_the_progress_of_a_long_prompt(tiny_model, capsys):
     (dict(prompt="x", model="missing-model-dir"), "--model missing-model-dir"),
     (dict(prompt="x", policy="streaming-llm", recent_window=3), "streaming-llm takes no --recent-window"),
     (dict(prompt="x", budget=0), "budget"),
+    (dict(prompt="x", sample=True, temperature=0.0), "--temperature must be a positive number, got 0.0"),
+    (dict(prompt="x", sample=True, top_p=2.0), "--top-p must be in (0, 1], got 2.0"),
+    (dict(prompt="x", temperature=0.7), "--temperature needs --sample"),
 ])
 def test_generate_refuses_bad_arguments_before_loading(monkeypatch, capsys, kwargs, message):
     def refuse(*args, **kw):

@@ -13,6 +13,7 @@ This module imports neither torch nor the model until a run starts.
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
@@ -130,6 +131,16 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
         return _fail(f"--max-new-tokens must be at least 1, got {request.max_new_tokens}")
     if request.prefill_chunk < 1:
         return _fail(f"--prefill-chunk must be at least 1, got {request.prefill_chunk}")
+    sampling = {"--temperature": request.temperature, "--top-k": request.top_k, "--top-p": request.top_p}
+    given = [flag for flag, value in sampling.items() if value is not None]
+    if given and not request.sample:
+        return _fail(f"{', '.join(given)} needs --sample (without it decoding is greedy)")
+    if request.temperature is not None and not (math.isfinite(request.temperature) and request.temperature > 0):
+        return _fail(f"--temperature must be a positive number, got {request.temperature}")
+    if request.top_k is not None and request.top_k < 1:
+        return _fail(f"--top-k must be at least 1, got {request.top_k}")
+    if request.top_p is not None and not 0 < request.top_p <= 1:
+        return _fail(f"--top-p must be in (0, 1], got {request.top_p}")
     if request.model is not None and not os.path.exists(request.model):
         return _fail(f"--model {request.model}: no such file or directory")
     try:
@@ -198,7 +209,8 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
     start = time.perf_counter()
     try:
         with torch.no_grad():
-            out = model.generate(**inputs, cache=cache, streamer=_Streamer(tokenizer, skip_prompt=True), **kwargs)
+            streamer = _Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+            out = model.generate(**inputs, cache=cache, streamer=streamer, **kwargs)
     finally:
         if hook is not None:
             hook.remove()

@@ -90,7 +90,13 @@ def parse_recent_window(text: str) -> int | str:
     if raw.endswith(("%", "x")):
         spec_fraction(raw)
         return raw[:-1].strip() + raw[-1]
-    return _parse_count(text)
+    try:
+        return _parse_count(text)
+    except InvalidInputError:
+        if "." in raw:  # a bare fraction, as the Python API takes it
+            raise InvalidInputError(f"{text!r} is not an integer: write a fraction of the budget "
+                                    f"as {text.strip()}x or as a percentage") from None
+        raise
 
 
 def resolve_recent_window(value: Any, budget: int) -> int:
