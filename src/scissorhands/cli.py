@@ -249,10 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("files", nargs="+", metavar="JSON",
                         help="'eval --json' or 'longctx --json' output files (not mixed)")
     report.add_argument("--markdown", action="store_true",
-                        help="print a Markdown table, the best of each column in bold")
+                        help="print a Markdown table (eval: the best of each column in bold)")
     report.add_argument("--plot", metavar="PATH",
-                        help="also draw the grid (eval) or step time and KV memory against "
-                        "context length (longctx) to an image (needs matplotlib)")
+                        help="also draw the grid (eval) or step time, KV memory and window "
+                        "perplexity against context length (longctx) to an image (needs matplotlib)")
     return parser
 
 
