@@ -361,3 +361,12 @@ def test_a_bare_fraction_for_the_recent_window_says_how_to_write_one(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "'0.75' is not an integer" in err and "0.75x" in err
+
+
+def test_eval_refuses_a_missing_text_before_importing_torch():
+    """A missing --text is reported before the transformers layer (torch) is imported."""
+    code = ("import sys; from scissorhands.cli import main; "
+            "rc = main(['eval', '--text', 'missing-text.txt', '--no-progress']); print(rc, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr)
+    assert "--text missing-text.txt" in done.stderr

@@ -418,6 +418,9 @@ def run_eval(request: EvalRequest) -> int:
     if min(budgets) < 1 or max(budgets) > tokens - 1:
         given = "--budgets" if request.budgets else f"the default budgets (N/8, N/5 of --tokens {tokens})"
         return _fail(f"{given} must be in [1, {tokens - 1}] (targets are max(budgets)..N-1), got {budgets}")
+    problem = check_paths(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
+    if problem:
+        return _fail(problem)
     try:
         hf = _import_hf()
     except ScissorhandsError as exc:
@@ -434,9 +437,6 @@ def run_eval(request: EvalRequest) -> int:
         policy_classes(backend)
     except ScissorhandsError as exc:
         return _fail(str(exc))
-    problem = check_paths(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
-    if problem:
-        return _fail(problem)
     if request.plot and not _has_matplotlib():
         return _fail("--plot needs matplotlib: pip install 'scissorhands[plot]'")
     hf.set_threads(request.threads)
