@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+import pytest
 from conftest import load_backend
 
 from scissorhands._native import lib
@@ -48,8 +49,17 @@ def backend_on(name: str) -> Iterator[SimpleNamespace]:
     """The backend ``name`` of :data:`BACKEND_PATHS`, its C calls on the matching path."""
     if name not in BACKEND_PATHS:
         raise ValueError(f"unknown backend {name!r}")
-    with on_path("scalar" if name == "native-scalar" else "simd"):
-        yield load_backend("reference" if name == "reference" else "native")
+    with on_path(path_of(name)):
+        yield load_backend(base_backend(name))
+
+
+@pytest.fixture(params=BACKEND_PATHS, name="backend")
+def backend_fixture(request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
+    """Each backend in turn, the C path twice: on the kernels this CPU runs by default
+    (AVX2 where it has it) and on the forced scalar kernels (their results must be
+    identical). A suite imports it to replace ``conftest``'s ``backend`` fixture."""
+    with backend_on(request.param) as b:
+        yield b
 
 
 def path_of(backend_name: str) -> str:

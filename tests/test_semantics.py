@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import pytest
-from c_paths import BACKEND_PATHS, backend_on
+from c_paths import backend_fixture  # noqa: F401  (the backend fixture: both C paths and the reference)
 from conftest import unchanged
 
 from scissorhands._shared import UINT32_MAX
@@ -24,15 +24,6 @@ from scissorhands.errors import InvalidInputError, InvalidTypeError, Scissorhand
 HEAVY = ("Scissorhands", "H2O")
 ALL = ("Scissorhands", "H2O", "StreamingLLM", "Full")
 BYTES_PER_SLOT = {"Scissorhands": 9, "H2O": 13, "StreamingLLM": 4, "Full": 4}
-
-
-@pytest.fixture(params=BACKEND_PATHS)
-def backend(request):
-    """Each backend in turn, the C path twice: on the kernels this CPU runs by default
-    (AVX2 where it has it) and on the forced scalar kernels (their results must be
-    identical)."""
-    with backend_on(request.param) as b:
-        yield b
 
 
 @pytest.fixture(params=ALL)

@@ -5,7 +5,7 @@ reference changes nothing."""
 from __future__ import annotations
 
 import pytest
-from c_paths import BACKEND_PATHS, backend_on
+from c_paths import backend_fixture  # noqa: F401  (the backend fixture: both C paths and the reference)
 from conftest import POLICY_NAMES, VECTORS_DIR, load_generator, load_vectors
 from vector_runner import FORMAT, VERSION, VectorError, check_case
 
@@ -13,15 +13,6 @@ from scissorhands import errors
 
 GENERATE = load_generator()
 VECTORS = load_vectors()
-
-
-@pytest.fixture(params=BACKEND_PATHS)
-def backend(request):
-    """Each backend in turn, the C path twice: on the kernels this CPU runs by default
-    (AVX2 where it has it) and on the forced scalar kernels (their results must be
-    identical)."""
-    with backend_on(request.param) as b:
-        yield b
 
 
 def _cases() -> list[pytest.param]:
