@@ -327,6 +327,18 @@ def _import_hf() -> Any:
     return hf
 
 
+def _paths_then_hf(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]]) -> Any:
+    """The user's paths checked (:func:`check_paths`), then :mod:`scissorhands.hf`
+    imported: the module, or the message of the first problem (a ``str``)."""
+    problem = check_paths(text, model, outputs)
+    if problem:
+        return problem
+    try:
+        return _import_hf()
+    except ScissorhandsError as exc:
+        return str(exc)
+
+
 def _load_inputs(hf: Any, text_path: str | None, model_path: str | None, tokens: int, progress: bool,
                  attention: str) -> tuple[str, Any, Any, float, list[int]] | str:
     """Read the text, load the model and tokenize the first ``tokens`` tokens:
@@ -418,13 +430,9 @@ def run_eval(request: EvalRequest) -> int:
     if min(budgets) < 1 or max(budgets) > tokens - 1:
         given = "--budgets" if request.budgets else f"the default budgets (N/8, N/5 of --tokens {tokens})"
         return _fail(f"{given} must be in [1, {tokens - 1}] (targets are max(budgets)..N-1), got {budgets}")
-    problem = check_paths(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
-    if problem:
-        return _fail(problem)
-    try:
-        hf = _import_hf()
-    except ScissorhandsError as exc:
-        return _fail(str(exc))
+    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
+    if isinstance(hf, str):
+        return _fail(hf)
     if head_mode not in hf.HEAD_MODES:
         return _fail(f"--head-mode must be one of {', '.join(hf.HEAD_MODES)}, got {head_mode!r}")
     if cache_mode not in hf.CACHE_MODES:
@@ -566,13 +574,9 @@ def run_record(request: RecordRequest) -> int:
         return _fail(f"--tokens must be at least 2, got {tokens}")
     if prompt_tokens < 1:
         return _fail(f"--prompt-tokens must be at least 1, got {prompt_tokens}")
-    problem = check_paths(request.text, request.model, [("--out", request.out)])
-    if problem:
-        return _fail(problem)
-    try:
-        hf = _import_hf()
-    except ScissorhandsError as exc:
-        return _fail(str(exc))
+    hf = _paths_then_hf(request.text, request.model, [("--out", request.out)])
+    if isinstance(hf, str):
+        return _fail(hf)
     hf.set_threads(request.threads)
     progress = request.progress
     loaded = _load_inputs(hf, request.text, request.model, tokens, progress, request.attention)

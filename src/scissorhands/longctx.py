@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ScissorhandsError
-from .evaluate import _fail, _import_hf, check_paths, read_text, tokenize_prefix
+from .evaluate import _fail, _paths_then_hf, read_text, tokenize_prefix
 from .generate import peak_rss_bytes
 from .options import config_label, sweep
 
@@ -84,13 +84,9 @@ def run_longctx(request: LongContextRequest) -> int:
         return _fail(str(exc))
     if not runs:
         return _fail("no configuration to run: " + "; ".join(notes))
-    problem = check_paths(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
-    if problem:
-        return _fail(problem)
-    try:
-        hf = _import_hf()
-    except ScissorhandsError as exc:
-        return _fail(str(exc))
+    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
+    if isinstance(hf, str):
+        return _fail(hf)
     for mode in request.positions:
         if mode not in hf.POSITION_MODES:
             return _fail(f"--positions must be among {', '.join(hf.POSITION_MODES)}, got {mode!r}")
