@@ -83,9 +83,15 @@ def record_attention(
     def keep(e: int, weights: torch.Tensor | None) -> None:
         if e in evicting and weights is not None:
             seen[e] = group_mean(weights.detach().cpu(), kv_heads)[0]  # (kv_heads, q, t + q)
-        observe(e, weights)
+        cache.reads_attention = False  # the full cache's own step, which reads none
+        try:
+            observe(e, None)
+        finally:
+            cache.reads_attention = True
 
     cache._observe = keep  # type: ignore[method-assign]
+    # Under sdpa the installed attention computes rows only for a cache that reads them.
+    cache.reads_attention = True
     prompt = max(1, min(int(prompt_tokens), n))
     prefill(model, cache, ids[:, :prompt])
     for row, e in enumerate(evicting):
