@@ -23,7 +23,8 @@ This package is the only part of the library that imports ``torch`` and
 :mod:`.gqa` (query heads to KV heads), :mod:`.rows` (the bank of policy rows),
 :mod:`.storage` (where keys and values live, slot by slot), :mod:`.cache`
 (:class:`EvictingCache`), :mod:`.drive` (forwards without ``generate``, and ``eval``'s
-teacher-forced batch) and :mod:`.record` (attention traces).
+teacher-forced batch), :mod:`.record` (attention traces) and :mod:`.hindsight` (the
+full run's attention tapped, a hindsight schedule replayed).
 
 Scissorhands: Liu et al., NeurIPS 2023, arXiv 2305.17118.  H2O: Zhang et al.,
 NeurIPS 2023, arXiv 2306.14048.  StreamingLLM: Xiao et al., ICLR 2024, arXiv 2309.17453.
@@ -34,6 +35,7 @@ from __future__ import annotations
 from .attention import WRAPPED, install, installed, uninstall
 from .cache import HEAD_MODES, POSITION_MODES, CacheStats, EvictingCache
 from .drive import decode_step, evaluate_batch, prefill
+from .hindsight import HindsightConfig, tap_attention
 from .loading import (
     GGUF_FILE,
     GGUF_PACKAGE,
@@ -58,6 +60,7 @@ __all__ = [
     "WRAPPED",
     "CacheStats",
     "EvictingCache",
+    "HindsightConfig",
     "ModelNotFoundError",
     "PolicyConfig",
     "decode_step",
@@ -72,5 +75,6 @@ __all__ = [
     "prefill",
     "record_attention",
     "set_threads",
+    "tap_attention",
     "uninstall",
 ]

@@ -18,6 +18,7 @@ import torch
 from ..errors import InvalidInputError
 from . import attention
 from .cache import EvictingCache
+from .hindsight import replay_schedules, tap_attention
 from .rows import PolicyConfig
 
 __all__ = ["decode_step", "evaluate_batch", "prefill"]
@@ -85,12 +86,27 @@ def decode_step(model: Any, cache: EvictingCache, tokens: Any) -> torch.Tensor:
 
 def evaluate_batch(model: Any, ids: Sequence[int], configs: Sequence[PolicyConfig], *,
                    prompt_tokens: int = 64, head_mode: str = "per-head", cache_mode: str = "reuse",
-                   progress: Callable[[int], Any] | None = None) -> list[dict[str, Any]]:
+                   progress: Callable[[int], Any] | None = None,
+                   attention_sink: Callable[[int, np.ndarray], Any] | None = None) -> list[dict[str, Any]]:
     """Run every configuration teacher-forced over the same ``ids``, as one batch.
 
     Sequence ``i`` of the batch is ``ids`` with configuration ``configs[i]``: the first
     ``prompt_tokens`` in one forward (the policies' prompt chunk), then one token per
-    forward.
+    forward.  A :class:`~scissorhands.hf.hindsight.HindsightConfig` replays its schedule.
+
+    Parameters
+    ----------
+    attention_sink : callable, optional
+        Only with configurations that never evict (the full cache): called after each
+        decode step with the step's position ``t`` and its attention, ``float32`` ``(rows,
+        t)`` (:func:`~scissorhands.hf.hindsight.tap_attention`); the time it takes (and,
+        under ``sdpa``, computing the rows for it) is ``tap_seconds``, left out of
+        ``forward_seconds``.
+
+    Raises
+    ------
+    InvalidInputError
+        ``attention_sink`` with a configuration that evicts.
 
     Returns
     -------
@@ -102,11 +118,13 @@ def evaluate_batch(model: Any, ids: Sequence[int], configs: Sequence[PolicyConfi
         ``policy_seconds`` (the batch's policy calls), ``bookkeeping_seconds``,
         ``rows_seconds``, ``forward_seconds`` (the batch's forwards, policy and cache
         included) and ``update_seconds``; ``prefill_seconds`` (policy, bookkeeping,
-        forward) and ``compactions``.
+        forward), ``compactions`` and ``tap_seconds`` (0 without ``attention_sink``).
     """
     n = len(ids)
     batch = len(configs)
     cache = EvictingCache(model.config, configs=configs, head_mode=head_mode, cache_mode=cache_mode)
+    replay_schedules(cache)
+    tap = None if attention_sink is None else tap_attention(cache, attention_sink)
     tokens = torch.tensor(list(ids), dtype=torch.long)
     nll = np.empty((batch, n - 1), dtype=np.float64)
     argmax = np.empty((batch, n - 1), dtype=np.int64)
@@ -136,6 +154,12 @@ def evaluate_batch(model: Any, ids: Sequence[int], configs: Sequence[PolicyConfi
         held.append(cache.held_counts().max(axis=2))  # (layers, batch)
         if progress is not None:
             progress(1)
+    tapped = 0.0
+    if tap is not None:
+        tap.remove()
+        # The tap's work (and the rows sdpa computed only for it) is not the full cache's.
+        tapped = tap.seconds + (stats.rows_seconds - after_prefill[2])
+        forward -= tapped
     steps = len(held)
     held_array = np.stack(held, axis=0) if held else np.zeros((0, cache.evicting_layers, batch), dtype=np.int64)
     out = []
@@ -155,5 +179,6 @@ def evaluate_batch(model: Any, ids: Sequence[int], configs: Sequence[PolicyConfi
             "prefill_seconds": {"policy": policy_after_prefill[g], "bookkeeping": after_prefill[1],
                                 "forward": prefill_forward},
             "compactions": stats.compactions,
+            "tap_seconds": tapped,
         })
     return out

@@ -1,0 +1,171 @@
+"""The hindsight reference on a real model: the full run's attention in, a schedule replayed.
+
+``eval --hindsight W`` (see :mod:`scissorhands.hindsight` for the rule) needs two things
+of the transformers layer:
+
+* :func:`tap_attention`: during the full-cache run, each decode step's attention per
+  (layer, KV head) row, as a policy would see it, handed to a callback (the
+  :class:`~scissorhands.hindsight.HindsightScheduler` that decides the victims once the
+  next ``W`` steps are in);
+* :class:`HindsightConfig`: one configuration of ``eval``'s batch whose rows replay a
+  :class:`~scissorhands.hindsight.HindsightSchedule` (a
+  :class:`~scissorhands.hindsight.ScheduledPolicy` in the policy bank).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InvalidInputError, InvalidTypeError
+from ..hindsight import HindsightSchedule, ScheduledPolicy
+from .gqa import group_mean
+from .rows import PolicyConfig
+
+__all__ = ["AttentionTap", "HindsightConfig", "replay_schedules", "tap_attention"]
+
+
+@dataclass(frozen=True)
+class HindsightConfig(PolicyConfig):
+    """A configuration of ``eval``'s batch whose rows replay ``schedule``.
+
+    Build it with :meth:`of`.  ``policy`` is ``"full"``: a registry name for the cache's
+    own checks (it reads no attention), whose object is a stand-in that
+    :func:`replay_schedules` swaps for a :class:`~scissorhands.hindsight.ScheduledPolicy`
+    when the cache builds its rows; ``evicts`` is True and the budget is the schedule's.
+    Two configurations are equal only when they hold the same schedule object.
+    """
+
+    schedule: HindsightSchedule | None = None
+
+    @classmethod
+    def of(cls, schedule: HindsightSchedule) -> HindsightConfig:
+        """The configuration replaying ``schedule``.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``schedule`` is not a :class:`~scissorhands.hindsight.HindsightSchedule`.
+        """
+        config = cls("full", getattr(schedule, "budget", None), schedule=schedule)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Raises :class:`InvalidTypeError` without a schedule, :class:`InvalidInputError`
+        when the budget is not the schedule's."""
+        if not isinstance(self.schedule, HindsightSchedule):
+            raise InvalidTypeError(f"a HindsightConfig needs a HindsightSchedule, not {type(self.schedule).__name__}")
+        if self.budget != self.schedule.budget:
+            raise InvalidInputError(f"budget {self.budget} is not the schedule's ({self.schedule.budget})")
+
+    @property
+    def evicts(self) -> bool:
+        return True
+
+    @property
+    def pooled(self) -> bool:
+        return False
+
+
+def replay_schedules(cache: Any) -> None:
+    """Make ``cache`` (an :class:`~scissorhands.hf.cache.EvictingCache`) replay its
+    :class:`HindsightConfig` schedules: whenever it builds its policy rows (its first
+    forward, and the first after ``reset()``), each such configuration's stand-in
+    object is replaced by a :class:`~scissorhands.hindsight.ScheduledPolicy` of the
+    same rows.  Nothing happens for a cache without one.
+
+    Raises
+    ------
+    InvalidInputError
+        (At the first forward) a configuration shared by several sequences: a schedule
+        replays one sequence's rows.
+    """
+    if not any(isinstance(c, HindsightConfig) for c in cache.configs):
+        return
+    start = cache._start
+
+    def start_then_replace(batch: int) -> None:
+        start(batch)
+        bank = cache.bank
+        for g, config in enumerate(bank.configs):
+            if isinstance(config, HindsightConfig):
+                assert config.schedule is not None
+                bank.policies[g] = ScheduledPolicy(config.schedule, bank.layers * bank.sizes[g] * bank.heads)
+
+    cache._start = start_then_replace
+
+
+class AttentionTap:
+    """What :func:`tap_attention` installed: ``seconds`` spent in the tap (the GQA mean
+    and the callback), and :meth:`remove`."""
+
+    def __init__(self, cache: Any, remove: Callable[[], None]) -> None:
+        self.cache = cache
+        self.seconds = 0.0
+        self.steps = 0
+        self._remove = remove
+
+    def remove(self) -> None:
+        """Restore the cache's own observation."""
+        self._remove()
+
+
+def tap_attention(cache: Any, sink: Callable[[int, np.ndarray], Any]) -> AttentionTap:
+    """Hand ``sink(position, weights)`` the attention of every single-token forward of a
+    cache that never evicts (the full cache: slot ``s`` holds position ``s``).
+
+    ``weights`` is ``float32`` ``(rows, position)``: the new token's weights on
+    positions ``0 .. position-1`` per (layer, sequence, policy head) row, layer-major,
+    the GQA mean over each row's query heads (``mean`` head mode: over all), its weight
+    on itself excluded, not renormalised (what a policy sees).  Chunks (the prompt) are
+    not handed over.  The cache behaves as it does untapped: the weights reach it as
+    they would (under ``sdpa``, which computes no rows for a cache whose policies read
+    none, the rows are computed for the tap, in ``stats.rows_seconds``).
+
+    Raises
+    ------
+    InvalidInputError
+        The cache has a configuration that evicts (its slots would not be positions).
+    """
+    if any(c.evicts for c in cache.configs):
+        raise InvalidInputError("tap_attention reads a cache that never evicts (the full cache)")
+    observe = cache._observe
+    was_reading = cache.reads_attention
+    pending: dict[int, torch.Tensor] = {}
+    tap = AttentionTap(cache, lambda: None)
+
+    def keep(e: int, weights: torch.Tensor | None) -> None:
+        position = cache.seen
+        if weights is not None and weights.shape[-2] == 1:
+            pending[e] = weights.detach()
+        cache.reads_attention = was_reading  # the cache's own work, as if untapped
+        try:
+            observe(e, weights if was_reading else None)
+        finally:
+            cache.reads_attention = True
+        if e == cache.evicting_layers - 1 and len(pending) == cache.evicting_layers:
+            start = time.perf_counter()
+            stacked = torch.stack([pending[i] for i in range(cache.evicting_layers)]).cpu()
+            means = group_mean(stacked, cache.policy_heads)  # (layers, batch, heads, 1, position + 1)
+            rows = means[..., 0, :position].reshape(-1, position)
+            pending.clear()
+            sink(position, rows)
+            tap.seconds += time.perf_counter() - start
+            tap.steps += 1
+        elif e == cache.evicting_layers - 1:
+            pending.clear()
+
+    def remove() -> None:
+        cache._observe = observe
+        cache.reads_attention = was_reading
+
+    cache._observe = keep
+    cache.reads_attention = True  # so that sdpa computes the rows
+    tap._remove = remove
+    return tap
