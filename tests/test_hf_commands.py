@@ -11,6 +11,7 @@ import io
 import json
 import re
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
@@ -167,3 +168,128 @@ def test_longctx_measures_every_length_and_report_merges_its_parts(tiny_model, t
     assert run_report([str(full), str(part)]) == 0
     table = capsys.readouterr().out
     assert table.count("full cache") == 2 and table.count("positions=cache") == 3
+
+
+# ----------------------------------------------------------------------------- eval --hindsight
+
+
+def test_eval_refuses_a_bad_hindsight_window_before_loading(monkeypatch, capsys):
+    """--hindsight below 1 (or not a whole number, through the API) stops before the model
+    loads, naming the flag and the value."""
+    from scissorhands.cli import main
+    from scissorhands.evaluate import EvalRequest, run_eval
+
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    for value in ("0", "-3"):
+        assert main(["eval", "--no-progress", "--hindsight", value]) == 2
+        assert f"argument --hindsight: {value} is below the minimum 1" in capsys.readouterr().err
+    assert main(["eval", "--no-progress", "--hindsight", "x"]) == 2
+    assert "argument --hindsight: 'x' is not an integer" in capsys.readouterr().err
+    for value in (0, 2.5, True):
+        assert run_eval(EvalRequest(tokens=64, prompt_tokens=8, hindsight=value, progress=False)) == 2
+        assert f"--hindsight must be a whole number of decode steps, at least 1, got {value!r}" in \
+            capsys.readouterr().err
+    assert main(["eval", "--no-progress", "--hindsight", "4", "--tokens", "9", "--prompt-tokens", "8",
+                 "--budgets", "4"]) == 2
+    assert "--hindsight 4 reads the decode steps, and --tokens 9 leaves none" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_hindsight_schedule_from_the_full_run_is_what_the_batch_holds(tiny_model, attention):
+    """The full run's tapped rows are record_attention's; the scheduler fed them online
+    decides what the whole array decides; a batch mixing two hindsight sequences with an
+    H2O one holds, after the prompt and after every step, exactly the schedule's
+    positions in every (layer, KV head)."""
+    from scissorhands.hindsight import HindsightScheduler, hindsight_schedule
+    from scissorhands.options import PolicyOptions
+
+    model, _ = hf.load_model(tiny_model, progress=False, attn_implementation=attention)
+    n, prompt, budgets = 40, 8, (6, 10)
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, model.config.vocab_size, n)]
+    scheduler = HindsightScheduler(budgets, 3, prompt, n - 2)
+    steps: list[np.ndarray] = []
+
+    def sink(position, weights):
+        assert position == prompt + len(steps) and weights.dtype == np.float32
+        steps.append(weights.copy())
+        scheduler.push(position, weights)
+
+    (full,) = hf.evaluate_batch(model, ids, [hf.PolicyConfig("full", None)], prompt_tokens=prompt,
+                                attention_sink=sink)
+    assert len(steps) == n - 1 - prompt == full["decode_steps"] and full["tap_seconds"] > 0
+    layers, kv = model.config.num_hidden_layers, model.config.num_key_value_heads
+    recorded = hf.record_attention(model, ids, prompt_tokens=prompt).reshape(layers * kv, -1)
+    for t in (prompt, n - 2):
+        want = recorded[:, t * (t - 1) // 2: t * (t + 1) // 2].astype(np.float32)
+        assert np.allclose(steps[t - prompt], want, atol=2e-3)
+    schedules = scheduler.finish()
+    dense = np.zeros((layers * kv, n - 1, n - 1), dtype=np.float32)
+    for t, weights in enumerate(steps, start=prompt):
+        dense[:, t, :t] = weights
+    offline = hindsight_schedule(dense, budgets, 3, prompt)
+    for b in budgets:
+        assert np.array_equal(offline[b].step_victims, schedules[b].step_victims)
+        assert np.array_equal(offline[b].prompt_victims, schedules[b].prompt_victims)
+
+    configs = [hf.HindsightConfig.of(schedules[6]), hf.PolicyConfig("h2o", 6, PolicyOptions(recent_window=2)),
+               hf.HindsightConfig.of(schedules[10])]
+    cache = hf.EvictingCache(model.config, configs=configs)
+    from scissorhands.hf.hindsight import replay_schedules
+
+    replay_schedules(cache)
+    tokens = torch.tensor(ids)
+
+    def check(position):
+        for sequence, budget in ((0, 6), (2, 10)):
+            held = schedules[budget].held(position)
+            for layer in range(layers):
+                for head in range(kv):
+                    got = cache.kept_positions(layer, sequence, head).tolist()
+                    assert got == held[layer * kv + head].tolist(), (position, sequence, layer, head)
+        assert cache.held_counts()[:, 1].max() <= 6
+
+    hf.prefill(model, cache, tokens[:prompt].expand(3, -1))
+    check(prompt - 1)
+    for t in range(prompt, n - 1):
+        hf.decode_step(model, cache, tokens[t].expand(3))
+        check(t)
+
+
+def test_eval_hindsight_adds_a_row_per_budget_and_report_merges_it(tiny_model, tmp_path, capsys):
+    """eval --hindsight 4: a hindsight row after each budget's configurations, holding the
+    budget; the gap column in the table and the JSON, consistent with the perplexities;
+    the plot; report's table with the hindsight row and its gap column."""
+    from scissorhands.evaluate import EvalRequest, run_eval
+    from scissorhands.hindsight import gap_closed
+
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"word{i % 37} thing{i % 11}" for i in range(200)), encoding="utf-8")
+    out, plot = tmp_path / "eval.json", tmp_path / "eval.png"
+    request = EvalRequest(tokens=48, prompt_tokens=8, budgets=[12, 20], policies=["streaming-llm", "h2o"],
+                          values={"recent_window": [4]}, hindsight=4, text=str(text), model=tiny_model,
+                          json_path=str(out), plot=str(plot), progress=False)
+    assert run_eval(request) == 0
+    printed = capsys.readouterr().out
+    assert "6 configurations in one batch; hindsight W=4;" in printed  # 2 policies x 2 budgets + 2
+    header = next(line for line in printed.splitlines() if line.startswith("policy"))
+    assert header.endswith("ovh %  gap %")
+    assert "note: hindsight W=4: its schedule" in printed and "gap %: the share" in printed
+    document = json.loads(out.read_text())
+    assert document["config"]["hindsight"] == 4
+    rows = document["results"]
+    assert [(r["policy"], r["budget"]) for r in rows] == [
+        ("full", None), ("streaming-llm", 12), ("h2o", 12), ("hindsight", 12),
+        ("streaming-llm", 20), ("h2o", 20), ("hindsight", 20)]
+    for r in rows[1:]:
+        assert r["kv_positions_held_max"] == r["budget"]
+        streaming = next(o["perplexity"] for o in rows if o["policy"] == "streaming-llm" and o["budget"] == r["budget"])
+        hindsight = next(o for o in rows if o["policy"] == "hindsight" and o["budget"] == r["budget"])
+        assert r["gap_closed_percent"] == gap_closed(r["perplexity"], streaming, hindsight["perplexity"])
+    hindsight_row = rows[3]
+    assert hindsight_row["label"] == "W=4" and hindsight_row["hindsight_window"] == 4
+    assert hindsight_row["schedule_ms_per_step"] > 0 and plot.stat().st_size > 0
+
+    assert run_report([str(out)], markdown=True) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "| configuration | text.txt @12 | gap @12 | text.txt @20 | gap @20 |"
+    assert any(line.startswith("| hindsight W=4 | ") for line in table)

@@ -173,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-mode", choices=("reuse", "compact"), default="reuse",
         help="reuse: the new token takes the last victim's slot; compact: gather the whole "
         "cache every step (same results, slower) (default: reuse)")
+    evaluate.add_argument(
+        "--hindsight", type=_positive_int, default=None, metavar="W",
+        help="also run the hindsight reference at every budget: evict the held position the next W "
+        "decode steps of the full run attend to least (greedy, not a bound), and add a gap-closed "
+        "column against streaming-llm (default: off; docs/eval.md measures W)")
 
     record = sub.add_parser(
         "record", parents=[common, model_opts],
@@ -330,7 +335,7 @@ def _run(args: argparse.Namespace) -> int:
             policies=args.policies, values=option_values(args), head_mode=args.head_mode,
             cache_mode=args.cache_mode, backend=args.backend, text=args.text, model=args.model,
             json_path=args.json, plot=args.plot, progress=not args.no_progress,
-            attention=args.attention, threads=args.threads)
+            attention=args.attention, threads=args.threads, hindsight=args.hindsight)
         return evaluate.run_eval(request)
     request_record = evaluate.RecordRequest(
         tokens=args.tokens, prompt_tokens=args.prompt_tokens, layers=args.layers, out=args.out,

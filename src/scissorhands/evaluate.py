@@ -21,6 +21,11 @@ Protocol (so that every number is comparable)
   (:func:`scissorhands.options.sweep`: a recent window in positions or as a fraction of
   each budget, the sinks of every policy taking them, ...) at every budget;
   combinations a policy refuses for a budget are skipped with a note.
+* With ``hindsight=W`` (``--hindsight W``), one more configuration per budget: the
+  hindsight reference of :mod:`scissorhands.hindsight` (evicting the held position the
+  next ``W`` decode steps of the full run attend to least), its schedule computed from
+  the full run's attention while it runs; and a gap-closed figure per configuration
+  (:func:`scissorhands.hindsight.gap_closed`).
 
 This module imports neither torch nor the command line: the model work is
 :mod:`scissorhands.hf`'s, imported when a run starts.
@@ -31,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 import sys
 import time
@@ -41,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ScissorhandsError
+from .hindsight import gap_closed_percent
 from .options import OPTIONS, POLICY_NAMES, SPECS, config_label, policy_classes, series_label, sweep
 
 __all__ = [
@@ -58,6 +65,13 @@ __all__ = [
 
 #: Tokens consumed by the first forward when not given.
 DEFAULT_PROMPT_TOKENS = 64
+#: What the table's hindsight row and gap column mean (after the columns' explanation).
+HINDSIGHT_EXPLANATION = (
+    "; hindsight W={window}: at each step evicts the held position the next {window} decode steps of the full "
+    "run attend to least (greedy, a reference, not a bound); gap %: the share of streaming-llm's perplexity "
+    "gap to hindsight a row closes at its budget, 100 * (streaming-llm - row) / (streaming-llm - hindsight): "
+    "100 as good as hindsight, above 100 better than it, - without both or when hindsight is not better"
+)
 _TEXT_SOURCE_DEFAULT = (
     "pydoc_data.topics (Python standard library, PSF license), topics in sorted key order"
 )
@@ -96,6 +110,10 @@ class EvalRequest:
         torch threads (default 1: as fast as two for this memory-bound model on this
         machine's two cores, and immune to the 10x slowdown two threads suffer when
         another process shares the cores); None leaves torch's default.
+    hindsight : int or None
+        ``W`` >= 1: also run the hindsight reference at every budget, each decision
+        reading the next ``W`` decode steps of the full run's attention (default None:
+        not run).  A value below 1 or not an integer is refused before the model loads.
     """
 
     tokens: int = 512
@@ -113,6 +131,7 @@ class EvalRequest:
     progress: bool = True
     attention: str = "eager"
     threads: int | None = 1
+    hindsight: int | None = None
 
 
 @dataclass
@@ -226,18 +245,28 @@ def _run_values(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def format_table(results: Sequence[dict[str, Any]]) -> str:
-    """A plain-text table of eval results, one row per policy, budget and configuration."""
+    """A plain-text table of eval results, one row per policy, budget and configuration.
+
+    When a hindsight row is among them, a last column ``gap %``: each row's
+    ``gap_closed_percent`` (computed from ``results`` when absent), ``-`` where there is
+    none; without one, the table is exactly what it was before hindsight existed.
+    """
     full = next((r for r in results if r["policy"] == "full"), None)
+    with_gap = any(r["policy"] == "hindsight" for r in results)
+    gaps = [r.get("gap_closed_percent") for r in results]
+    if with_gap and not any("gap_closed_percent" in r for r in results):
+        gaps = gap_closed_percent(results)
     width = max([len("config")] + [len(r['label']) for r in results])
     header = (
         f"{'policy':<13} {'budget':>6} {'config':<{width}} {'perplexity':>10} {'vs full':>9} "
         f"{'agree':>6} {'top-1':>6} {'KV max':>6} {'KV mean':>7} "
         f"{'policy ms':>9} {'cache ms':>8} {'model ms':>8} {'ovh %':>6}"
-    )
+    ) + (f" {'gap %':>6}" if with_gap else "")
     lines = [header, "-" * len(header)]
-    for r in results:
+    for r, gap in zip(results, gaps):
         delta = f"{100 * (r['perplexity'] / full['perplexity'] - 1):+.1f}%" if full else "-"
         budget = "-" if r["budget"] is None else str(r["budget"])
+        gap_cell = "" if not with_gap else f" {'-':>6}" if gap is None else f" {gap:>6.1f}"
         lines.append(
             f"{r['policy']:<13} {budget:>6} {r['label']:<{width}} "
             f"{r['perplexity']:>10.3f} {delta:>9} "
@@ -245,8 +274,16 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
             f"{r['kv_positions_held_max']:>6d} {r['kv_positions_held_mean']:>7.1f} "
             f"{r['policy_ms_per_step']:>9.3f} {r['bookkeeping_ms_per_step']:>8.3f} "
             f"{r['forward_ms_per_step']:>8.1f} {r['overhead_percent_of_forward']:>6.2f}"
+            + gap_cell
         )
     return "\n".join(lines)
+
+
+def _series(result: Mapping[str, Any]) -> str:
+    """A result's line in the plot: its policy and options (``hindsight W=32``)."""
+    if result["policy"] == "hindsight":
+        return f"hindsight W={result['hindsight_window']}"
+    return series_label(result['policy'], _run_values(result), result.get('recent_window_spec'))
 
 
 def plot_results(
@@ -256,8 +293,9 @@ def plot_results(
     (a recent window given as a fraction of the budget is one line).
 
     Each line has its own colour and a marker per policy; the full cache is a dashed
-    line.  The perplexity axis is logarithmic when the values span more than 4x, and a
-    long legend goes to the right of the axes.
+    line, the hindsight reference a dotted one with stars.  The perplexity axis is
+    logarithmic when the values span more than 4x, and a long legend goes to the right
+    of the axes.
     """
     import matplotlib
 
@@ -271,7 +309,7 @@ def plot_results(
         if r["policy"] == "full":
             full = r["perplexity"]
             continue
-        label = series_label(r['policy'], _run_values(r), r.get('recent_window_spec'))
+        label = _series(r)
         series.setdefault(label, []).append((r["budget"], r["perplexity"]))
         policy_of[label] = r["policy"]
     wide = len(series) > 8
@@ -279,7 +317,7 @@ def plot_results(
     if full is not None:
         ax.axhline(full, color="black", linestyle="--", linewidth=1, label="full cache")
     colors = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
-    markers = {"streaming-llm": "s", "h2o": "^", "scissorhands": "o"}
+    markers = {"streaming-llm": "s", "h2o": "^", "scissorhands": "o", "hindsight": "*"}
     for index, (label, points) in enumerate(series.items()):
         points.sort()
         ax.plot(
@@ -287,6 +325,8 @@ def plot_results(
             [p[1] for p in points],
             marker=markers.get(policy_of[label], "D"),
             color=colors(index % colors.N),
+            linestyle=":" if policy_of[label] == "hindsight" else "-",
+            markersize=10 if policy_of[label] == "hindsight" else 6,
             label=label,
         )
     values = [p[1] for points in series.values() for p in points] + (
@@ -412,7 +452,9 @@ def run_eval(request: EvalRequest) -> int:
     Every argument (counts, budgets, policies and options, paths, matplotlib for a plot)
     is checked before the model loads.  The full cache runs alone (it is the reference
     for agreement, and the only run holding every position); every other configuration
-    runs in one batch, each sequence with its own policy.  Prints the table (and the
+    runs in one batch, each sequence with its own policy.  With ``hindsight``, the full
+    run also computes every budget's hindsight schedule from its attention, and the
+    batch replays them (one more sequence per budget).  Prints the table (and the
     notes).
 
     Returns the process exit status: 0, or 2 on a bad argument (message on stderr).
@@ -425,6 +467,12 @@ def run_eval(request: EvalRequest) -> int:
     problem = _check_counts(tokens, prompt_tokens, prompt_given, 3)
     if problem:
         return _fail(problem)
+    window = request.hindsight
+    if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
+        return _fail(f"--hindsight must be a whole number of decode steps, at least 1, got {window!r}")
+    if window is not None and tokens - 1 - prompt_tokens < 1:
+        return _fail(f"--hindsight {window} reads the decode steps, and --tokens {tokens} leaves none after the "
+                     f"prompt of {prompt_tokens} (the last token is only a target): give more tokens")
     budgets = sorted(set(request.budgets)) if request.budgets else default_budgets(tokens)
     head_mode, cache_mode, backend = request.head_mode, request.cache_mode, request.backend
     if min(budgets) < 1 or max(budgets) > tokens - 1:
@@ -458,31 +506,61 @@ def run_eval(request: EvalRequest) -> int:
     target_ids = np.array(ids[1:], dtype=np.int64)
 
     steps = tokens - 1 - prompt_tokens + 1
-    batches = [runs[:1], runs[1:]] if len(runs) > 1 else [runs]
+    scheduler = None
+    if window is not None:
+        from .hindsight import HindsightScheduler
+
+        # The decode steps are positions prompt_tokens .. tokens - 2 (the last token is only a target).
+        scheduler = HindsightScheduler(budgets, int(window), prompt_tokens, tokens - 2)
+    # The batch: each budget's configurations, then (with --hindsight) its hindsight one, by budget.
+    plan: list[Any] = []
+    for budget in budgets:
+        plan += [run for run in runs[1:] if run.budget == budget]
+        if window is not None:
+            plan.append(budget)
+    batches = [runs[:1], plan] if plan else [runs[:1]]
     bar = tqdm(total=steps * len(batches), disable=not progress, unit="step", file=sys.stderr)
     measured: list[dict[str, Any]] = []
-    for batch in batches:
-        bar.set_description("full cache" if batch is runs[:1] else f"{len(batch)} configurations")
+    schedule_seconds = 0.0
+    for index, batch in enumerate(batches):
+        bar.set_description("full cache" if index == 0 else f"{len(batch)} configurations")
         start = time.perf_counter()
-        configs = [hf.PolicyConfig(run.policy, run.budget, run.options, backend) for run in batch]
+        if index == 0:
+            configs = [hf.PolicyConfig(run.policy, run.budget, run.options, backend) for run in batch]
+            sink: dict[str, Any] = {} if scheduler is None else {"attention_sink": scheduler.push}
+        else:
+            schedules: dict[int, Any] = {} if scheduler is None else scheduler.finish()
+            configs = [hf.HindsightConfig.of(schedules[item], backend) if isinstance(item, int)
+                       else hf.PolicyConfig(item.policy, item.budget, item.options, backend) for item in batch]
+            sink = {}
         out = hf.evaluate_batch(model, ids, configs, prompt_tokens=prompt_tokens, head_mode=head_mode,
-                                cache_mode=cache_mode, progress=bar.update)
+                                cache_mode=cache_mode, progress=bar.update, **sink)
         wall = time.perf_counter() - start
-        for item in out:
-            item["wall_seconds"] = wall
+        if index == 0 and scheduler is not None:
+            schedule_seconds = out[0].get("tap_seconds", 0.0)
+        for one in out:
+            one["wall_seconds"] = wall
         measured.extend(out)
     bar.close()
     results: list[dict[str, Any]] = []
-    for run, item in zip(runs, measured):
-        result = run.as_dict()
-        result["label"] = config_label(run.policy, run.values, run.window_spec)
+    for item, result_measured in zip([runs[0], *plan], measured):
+        if isinstance(item, int):
+            result = {"policy": "hindsight", "budget": item, "hindsight_window": int(window or 0),
+                      "label": f"W={window}"}
+        else:
+            result = item.as_dict()
+            result["label"] = config_label(item.policy, item.values, item.window_spec)
         # measured[0] is the full-cache run: the reference for next-token agreement.
-        result.update(_summarise(item, first_target, measured[0]["argmax"], target_ids))
-        result["wall_seconds"] = item["wall_seconds"]
+        result.update(_summarise(result_measured, first_target, measured[0]["argmax"], target_ids))
+        result["wall_seconds"] = result_measured["wall_seconds"]
+        if isinstance(item, int):
+            result["schedule_ms_per_step"] = 1e3 * schedule_seconds / max(result_measured["decode_steps"], 1)
         results.append(result)
     full_ppl = results[0]["perplexity"]
-    for result in results:
+    for result, gap in zip(results, gap_closed_percent(results)):
         result["perplexity_ratio_to_full"] = result["perplexity"] / full_ppl
+        if result["policy"] != "full":
+            result["gap_closed_percent"] = gap
 
     model_info = hf.model_info(model, request.model)
     scored = tokens - first_target
@@ -490,8 +568,9 @@ def run_eval(request: EvalRequest) -> int:
         f"{os.path.basename(model_info['path'])}: N={tokens} tokens (prompt {prompt_tokens}), "
         f"scored on positions {first_target}..{tokens - 1} ({scored} tokens); "
         f"head mode {head_mode}; cache mode {cache_mode}; backend {backend}; attention "
-        f"{request.attention}; {len(runs) - 1} configurations in one batch; torch threads "
-        f"{hf.environment()['torch_threads']}; model load {load_seconds:.1f} s"
+        f"{request.attention}; {len(plan)} configurations in one batch; "
+        + ("" if window is None else f"hindsight W={window}; ")
+        + f"torch threads {hf.environment()['torch_threads']}; model load {load_seconds:.1f} s"
     )
     print(summary)
     print(format_table(results))
@@ -502,7 +581,14 @@ def run_eval(request: EvalRequest) -> int:
         "policy + cache as a share of the forward; config: rw recent window in positions (and "
         "the fraction of the budget it came from, when given as one), sinks, hw history "
         "window, rate: evicting by votes per step held"
+        + ("" if window is None else HINDSIGHT_EXPLANATION.format(window=window))
     )
+    if window is not None:
+        notes = [*notes, (
+            f"hindsight W={window}: its schedule (every budget's) was computed from the full run's attention "
+            f"during the full run, {1e3 * schedule_seconds / max(measured[0]['decode_steps'], 1):.3f} ms per "
+            "decode step, "
+            "left out of the full row's model ms; its policy ms is only the replay of the schedule")]
     for note in notes:
         print(f"note: {note}")
 
@@ -520,6 +606,7 @@ def run_eval(request: EvalRequest) -> int:
                 "cache_mode": cache_mode,
                 "backend": backend,
                 "attention": request.attention,
+                "hindsight": window,
                 "scored_positions": [first_target, tokens - 1],
                 "scored_tokens": scored,
                 "text": {

@@ -4,7 +4,10 @@ Rows are configurations (a policy and its options, a recent window given as a fr
 of the budget staying one row across budgets), columns are (text, budget) pairs, each
 cell a perplexity and its change against the same text's full cache.  Files measured
 on other tokens, prompt, scored positions, head mode or model are refused: their
-perplexities do not compare.
+perplexities do not compare.  Files of ``eval --hindsight`` add the hindsight rows and,
+after each (text, budget) column where one is measured, a gap-closed column
+(:func:`scissorhands.hindsight.gap_closed`, each cell from the file its perplexity came
+from).
 """
 
 from __future__ import annotations
@@ -17,9 +20,13 @@ from fractions import Fraction
 from typing import Any
 
 from .errors import ScissorhandsError
+from .hindsight import gap_closed_percent
 from .options import POLICY_NAMES, SPECS, series_label, spec_fraction
 
 __all__ = ["combine_reports", "format_longctx", "format_report", "plot_longctx", "plot_report", "run_report"]
+
+#: The policy name of ``eval --hindsight``'s reference rows.
+HINDSIGHT = "hindsight"
 
 
 # --------------------------------------------------------------------------- reporting
@@ -43,12 +50,17 @@ def _window_spec(result: Mapping[str, Any]) -> str | None:
 
 def _report_series(result: Mapping[str, Any]) -> str:
     """A result's configuration across budgets and files (a report row)."""
+    if result["policy"] == HINDSIGHT:
+        return f"hindsight W={result['hindsight_window']}"
     return series_label(result["policy"], _values(result), _window_spec(result))
 
 
 def _report_order(result: Mapping[str, Any]) -> tuple[Any, ...]:
     """Where a configuration's row goes in a report: by policy, then its options in
-    constructor order (a recent window in positions before fractions of the budget)."""
+    constructor order (a recent window in positions before fractions of the budget);
+    the hindsight reference last, by window."""
+    if result["policy"] == HINDSIGHT:
+        return (len(POLICY_NAMES), result["hindsight_window"])
     key: list[Any] = [POLICY_NAMES.index(result["policy"])]
     values = _values(result)
     for option in SPECS[result["policy"]].options:
@@ -64,10 +76,14 @@ def _report_order(result: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _check_result(result: Any, where: str) -> None:
-    """A result row of an eval document: a known policy, an integer budget (None for the
-    full cache only) and a finite, positive perplexity."""
-    if not isinstance(result, dict) or result.get("policy") not in POLICY_NAMES:
+    """A result row of an eval document: a known policy (or the hindsight reference,
+    with a positive integer window), an integer budget (None for the full cache only)
+    and a finite, positive perplexity."""
+    if not isinstance(result, dict) or result.get("policy") not in (*POLICY_NAMES, HINDSIGHT):
         raise ScissorhandsError(f"{where}: a result is not an eval result row")
+    window = result.get("hindsight_window")
+    if result["policy"] == HINDSIGHT and (type(window) is not int or window < 1):
+        raise ScissorhandsError(f"{where}: hindsight window {window!r} is not a positive integer")
     budget = result.get("budget")
     if result["policy"] == "full" and budget is not None:
         raise ScissorhandsError(f"{where}: the full-cache run has a budget ({budget!r})")
@@ -99,7 +115,11 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     dict
         ``columns`` (list of ``(text name, budget)``), ``rows`` (list of labels),
         ``full`` (text name -> full-cache perplexity), ``cells`` (``(label, column)`` ->
-        perplexity) and ``notes`` (list of str).
+        perplexity), ``gaps`` (``(label, column)`` -> gap closed in percent, from the
+        file the cell's perplexity came from: its StreamingLLM and hindsight rows of
+        that budget, :func:`scissorhands.hindsight.gap_closed_percent`; absent where it
+        has none), ``gap_columns`` (the columns with a hindsight row) and ``notes``
+        (list of str).
 
     Raises
     ------
@@ -113,6 +133,8 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     names: dict[str, str] = {}
     full: dict[str, float] = {}
     cells: dict[tuple[str, tuple[str, int]], float] = {}
+    gaps: dict[tuple[str, tuple[str, int]], float] = {}
+    gap_columns: set[tuple[str, int]] = set()
     rows: dict[str, tuple[Any, ...]] = {}
     budgets: dict[str, set[int]] = {}
     notes: list[str] = []
@@ -149,13 +171,17 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
             notes.append(f"{name}: full-cache perplexity {base['perplexity']:.6f} in file "
                          f"{index + 1} differs from {full[name]:.6f}; the first is kept")
         full.setdefault(name, base["perplexity"])
-        for r in results:
+        for r, gap in zip(results, gap_closed_percent(results)):
             if r["policy"] == "full":
                 continue
             label = _report_series(r)
             rows.setdefault(label, _report_order(r))
             column = (name, int(r["budget"]))
             budgets.setdefault(name, set()).add(int(r["budget"]))
+            if r["policy"] == HINDSIGHT:
+                gap_columns.add(column)
+            if (label, column) not in cells and gap is not None:
+                gaps[(label, column)] = gap
             old = cells.setdefault((label, column), r["perplexity"])
             if abs(old / r["perplexity"] - 1) > 1e-9:
                 notes.append(f"{label} at {column[1]} on {name}: {r['perplexity']:.6f} in file "
@@ -164,17 +190,23 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     columns = [(name, b) for name in dict.fromkeys(names.values()) for b in sorted(budgets.get(name, ()))]
     if not columns:
         raise ScissorhandsError("the files hold only full-cache runs: nothing to compare")
-    return {"columns": columns, "rows": labels, "full": full, "cells": cells, "notes": notes}
+    return {"columns": columns, "rows": labels, "full": full, "cells": cells, "gaps": gaps,
+            "gap_columns": [c for c in columns if c in gap_columns], "notes": notes}
 
 
 def format_report(report: dict[str, Any], markdown: bool = False) -> str:
     """The combined grid as text: one row per configuration, one column per (text,
     budget), each cell the perplexity and its change against the full cache (``-``: not
-    measured). In Markdown the best configuration of each column is bold."""
+    measured). In Markdown the best configuration of each column (the hindsight
+    reference aside) is bold.  After a column with a hindsight row, ``gap @budget``:
+    each configuration's gap closed in percent (``-``: none); without hindsight rows the
+    table is what it was before they existed."""
     columns, full, cells = report["columns"], report["full"], report["cells"]
+    gaps, gap_columns = report.get("gaps", {}), set(report.get("gap_columns", ()))
     best = {}
     for column in columns:
-        measured = [(cells[(lab, column)], lab) for lab in report["rows"] if (lab, column) in cells]
+        measured = [(cells[(lab, column)], lab) for lab in report["rows"]
+                    if (lab, column) in cells and not lab.startswith(HINDSIGHT + " ")]
         if measured:
             best[column] = min(measured)[1]
 
@@ -185,9 +217,18 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
         text = f"{value:.3f} ({100 * (value / full[column[0]] - 1):+.1f}%)"
         return f"**{text}**" if markdown and best.get(column) == label else text
 
-    head = ["configuration"] + [f"{name} @{budget}" for name, budget in columns]
-    body = [["full cache"] + [f"{full[name]:.3f}" for name, _ in columns]]
-    body += [[label] + [cell(label, column) for column in columns] for label in report["rows"]]
+    def cells_of(label: str, column: tuple[str, int]) -> list[str]:
+        if column not in gap_columns:
+            return [cell(label, column)]
+        gap = gaps.get((label, column))
+        return [cell(label, column), "-" if gap is None else f"{gap:.1f}%"]
+
+    head = ["configuration"]
+    for name, budget in columns:
+        head += [f"{name} @{budget}"] + ([f"gap @{budget}"] if (name, budget) in gap_columns else [])
+    body = [["full cache"] + [text for name, budget in columns
+                              for text in [f"{full[name]:.3f}"] + (["-"] if (name, budget) in gap_columns else [])]]
+    body += [[label] + [text for column in columns for text in cells_of(label, column)] for label in report["rows"]]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in body]
@@ -201,7 +242,8 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
 def plot_report(report: dict[str, Any], path: str | os.PathLike[str], title: str = "") -> None:
     """Save the combined grid as a dot plot: one panel per text, one line per
     configuration, the change in perplexity against the full cache (percent) on the x
-    axis, one marker per budget."""
+    axis, one marker per budget; the hindsight reference's rows with stars, a dotted
+    line joining its budgets."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,10 +259,22 @@ def plot_report(report: dict[str, Any], path: str | os.PathLike[str], title: str
     for ax, name in zip(axes, texts):
         for j, budget in enumerate(budgets):
             points = [(100 * (cells[(lab, (name, budget))] / full[name] - 1), y)
-                      for lab, y in zip(labels, ys) if (lab, (name, budget)) in cells]
+                      for lab, y in zip(labels, ys) if (lab, (name, budget)) in cells
+                      and not lab.startswith(HINDSIGHT + " ")]
             if points:
                 ax.plot([p[0] for p in points], [p[1] for p in points], linestyle="none",
                         marker=markers[j % len(markers)], color=f"C{j}", label=f"budget {budget}")
+            reference = [(100 * (cells[(lab, (name, budget))] / full[name] - 1), y)
+                         for lab, y in zip(labels, ys) if (lab, (name, budget)) in cells
+                         and lab.startswith(HINDSIGHT + " ")]
+            if reference:
+                ax.plot([p[0] for p in reference], [p[1] for p in reference], linestyle="none", marker="*",
+                        markersize=11, color=f"C{j}", label=f"hindsight, budget {budget}")
+        for lab, y in zip(labels, ys):
+            if lab.startswith(HINDSIGHT + " "):
+                xs = [100 * (cells[(lab, (name, b))] / full[name] - 1) for b in budgets if (lab, (name, b)) in cells]
+                if len(xs) > 1:
+                    ax.plot([min(xs), max(xs)], [y, y], linestyle=":", color="0.4", linewidth=1, zorder=0)
         ax.set_title(f"{name} (full cache {full[name]:.2f})", fontsize=9)
         ax.set_xlabel("perplexity vs full cache (%)")
         ax.grid(True, axis="x", alpha=0.3)
@@ -278,6 +332,12 @@ def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
         # combine_reports checks the fields it knows; anything else malformed lands here.
         raise ScissorhandsError(f"cannot combine the files: malformed field ({exc!r})") from None
     print(table)
+    if report["gap_columns"]:
+        print("note: gap @budget: the share of streaming-llm's perplexity gap to hindsight a configuration "
+              "closes, 100 * (streaming-llm - it) / (streaming-llm - hindsight), from the file it was "
+              "measured in (streaming-llm at 4 sinks when there); 100% as good as hindsight, above 100% "
+              "better (hindsight is greedy, not a bound); - without both in that file or when hindsight "
+              "is not better")
     for note in report["notes"]:
         print(f"note: {note}")
     if plot:

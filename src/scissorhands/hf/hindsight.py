@@ -44,15 +44,16 @@ class HindsightConfig(PolicyConfig):
     schedule: HindsightSchedule | None = None
 
     @classmethod
-    def of(cls, schedule: HindsightSchedule) -> HindsightConfig:
-        """The configuration replaying ``schedule``.
+    def of(cls, schedule: HindsightSchedule, backend: str = "native") -> HindsightConfig:
+        """The configuration replaying ``schedule`` (``backend``: the one the stand-in
+        object is built with, that of the other configurations).
 
         Raises
         ------
         InvalidTypeError
             ``schedule`` is not a :class:`~scissorhands.hindsight.HindsightSchedule`.
         """
-        config = cls("full", getattr(schedule, "budget", None), schedule=schedule)
+        config = cls("full", getattr(schedule, "budget", None), backend=backend, schedule=schedule)
         config.check()
         return config
 
