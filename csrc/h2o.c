@@ -1,11 +1,14 @@
 /*
- * h2o.c - Heavy-Hitter Oracle scores (Zhang et al., NeurIPS 2023, arXiv 2306.14048).
+ * h2o.c - Heavy-Hitter Oracle scores (Zhang et al., NeurIPS 2023, arXiv 2306.14048)
+ * and TOVA's (Oren et al., 2024, arXiv 2401.06104).
  *
- * Each slot accumulates the attention it receives, in double: thousands of float32
- * additions would lose exactly the low bits that decide which of two old positions
- * goes. The selection itself is shared with Scissorhands (scissorhands.c) and works
- * on the scores' bit patterns, which order like the scores for finite values >= 0.
- * These are the portable scalar forms; simd.c holds the AVX2 ones.
+ * H2O: each slot accumulates the attention it receives, in double: thousands of
+ * float32 additions would lose exactly the low bits that decide which of two old
+ * positions goes. TOVA: each slot holds the weight of the latest decode step, widened
+ * exactly to double (assigned, not added). The selection itself is shared with
+ * Scissorhands (scissorhands.c) and works on the scores' bit patterns, which order like
+ * the scores for finite values >= 0 (so -0.0 is stored as 0.0). These are the portable
+ * scalar forms; simd.c holds the AVX2 ones.
  */
 #include <float.h>
 #include "sh_internal.h"
@@ -32,6 +35,24 @@ size_t sh_h2o_accumulate_f64(double *scores, const double *attn, size_t n, size_
 {
     for (size_t i = 0; i < n; i++)
         accumulate_one(&scores[i], attn[i]);
+    return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
+}
+
+/* scores[i] = attn[i] for i < n, widening each float32 weight exactly (+ 0.0 turns a
+   -0.0 weight into 0.0, whose bits order as the selection needs); then the least slot
+   of [lo, hi) (hi when the range is empty). */
+size_t sh_tova_assign_f32(double *scores, const float *attn, size_t n, size_t lo, size_t hi)
+{
+    for (size_t i = 0; i < n; i++)
+        scores[i] = (double)attn[i] + 0.0;
+    return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
+}
+
+/* scores[i] = attn[i] (-0.0 as 0.0) for i < n; then the least slot of [lo, hi). */
+size_t sh_tova_assign_f64(double *scores, const double *attn, size_t n, size_t lo, size_t hi)
+{
+    for (size_t i = 0; i < n; i++)
+        scores[i] = attn[i] + 0.0;
     return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
 }
 

@@ -6,8 +6,10 @@
  * fair share 1 / count earns one vote (uint32, saturating). Over budget, the
  * least-voted positions outside the sinks and the recent window leave; equal votes
  * evict the lower position. The object, admission, growth, the stable selection
- * and compaction are shared with H2O (h2o.c), StreamingLLM (streaming_llm.c) and
- * Full; only the score update and the victim choice differ.
+ * and compaction are shared with H2O and TOVA (h2o.c), StreamingLLM
+ * (streaming_llm.c) and Full; only the score update and the victim choice differ.
+ * H2O and TOVA share the float64 score array and its selection (has_scores); H2O adds
+ * each step's weights, TOVA assigns them.
  *
  * With a history window of w steps (1..64) each slot also keeps a 64-bit register of
  * its vote bits: every decode step that carries attention shifts each held slot's
@@ -45,16 +47,30 @@ _Static_assert(sizeof(struct sh_policy) <= SH_HEADER_BYTES,
 
 /* ---------------------------------------------------------------- layout */
 
+/* Whether this kind keeps a float64 score per slot (H2O, TOVA): the score array,
+   its selection and its state are shared; only the update differs. */
+static int has_scores(int32_t kind)
+{
+    return kind == SH_H2O || kind == SH_TOVA;
+}
+
 /* Whether this kind keeps a per-slot score and reads attention. */
 static int reads_attention(int32_t kind)
 {
-    return kind == SH_SCISSORHANDS || kind == SH_H2O;
+    return kind == SH_SCISSORHANDS || has_scores(kind);
 }
 
-/* Bytes of score per slot: 4 (votes), 8 (H2O), 0. */
+/* Bytes of score per slot: 4 (votes), 8 (H2O, TOVA scores), 0. */
 static size_t value_bytes(int32_t kind)
 {
-    return kind == SH_SCISSORHANDS ? sizeof(uint32_t) : kind == SH_H2O ? sizeof(double) : 0;
+    return kind == SH_SCISSORHANDS ? sizeof(uint32_t) : has_scores(kind) ? sizeof(double) : 0;
+}
+
+/* The least recent window this kind allows: TOVA's newest position has no score until
+   a later token reads it, so TOVA always keeps it (1); 0 for the others. */
+static uint32_t min_recent_window(int32_t kind)
+{
+    return kind == SH_TOVA ? 1 : 0;
 }
 
 static uint32_t *row_positions(const sh_policy *p, size_t h)
@@ -265,7 +281,7 @@ static inline void put_slot(sh_policy *p, size_t h, size_t c, uint32_t pos)
     row_positions(p, h)[c] = pos;
     if (p->kind == SH_SCISSORHANDS)
         row_votes(p, h)[c] = 0;
-    else if (p->kind == SH_H2O)
+    else if (has_scores(p->kind))
         row_scores(p, h)[c] = 0.0;
     if (p->history != NULL)
         row_history(p, h)[c] = 0;
@@ -291,7 +307,7 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
     if (cfg == NULL || out == NULL)
         return SH_ERR_ARG;
     int32_t kind = cfg->kind;
-    if (kind < SH_FULL || kind > SH_SCISSORHANDS)
+    if (kind < SH_FULL || kind > SH_TOVA)
         return SH_ERR_ARG;
     if (cfg->heads < 1 || cfg->heads > SH_MAX_HEADS)
         return SH_ERR_ARG;
@@ -305,6 +321,8 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
         && (kind != SH_SCISSORHANDS || cfg->history_window > SH_MAX_HISTORY_WINDOW))
         return SH_ERR_ARG;
     if (cfg->vote_rate > 1 || (cfg->vote_rate != 0 && kind != SH_SCISSORHANDS))
+        return SH_ERR_ARG;
+    if (cfg->recent_window < min_recent_window(kind))
         return SH_ERR_ARG;
     if ((uint64_t)cfg->recent_window + cfg->sinks >= cfg->budget)
         return SH_ERR_BUDGET;
@@ -597,11 +615,11 @@ static void count_step(uint32_t *held, size_t n)
         held[i] += (uint32_t)(held[i] != UINT32_MAX);
 }
 
-/* Whether a row's scores are plain votes or H2O scores, with nothing else per slot:
-   the rows the fused step and the specialised selection serve. */
+/* Whether a row's scores are plain votes or H2O/TOVA scores, with nothing else per
+   slot: the rows the fused step and the specialised selection serve. */
 static int plain_scores(const sh_policy *p)
 {
-    return p->kind == SH_H2O
+    return has_scores(p->kind)
            || (p->kind == SH_SCISSORHANDS && p->history == NULL && !p->vote_rate);
 }
 
@@ -635,6 +653,11 @@ static size_t update_row(sh_policy *p, size_t h, int32_t dtype, const void *attn
             return KERNEL(simd, h2o_accumulate_f32)(row_scores(p, h), attn, n, lo, hi);
         return KERNEL(simd, h2o_accumulate_f64)(row_scores(p, h), attn, n, lo, hi);
     }
+    if (p->kind == SH_TOVA) {
+        if (dtype == SH_DTYPE_F32)
+            return KERNEL(simd, tova_assign_f32)(row_scores(p, h), attn, n, lo, hi);
+        return KERNEL(simd, tova_assign_f64)(row_scores(p, h), attn, n, lo, hi);
+    }
     return hi;
 }
 
@@ -656,7 +679,7 @@ static inline double rate_at(const sh_policy *p, size_t h, size_t i)
 }
 
 /* The key that orders slot i of row h: votes, the bits of a vote rate, or the bits
-   of an H2O score (finite doubles >= 0 order as their bits do). */
+   of an H2O or TOVA score (finite doubles >= 0 order as their bits do). */
 static inline uint64_t key_at(const sh_policy *p, size_t h, size_t i)
 {
     if (p->kind == SH_SCISSORHANDS && !p->vote_rate)
@@ -700,7 +723,7 @@ static void radix_select(const sh_policy *p, size_t h, size_t lo, size_t hi, siz
                          uint64_t *prefix_out, uint64_t *mask_out, size_t *need, int simd)
 {
     int votes = p->kind == SH_SCISSORHANDS && !p->vote_rate;
-    int scores = p->kind == SH_H2O;
+    int scores = has_scores(p->kind);
     uint8_t *mark = row_scratch(p, h);
     uint64_t all;
     if (votes) {
@@ -871,9 +894,12 @@ static void evict_row(sh_policy *p, size_t h, size_t n, size_t k, uint32_t *vict
     }
 }
 
-/* Checks budget against the protected prefix and suffix of this policy. */
+/* Checks budget against the protected prefix and suffix of this policy (and the
+   recent window against its kind's least, as sh_policy_new does). */
 static int check_budget(const sh_policy *p, uint32_t budget)
 {
+    if (p->recent_window < min_recent_window(p->kind))
+        return SH_ERR_ARG;
     if (budget < 1)
         return SH_ERR_BUDGET;
     if ((uint64_t)p->recent_window + p->sinks >= budget)
@@ -1347,7 +1373,7 @@ int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
         copy_rows_out(p, positions, p->positions, sizeof *positions);
     if (votes != NULL && p->kind == SH_SCISSORHANDS)
         copy_rows_out(p, votes, p->values, sizeof *votes);
-    if (scores != NULL && p->kind == SH_H2O)
+    if (scores != NULL && has_scores(p->kind))
         copy_rows_out(p, scores, p->values, sizeof *scores);
     return SH_OK;
 }
@@ -1401,7 +1427,7 @@ static int import_rows(sh_policy *p, size_t heads, const uint32_t *counts, size_
         return SH_ERR_LENGTH;
     if (p->kind == SH_SCISSORHANDS && votes == NULL)
         return SH_ERR_ARG;
-    if (p->kind == SH_H2O && scores == NULL)
+    if (has_scores(p->kind) && scores == NULL)
         return SH_ERR_ARG;
     uint64_t need = n;
     if (counts != NULL) {
@@ -1420,7 +1446,7 @@ static int import_rows(sh_policy *p, size_t heads, const uint32_t *counts, size_
         memcpy(row_positions(p, h), positions + at, c * sizeof *positions);
         if (p->kind == SH_SCISSORHANDS)
             memcpy(row_votes(p, h), votes + at, c * sizeof *votes);
-        else if (p->kind == SH_H2O)
+        else if (has_scores(p->kind))
             memcpy(row_scores(p, h), scores + at, c * sizeof *scores);
         if (history != NULL)
             memcpy(row_history(p, h), history + at, c * sizeof *history);
@@ -1488,7 +1514,7 @@ int64_t sh_policy_votes_of(const sh_policy *p, size_t head, uint32_t pos)
 double sh_policy_score_of(const sh_policy *p, size_t head, uint32_t pos)
 {
     int64_t i = sh_policy_find(p, head, pos);
-    if (i < 0 || p->kind != SH_H2O)
+    if (i < 0 || !has_scores(p->kind))
         return -1.0;
     return row_scores(p, head)[i];
 }

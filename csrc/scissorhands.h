@@ -6,11 +6,24 @@
  *
  *   SH_SCISSORHANDS  uint32 vote counts     (Liu et al., NeurIPS 2023, arXiv 2305.17118)
  *   SH_H2O           float64 cumulative sum (Zhang et al., NeurIPS 2023, arXiv 2306.14048)
+ *   SH_TOVA          float64 weight of the latest decode step (Oren et al., 2024,
+ *                    arXiv 2401.06104, "Transformers are Multi-State RNNs")
  *   SH_STREAMING_LLM attention sinks + the most recent positions
  *                                           (Xiao et al., ICLR 2024, arXiv 2309.17453)
  *   SH_FULL          never evicts (the baseline)
  *
- * Scissorhands and H2O may also pin their first positions (sinks), and Scissorhands
+ * TOVA keeps H2O's score array and selection but assigns instead of adding: each
+ * decode step that carries attention sets every held slot's score to that step's
+ * weight (widened exactly; -0.0 stored as 0.0), and the new position joins with a
+ * score of 0; a step without attention changes no score, and a chunk (prefill,
+ * extend) applies its tokens one by one, so a slot ends it with the weight of the
+ * last token that read it. The step's weights never include the newest token's
+ * weight on itself, so a new position has no score yet: TOVA needs recent_window >= 1
+ * (the newest position is always kept). Over budget the lowest scores outside the
+ * sinks and the recent window go, equal scores evicting the lower position, exactly
+ * as in H2O.
+ *
+ * Scissorhands, H2O and TOVA may also pin their first positions (sinks), and Scissorhands
  * may count only the votes of its last 1..64 decode steps (a history window: one
  * 64-bit register of vote bits per slot) and may rank positions by votes per decode
  * step held rather than by votes (a vote rate: one uint32 step counter per slot).
@@ -24,11 +37,11 @@
  * threads at once, one object from one thread at a time. The only process-wide
  * setting is sh_set_simd (for tests: it forces the portable scalar kernels).
  *
- * The hot loops (weight validation, the vote update, H2O's float64 add, the search
- * for the least-voted slot and the bulk selection) exist in a portable scalar form
- * and, on x86-64, an AVX2 form chosen at run time when the CPU has it; the two give
- * bit-identical results. A step with many rows may spread them over threads
- * (sh_policy_set_threads); the results do not depend on the thread count.
+ * The hot loops (weight validation, the vote update, H2O's float64 add, TOVA's
+ * assignment, the search for the least-voted slot and the bulk selection) exist in a
+ * portable scalar form and, on x86-64, an AVX2 form chosen at run time when the CPU
+ * has it; the two give bit-identical results. A step with many rows may spread them
+ * over threads (sh_policy_set_threads); the results do not depend on the thread count.
  *
  * This header, with its preprocessor lines removed, is the cffi cdef: keep it to
  * plain declarations.
@@ -62,7 +75,8 @@ enum sh_kind {
     SH_FULL = 0,
     SH_STREAMING_LLM = 1,
     SH_H2O = 2,
-    SH_SCISSORHANDS = 3
+    SH_SCISSORHANDS = 3,
+    SH_TOVA = 4
 };
 
 /* Element types of an attention buffer. */
@@ -105,8 +119,9 @@ enum sh_sizes {
 };
 
 /* Construction parameters. recent_window and sinks are the protected suffix and
-   prefix of each row (sinks: the first positions held, for StreamingLLM, H2O and
-   Scissorhands); recent_window + sinks < budget. history_window (Scissorhands only;
+   prefix of each row (sinks: the first positions held, for StreamingLLM, H2O, TOVA and
+   Scissorhands); recent_window + sinks < budget, and recent_window >= 1 for TOVA
+   (else sh_policy_new returns SH_ERR_ARG). history_window (Scissorhands only;
    0 = off, else 1..64): votes count only the last history_window decode steps that
    carried attention, kept exactly as a 64-bit register of vote bits per slot.
    vote_rate (Scissorhands only; 0 = off, 1 = on): eviction ranks each slot by
@@ -174,7 +189,7 @@ size_t sh_policy_capacity(const sh_policy *p);
 size_t sh_policy_memory_bytes(const sh_policy *p);
 
 /* Bytes of state per slot: 9 Scissorhands (+8 with a history window, +4 with a
-   vote rate), 13 H2O, 4 StreamingLLM and Full. */
+   vote rate), 13 H2O and TOVA, 4 StreamingLLM and Full. */
 size_t sh_policy_slot_bytes(const sh_policy *p);
 
 /* The largest position ever admitted (0 for a fresh policy). */
@@ -254,7 +269,7 @@ int sh_policy_select_rows(sh_policy *p, const uint32_t *index, size_t rows);
 
 /* Copies the held positions and scores out, row after row (row h's count_h entries,
    sum count_h in all: heads * count row-major when the counts agree). votes is read
-   for Scissorhands, scores for H2O; any of the three may be NULL. */
+   for Scissorhands, scores for H2O and TOVA; any of the three may be NULL. */
 int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
                      double *scores, size_t cap);
 
@@ -272,7 +287,7 @@ int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap);
 int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap);
 
 /* Replaces the state with heads rows of n positions each and their per-slot arrays,
-   all row-major: votes (Scissorhands) or scores (H2O), history exactly when the policy
+   all row-major: votes (Scissorhands) or scores (H2O, TOVA), history exactly when the policy
    has a history window and held exactly when it has a vote rate (else SH_ERR_ARG).
    Only what memory safety needs is checked here (presence, heads, 1 <= n <=
    UINT32_MAX); the caller validates the values (ascending positions, finite scores,
@@ -298,7 +313,8 @@ int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos);
 /* The vote count of pos in row head (Scissorhands), or -1 when it is not held. */
 int64_t sh_policy_votes_of(const sh_policy *p, size_t head, uint32_t pos);
 
-/* The cumulative score of pos in row head (H2O), or -1.0 when it is not held. */
+/* The score of pos in row head (H2O: cumulative; TOVA: the latest step's weight), or
+   -1.0 when it is not held. */
 double sh_policy_score_of(const sh_policy *p, size_t head, uint32_t pos);
 
 #ifdef __cplusplus

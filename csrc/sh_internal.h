@@ -1,10 +1,10 @@
 /*
  * sh_internal.h - the policy object's layout and what the C files share:
  * scissorhands.c (the object, admission, the step, selection, Scissorhands' votes),
- * h2o.c (H2O's cumulative scores), streaming_llm.c (sinks + recency), simd.c (the
- * AVX2 forms of the hot loops and the switch between them and the scalar forms) and
- * parallel.c (a step's rows on several threads). Not part of the public API or the
- * cdef.
+ * h2o.c (H2O's cumulative scores, TOVA's latest weights), streaming_llm.c (sinks +
+ * recency), simd.c (the AVX2 forms of the hot loops and the switch between them and
+ * the scalar forms) and parallel.c (a step's rows on several threads). Not part of
+ * the public API or the cdef.
  */
 #ifndef SH_INTERNAL_H
 #define SH_INTERNAL_H
@@ -34,7 +34,7 @@ struct sh_policy {
     uint32_t *counts;       /* positions held per row: &count, or heads entries */
     uint32_t *positions;    /* heads * capacity, ascending within each row */
     void *values;           /* uint32 votes (Scissorhands; then uint32 steps held with
-                               vote_rate), double scores (H2O), then the scratch bytes;
+                               vote_rate), double scores (H2O, TOVA), then the scratch bytes;
                                or NULL */
     uint64_t *history;      /* vote bits of the last history_window steps per slot, or NULL */
 };
@@ -73,7 +73,12 @@ size_t sh_vote_f64(uint32_t *votes, const double *attn, size_t n, double share, 
 size_t sh_h2o_accumulate_f32(double *scores, const float *attn, size_t n, size_t lo, size_t hi);
 size_t sh_h2o_accumulate_f64(double *scores, const double *attn, size_t n, size_t lo, size_t hi);
 
-/* The least slot of [lo, hi) (hi > lo): of uint32 votes, or of H2O scores (finite,
+/* TOVA's assignment over n slots: scores[i] = attn[i] widened to double, -0.0 stored
+   as 0.0. Returns the least slot of [lo, hi) after the update (hi <= n). */
+size_t sh_tova_assign_f32(double *scores, const float *attn, size_t n, size_t lo, size_t hi);
+size_t sh_tova_assign_f64(double *scores, const double *attn, size_t n, size_t lo, size_t hi);
+
+/* The least slot of [lo, hi) (hi > lo): of uint32 votes, or of H2O/TOVA scores (finite,
    >= 0). */
 size_t sh_least_u32(const uint32_t *v, size_t lo, size_t hi);
 size_t sh_least_f64(const double *s, size_t lo, size_t hi);
@@ -119,6 +124,10 @@ size_t sh_avx2_h2o_accumulate_f32(double *scores, const float *attn, size_t n, s
                                   size_t hi);
 size_t sh_avx2_h2o_accumulate_f64(double *scores, const double *attn, size_t n, size_t lo,
                                   size_t hi);
+size_t sh_avx2_tova_assign_f32(double *scores, const float *attn, size_t n, size_t lo,
+                               size_t hi);
+size_t sh_avx2_tova_assign_f64(double *scores, const double *attn, size_t n, size_t lo,
+                               size_t hi);
 size_t sh_avx2_least_u32(const uint32_t *v, size_t lo, size_t hi);
 size_t sh_avx2_least_f64(const double *s, size_t lo, size_t hi);
 uint32_t sh_avx2_max_u32(const uint32_t *v, size_t lo, size_t hi);

@@ -462,6 +462,91 @@ AVX2 size_t sh_avx2_h2o_accumulate_f64(double *scores, const double *attn, size_
     return at;
 }
 
+/* ---------------------------------------------------------------- TOVA scores */
+
+/* 4 scores after one step: the weights themselves, + 0.0 so that -0.0 becomes 0.0 (as
+   the scalar form). */
+AVX2 static inline __m256d set4(double *s, __m256d w)
+{
+    __m256d x = _mm256_add_pd(w, _mm256_setzero_pd());
+    _mm256_storeu_pd(s, x);
+    return x;
+}
+
+AVX2 static void set_span_f32(double *s, const float *a, size_t from, size_t to)
+{
+    size_t i = from;
+    for (; i + 4 <= to; i += 4)
+        set4(s + i, widen4(a + i));
+    for (; i < to; i++)
+        s[i] = (double)a[i] + 0.0;
+}
+
+AVX2 static void set_span_f64(double *s, const double *a, size_t from, size_t to)
+{
+    size_t i = from;
+    for (; i + 4 <= to; i += 4)
+        set4(s + i, _mm256_loadu_pd(a + i));
+    for (; i < to; i++)
+        s[i] = a[i] + 0.0;
+}
+
+AVX2 size_t sh_avx2_tova_assign_f32(double *scores, const float *attn, size_t n, size_t lo,
+                                   size_t hi)
+{
+    if (lo >= hi || hi - lo < 8) {
+        set_span_f32(scores, attn, 0, n);
+        return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
+    }
+    set_span_f32(scores, attn, 0, lo);
+    least_f64x4 m;
+    least_f64x4_start(&m, set4(scores + lo, widen4(attn + lo)), lo);
+    size_t i = lo + 4;
+    for (; i + 4 <= hi; i += 4)
+        least_f64x4_add(&m, set4(scores + i, widen4(attn + i)));
+    double least;
+    size_t at = least_f64x4_end(&m, &least);
+    for (; i < hi; i++) {
+        double x = (double)attn[i] + 0.0;
+        scores[i] = x;
+        if (x < least) {
+            least = x;
+            at = i;
+        }
+    }
+    set_span_f32(scores, attn, hi, n);
+    return at;
+}
+
+AVX2 size_t sh_avx2_tova_assign_f64(double *scores, const double *attn, size_t n, size_t lo,
+                                   size_t hi)
+{
+    if (lo >= hi || hi - lo < 8) {
+        set_span_f64(scores, attn, 0, n);
+        return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
+    }
+    set_span_f64(scores, attn, 0, lo);
+    least_f64x4 m;
+    least_f64x4_start(&m, set4(scores + lo, _mm256_loadu_pd(attn + lo)), lo);
+    size_t i = lo + 4;
+    for (; i + 4 <= hi; i += 4)
+        least_f64x4_add(&m, set4(scores + i, _mm256_loadu_pd(attn + i)));
+    double least;
+    size_t at = least_f64x4_end(&m, &least);
+    for (; i < hi; i++) {
+        double x = attn[i] + 0.0;
+        scores[i] = x;
+        if (x < least) {
+            least = x;
+            at = i;
+        }
+    }
+    set_span_f64(scores, attn, hi, n);
+    return at;
+}
+
+/* ------------------------------------------------- H2O and TOVA scores: selection */
+
 AVX2 size_t sh_avx2_least_f64(const double *s, size_t lo, size_t hi)
 {
     if (hi - lo < 8)

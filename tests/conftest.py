@@ -26,7 +26,7 @@ VECTORS_DIR = ROOT / "vectors"
 SHARED_CONFORMANCE = ROOT.parent / "shared" / "conformance"
 
 BACKENDS = ("native", "reference")
-POLICY_NAMES = ("full", "streaming-llm", "h2o", "scissorhands")
+POLICY_NAMES = ("full", "streaming-llm", "h2o", "tova", "scissorhands")
 
 _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("default", max_examples=40, **_common)
@@ -36,7 +36,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def load_backend(name: str) -> SimpleNamespace:
-    """The module-like object of one backend: the four classes, ``POLICIES``, ``name``.
+    """The module-like object of one backend: the five classes, ``POLICIES``, ``name``.
 
     The native backend is the top-level ``scissorhands`` package.  If it cannot be
     imported, the test fails (never skips): a missing build is a defect.
@@ -52,6 +52,7 @@ def load_backend(name: str) -> SimpleNamespace:
         module=module,
         Scissorhands=module.Scissorhands,
         H2O=module.H2O,
+        TOVA=module.TOVA,
         StreamingLLM=module.StreamingLLM,
         Full=module.Full,
         POLICIES=module.POLICIES,
@@ -119,9 +120,9 @@ def load_generator() -> ModuleType:
 # ---------------------------------------------------------------- shared test helpers
 
 
-@pytest.fixture(params=("Scissorhands", "H2O"))
+@pytest.fixture(params=("Scissorhands", "H2O", "TOVA"))
 def heavy(request, backend):
-    """The attention-driven policy classes (Scissorhands, H2O) of each backend."""
+    """The attention-driven policy classes (Scissorhands, H2O, TOVA) of each backend."""
     return getattr(backend, request.param)
 
 

@@ -1,8 +1,8 @@
 """Fuzz: random operation sequences, valid and invalid, on the C path and the reference.
 
-A hypothesis state machine builds the same policy (any of the four, ``heads`` in
-{1, 2, 3}; Scissorhands and H2O with or without sinks, Scissorhands with or without a
-history window and a vote rate) on both backends and drives them in lockstep with
+A hypothesis state machine builds the same policy (any of the five, ``heads`` in
+{1, 2, 3}; Scissorhands, H2O and TOVA with or without sinks, Scissorhands with or
+without a history window and a vote rate) on both backends and drives them in lockstep with
 decode steps, fused steps,
 evictions, prefill, chunks (``extend``, with and without ``admit``), the row-by-row
 ``step_rows``/``evict_rows``, row selection (``select_rows``: beams, copies, fewer or
@@ -363,8 +363,10 @@ class PolicyPair(RuleBasedStateMachine):
         else:
             params["budget"] = budget
             key = "sinks" if policy == "streaming-llm" else "recent_window"
-            params[key] = data.draw(st.integers(0, budget - 1), label=key)
-            if policy in ("scissorhands", "h2o") and data.draw(st.booleans(), label="sinks?"):
+            if policy == "tova":  # it always keeps its newest position: a window of 1 or more
+                budget = params["budget"] = max(budget, 2)
+            params[key] = data.draw(st.integers(1 if policy == "tova" else 0, budget - 1), label=key)
+            if policy in ("scissorhands", "h2o", "tova") and data.draw(st.booleans(), label="sinks?"):
                 params["sinks"] = data.draw(st.integers(0, budget - 1 - params[key]), label="sinks")
             if policy == "scissorhands" and data.draw(st.booleans(), label="history?"):
                 params["history_window"] = data.draw(st.sampled_from([1, 2, 3, 5, 64]),
@@ -592,7 +594,8 @@ class PolicyPair(RuleBasedStateMachine):
         """Both backends build, or refuse with the same class, parameters that may be bad,
         several at once, or left to their defaults."""
         names = {"full": ["budget", "heads"], "streaming-llm": ["budget", "sinks", "heads"],
-                 "h2o": ["budget", "recent_window", "heads", "sinks"]}.get(
+                 "h2o": ["budget", "recent_window", "heads", "sinks"],
+                 "tova": ["budget", "recent_window", "heads", "sinks"]}.get(
             self.policy, ["budget", "recent_window", "heads", "sinks", "history_window", "vote_rate"])
         value = st.one_of(st.integers(-1, 9), st.integers(-1, 9), st.sampled_from(
             [0, 2**31, UINT32_MAX, 2**32, 65537, True, False, 2.0, None, "3", np.int64(3), np.uint8(1),
@@ -623,7 +626,7 @@ class PolicyPair(RuleBasedStateMachine):
             [-1, self.heads, True, 0.0, np.int64(0), 2**32])), label="head")
         if self.policy == "scissorhands":
             self.apply("votes_of", pos, head)
-        elif self.policy == "h2o":
+        elif self.policy in ("h2o", "tova"):
             self.apply("score_of", pos, head)
         elif self.policy == "streaming-llm":
             self.apply("sink_count")

@@ -73,7 +73,7 @@ def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):
 def test_unknown_policy_is_a_usage_error(capsys):
     """An unknown policy name exits 2 with the list of valid names."""
     assert main(["--policies", "scissorhands,lru"]) == 2
-    assert "unknown policy 'lru'; choose from full, streaming-llm, h2o, scissorhands" in capsys.readouterr().err
+    assert "unknown policy 'lru'; choose from full, streaming-llm, h2o, tova, scissorhands" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["--budgets", "0"], ["--budgets", "x"], ["--backend", "gpu"],
@@ -130,7 +130,7 @@ def test_eval_and_record_namespaces():
     parser = build_parser()
     ev = parser.parse_args(["eval"])
     assert vars(ev) == {
-        "command": "eval", "no_progress": False, "policies": ["full", "streaming-llm", "h2o", "scissorhands"],
+        "command": "eval", "no_progress": False, "policies": ["full", "streaming-llm", "h2o", "tova", "scissorhands"],
         "budgets": None, "recent_window": None, "sinks": None, "backend": "native", "json": None,
         "plot": None, "tokens": 512, "prompt_tokens": None, "text": None, "model": None,
         "head_mode": "per-head", "history_window": None, "vote_rate": None, "cache_mode": "reuse",

@@ -3,8 +3,8 @@
 Each example builds the same policy on both backends and applies one random sequence of
 operations (decode steps, evictions, fused steps, prefill, chunks with and without
 admission masks, row-by-row steps and evictions, row selection, reset, state round trips
-across backends, accessor queries), valid and invalid.  Scissorhands and H2O configurations
-include sinks, and Scissorhands ones a history window and a vote rate.  After every
+across backends, accessor queries), valid and invalid.  Scissorhands, H2O and TOVA
+configurations include sinks, and Scissorhands ones a history window and a vote rate.  After every
 operation both must
 have returned the same value or raised the same class, and hold the same state and
 memory.  Weights are float32 or float64, drawn from a coarse grid (multiples of 1/8, so
@@ -34,9 +34,10 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from scissorhands._shared import UINT32_MAX
+from scissorhands.options import SPECS
 
 GRID = [i / 8 for i in range(9)]
-HEAVY_NAMES = ("scissorhands", "h2o")
+HEAVY_NAMES = ("scissorhands", "h2o", "tova")
 
 
 def plain(value: Any) -> Any:
@@ -76,8 +77,10 @@ def params_for(draw, policy: str, heads: st.SearchStrategy[int] = SMALL_HEADS):
         params["budget"] = budget
         params["sinks"] = draw(st.integers(0, budget - 1))
     else:
+        least = SPECS[policy].min_recent_window  # tova always keeps its newest position
+        budget = max(budget, least + 1)
         params["budget"] = budget
-        params["recent_window"] = draw(st.integers(0, budget - 1))
+        params["recent_window"] = draw(st.integers(least, budget - 1))
         sinks = draw(st.just(0) | st.integers(0, budget - 1 - params["recent_window"]))
         if sinks or draw(st.booleans()):
             params["sinks"] = sinks
@@ -267,7 +270,7 @@ def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30)
                 pair.call("sink_count")
             elif policy == "scissorhands":
                 pair.call("votes_of", pos, head)
-            elif policy == "h2o":
+            elif policy in ("h2o", "tova"):
                 pair.call("score_of", pos, head)
             elif policy == "streaming-llm":
                 pair.call("sink_count")
@@ -287,9 +290,13 @@ def test_native_equals_reference(c_path, policy, data):
         run_operations(data, policy, data.draw(params_for(policy)))
 
 
+#: The long sequences: TOVA shares H2O's selection (and test_kernels holds its two kernel
+#: paths to each other), so it runs on the default path only, keeping the slow test short.
+LONG_CASES = [(c, p) for p in ("scissorhands", "h2o") for c in PATHS] + [("simd", "tova")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", HEAVY_NAMES)
-@pytest.mark.parametrize("c_path", PATHS)
+@pytest.mark.parametrize(("c_path", "policy"), LONG_CASES)
 @given(data=st.data())
 def test_native_equals_reference_long_sequences(c_path, policy, data):
     """Long sequences with eviction postponed: growth, batching and many ties agree."""
@@ -382,8 +389,10 @@ def test_from_state_dict_agrees_on_mutated_states(c_path, policy, data):
                                      | st.integers(0, state[field] + 2))
         elif field == "params":
             # The optional parameters: dropped (an older state), or set to any value.
+            # TOVA's recent window too: 0 (or none) is refused by both.
             key = data.draw(st.sampled_from(["sinks", "history_window", "vote_rate"]
-                                            if policy == "scissorhands" else ["sinks"]))
+                                            if policy == "scissorhands" else
+                                            ["sinks", "recent_window"] if policy == "tova" else ["sinks"]))
             if key in state["params"] and data.draw(st.booleans()):
                 del state["params"][key]
             else:

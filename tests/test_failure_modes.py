@@ -25,8 +25,8 @@ from conftest import make_policy as make
 from scissorhands._shared import UINT32_MAX
 from scissorhands.errors import InvalidInputError, InvalidTypeError
 
-HEAVY = ("scissorhands", "h2o")
-EVICTING = ("streaming-llm", "h2o", "scissorhands")
+HEAVY = ("scissorhands", "h2o", "tova")
+EVICTING = ("streaming-llm", "h2o", "tova", "scissorhands")
 
 
 # ---------------------------------------------------------------- helpers
@@ -46,7 +46,7 @@ def score_rows(p: Any) -> list[list[Any]] | None:
 
 
 def score(p: Any, pos: int, head: int = 0) -> Any:
-    """Votes (Scissorhands) or score (H2O) of ``pos``."""
+    """Votes (Scissorhands) or score (H2O, TOVA) of ``pos``."""
     return p.votes_of(pos, head) if hasattr(p, "votes_of") else p.score_of(pos, head)
 
 
@@ -108,7 +108,7 @@ def checked(p: Any, name: str, call: str, *args: Any, budget: int | None = None,
 
 @pytest.fixture(params=HEAVY)
 def heavy(request: pytest.FixtureRequest) -> str:
-    """The attention-scored policies (Scissorhands, H2O), by registry name."""
+    """The attention-scored policies (Scissorhands, H2O, TOVA), by registry name."""
     return request.param
 
 
@@ -197,9 +197,10 @@ def test_weights_after_a_middle_eviction_land_on_the_right_positions(backend, he
     before = {pos: score(p, pos) for pos in (0, 10, 30, 40, 50)}
     p.on_decode_step(60, [0.0, 0.0, 0.9, 0.0, 0.0])  # slot 2 is now position 30
     assert score(p, 20) == -1
-    assert score(p, 30) == before[30] + (1 if heavy == "scissorhands" else 0.9)
+    # TOVA's score is the latest weight; the others add to what the position had.
+    assert score(p, 30) == (0.9 if heavy == "tova" else before[30] + (1 if heavy == "scissorhands" else 0.9))
     for pos in (0, 10, 40, 50):
-        assert score(p, pos) == before[pos]
+        assert score(p, pos) == (0.0 if heavy == "tova" else before[pos])
 
 
 def test_heads_evict_different_positions_and_stay_aligned(backend, heavy):

@@ -76,6 +76,14 @@ def test_native_replay_equals_reference(policy, budget):
     assert _metrics(_run("native", policy, budget)) == _metrics(_run("reference", policy, budget))
 
 
+def test_tova_replay_equals_reference():
+    """TOVA (one budget: it shares H2O's selection) replays the whole trace alike on both
+    backends, named by its registry name."""
+    native, ref = _run("native", "tova", 256), _run("reference", "tova", 256)
+    assert _metrics(native) == _metrics(ref) and native.policy == "tova"
+    assert 0 < native.retained_mass < 1 and native.eviction_calls == 4096 - 256
+
+
 def test_streaming_llm_published_numbers():
     """StreamingLLM (4 sinks) matches the seed's published 4-decimal figures."""
     got = [(round(r.retained_mass, 4), round(r.heavy_hitter_recall, 4))

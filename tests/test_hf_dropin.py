@@ -190,6 +190,13 @@ def test_with_eviction_generate_equals_a_forward_loop_and_stays_within_budget(fa
     assert held.max() <= budget and (held == loop_cache.held_counts()).all()
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_tova_in_the_cache_generates_as_a_forward_loop(impl):
+    """TOVA (recent window 2, a sink) in the cache: generate equals a loop of forwards and
+    stays within budget (one family: its path through the cache is H2O's)."""
+    test_with_eviction_generate_equals_a_forward_loop_and_stays_within_budget("llama", impl, "tova")
+
+
 @pytest.mark.parametrize(("family", "impl"), CASES)
 def test_policies_see_exactly_the_attention_of_a_full_forward(family, impl, monkeypatch):
     """At every chunk and decode step, the layer-0 weights each row hands its policy are a

@@ -30,10 +30,11 @@ import scissorhands.reference as reference
 from scissorhands import _shared
 from scissorhands._native import lib
 from scissorhands.errors import InvalidInputError, InvalidTypeError
+from scissorhands.options import SPECS
 
 UINT32_MAX = 2**32 - 1
 SIZES = (17, 40, 97, 300)
-HEAVY = ("scissorhands", "h2o")
+HEAVY = ("scissorhands", "h2o", "tova")
 
 
 def plain(value: Any) -> Any:
@@ -133,6 +134,7 @@ def test_decode_paths_agree(policy, dtype, budget, heads, protect):
     """A long decode (fused one-victim steps, steps that evict more, split steps and bulk
     evictions) gives the same victims, slots and state on both paths and the reference."""
     rw, sinks = {"none": (0, 0), "sinks": (5, 3), "half": (budget // 2, 0)}[protect]
+    rw = max(rw, SPECS[policy].min_recent_window)  # TOVA always keeps its newest position
     rng = np.random.default_rng([budget, heads, len(policy), len(protect)])
     trio = Trio(policy, budget=budget, recent_window=rw, sinks=sinks, heads=heads)
     for pos in range(1, int(budget * 1.5) + 41):
@@ -171,6 +173,27 @@ def test_bulk_selection_paths_agree(policy, n):
         trio = Trio(policy, state)
         trio.call("evict", int(rng.integers(4, n + 1)), return_indices=True)
         trio.check()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_tova_assignment_paths_agree(dtype):
+    """TOVA's assignment over rows of 40 slots (vector body and tails, fused one-victim steps
+    and bulk evictions) with ties, subnormals and -0.0 (stored as 0.0: no score keeps the
+    sign bit, which would order it last) agrees on both paths and the reference."""
+    rng = np.random.default_rng(11)
+    pool = np.array([0.0, -0.0, 5e-324, 1e-300, 0.25, 0.5, 1.0], dtype=dtype)
+    trio = Trio("tova", budget=40, recent_window=1, heads=2)
+    for pos in range(1, 120):
+        n = trio.objs[2].kept_count()
+        w = np.ascontiguousarray(pool[rng.integers(0, len(pool), size=(2, n))])
+        if rng.random() < 0.2:
+            trio.call("on_decode_step", pos, w)
+            trio.call("evict", int(rng.integers(2, 41)), return_indices=True)
+        else:
+            trio.call("step", pos, w, return_indices=True)
+        for obj in trio.objs:
+            assert not np.signbit(obj.scores).any()
+    trio.check()
 
 
 def test_saturated_votes_agree():
@@ -226,7 +249,7 @@ def test_rows_of_different_counts_agree(policy):
     trio.check()
 
 
-@pytest.mark.parametrize("policy", ["scissorhands", "h2o", "streaming-llm"])
+@pytest.mark.parametrize("policy", ["scissorhands", "h2o", "tova", "streaming-llm"])
 def test_step_fast_path_agrees_with_the_general_path(policy):
     """step(pos, attn) with the configured budget (which may go straight to C) and the same
     call through the general path (return_indices=True) give the same result or error."""

@@ -1,5 +1,5 @@
 """The options of the attention-driven policies, pinned on both backends: ``sinks`` (the
-first positions held are never evicted, Scissorhands and H2O) and ``history_window``
+first positions held are never evicted, Scissorhands, H2O and TOVA) and ``history_window``
 (Scissorhands' votes count only the last w decode steps that carried attention).
 
 Both are off by default, and off they must change nothing; every error with them on
@@ -58,6 +58,10 @@ def test_defaults_are_off(backend):
     assert "history" not in s.state_dict()
     assert (s.memory_bytes(), h.memory_bytes()) == (64 + 513 * 9, 64 + 513 * 13)
     assert repr(s) == "Scissorhands(budget=512, recent_window=32, heads=1, held=1)"
+    t = backend.TOVA()
+    assert t.sinks == t.sink_count() == 0 and t.memory_bytes() == 64 + 513 * 13
+    assert t.state_dict()["params"] == {"budget": 512, "recent_window": 1, "heads": 1}
+    assert repr(t) == "TOVA(budget=512, recent_window=1, heads=1, held=1)"
 
 
 def test_explicit_off_equals_default(heavy):
@@ -91,13 +95,15 @@ def test_sinks_are_never_evicted(heavy, sinks):
 
 def test_sinks_protect_the_lowest_scored(heavy):
     """Sinks with the lowest scores stay; the lowest-scored after them go instead."""
+    window = 1 if heavy.name == "tova" else 0  # TOVA keeps its newest position
     victims = {}
     for sinks in (0, 2):
-        p = heavy(budget=4, recent_window=0, sinks=sinks)
+        p = heavy(budget=4, recent_window=window, sinks=sinks)
         for t, w in enumerate([[0.0], [0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.5]], start=1):
             p.on_decode_step(t, w)
-        victims[sinks] = p.evict(3)
-    assert victims == {0: [0, 1], 2: [3, 4]}
+        victims[sinks] = p.evict(3 + window)
+    # TOVA scores [0, 0, 0.5, 0.5] (the latest weights), 4 protected.
+    assert victims == ({0: [0], 2: [2]} if window else {0: [0, 1], 2: [3, 4]})
 
 
 def test_sink_count_is_min_of_sinks_and_held(heavy):
@@ -457,7 +463,7 @@ def test_recent_window_fraction_of_the_budget(backend, cls, fraction, budget, wa
                                       Fraction(1), np.float64(2.0), 32.0])
 def test_recent_window_fraction_out_of_range(backend, fraction):
     """A fraction outside [0, 1) is refused as out of range, with the value in the message."""
-    for cls in (backend.Scissorhands, backend.H2O):
+    for cls in (backend.Scissorhands, backend.H2O, backend.TOVA):
         with pytest.raises(InvalidInputError, match="fraction of the budget"):
             cls(budget=8, recent_window=fraction)
 
@@ -649,3 +655,35 @@ def test_c_core_vote_rate(native):
     out = ffi.new("uint32_t[2]")
     assert lib.sh_policy_export_held(p, out, 1) == lib.SH_ERR_BUFFER
     assert lib.sh_policy_export_held(p, out, 2) == lib.SH_OK and list(out) == [2, 0]
+
+
+def test_c_core_tova(native):
+    """The C core: TOVA refuses a recent window of 0 (and a history window or vote rate),
+    keeps 13 bytes a slot, assigns each step's weights and exports them as scores."""
+    from scissorhands._native import ffi, lib
+
+    def new(window, **kw):
+        cfg = ffi.new("sh_config *", {"kind": lib.SH_TOVA, "heads": 1, "budget": 4,
+                                      "recent_window": window, **kw})
+        out = ffi.new("sh_policy **")
+        rc = lib.sh_policy_new(cfg, out)
+        return rc, (ffi.gc(out[0], lib.sh_policy_free) if rc == lib.SH_OK else None)
+
+    assert new(0)[0] == lib.SH_ERR_ARG
+    assert new(1, history_window=2)[0] == lib.SH_ERR_ARG
+    assert new(1, vote_rate=1)[0] == lib.SH_ERR_ARG
+    assert new(2, sinks=2)[0] == lib.SH_ERR_BUDGET
+    cfg = ffi.new("sh_config *", {"kind": lib.SH_TOVA + 1, "heads": 1, "budget": 4, "recent_window": 1})
+    assert lib.sh_policy_new(cfg, ffi.new("sh_policy **")) == lib.SH_ERR_ARG
+    rc, p = new(1)
+    assert rc == lib.SH_OK and lib.sh_policy_slot_bytes(p) == 13
+    victims, n = ffi.new("uint32_t[4]"), ffi.new("size_t *")
+    for pos, w in ((1, [0.5]), (2, [0.25, 0.75])):
+        attn = ffi.new("double[]", w)
+        assert lib.sh_policy_step(p, lib.SH_STEP_ADMIT, pos, lib.SH_DTYPE_F64, attn, 1, len(w), 4,
+                                  victims, ffi.NULL, 4, n) == lib.SH_OK
+    assert [lib.sh_policy_score_of(p, 0, q) for q in (0, 1, 2, 3)] == [0.25, 0.75, 0.0, -1.0]
+    scores, kept = ffi.new("double[3]"), ffi.new("uint32_t[3]")
+    assert lib.sh_policy_export(p, kept, ffi.NULL, scores, 3) == lib.SH_OK
+    assert list(kept) == [0, 1, 2] and list(scores) == [0.25, 0.75, 0.0]
+    assert lib.sh_policy_import_state(p, 1, 2, kept, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 2) == lib.SH_ERR_ARG

@@ -171,12 +171,13 @@ def test_state_version_of_the_wrong_kind(backend_name, version):
 
 @pytest.mark.parametrize("backend_name", ["native", "reference"])
 def test_h2o_negative_zero_score_orders_as_zero(backend_name):
-    """A loaded H2O score of -0.0 ties with 0.0 (lower position first) and is below 0.5."""
+    """A loaded H2O (or TOVA) score of -0.0 ties with 0.0 (lower position first) and is below 0.5."""
     backend = load_backend(backend_name)
-    state = backend.H2O(budget=8, recent_window=1).state_dict()
-    state.update(kept=[[0, 1, 2, 3, 4, 5]], scores=[[0.0, -0.0, 0.0, -0.0, 0.5, 0.0]], last_position=5)
-    p = backend.H2O.from_state_dict(state)
-    assert p.evict(3) == [0, 1, 2]
+    for cls in (backend.H2O, backend.TOVA):
+        state = cls(budget=8, recent_window=1).state_dict()
+        state.update(kept=[[0, 1, 2, 3, 4, 5]], scores=[[0.0, -0.0, 0.0, -0.0, 0.5, 0.0]], last_position=5)
+        p = cls.from_state_dict(state)
+        assert p.evict(3) == [0, 1, 2]
 
 
 # ---------------------------------------------------------------- leaks
@@ -195,7 +196,7 @@ def rss_bytes() -> int:
 def leak_cycle(backend: Any, i: int, weights: dict[tuple[int, int], np.ndarray],
                bad: dict[int, np.ndarray]) -> None:
     """One create/step/evict/destroy cycle; every few cycles also growth, errors, prefill, state."""
-    name = POLICY_NAMES[i % 4]
+    name = POLICY_NAMES[i % len(POLICY_NAMES)]
     heads = 1 + i % 3
     p = make(backend, name, budget=4, protected=1, heads=heads)
     t = 0

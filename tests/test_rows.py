@@ -89,7 +89,7 @@ def test_equal_count_accessors_name_the_alternatives(backend, name):
     """kept_count, kept and the per-slot properties raise, naming counts, kept_row and state_dict."""
     p = ragged(backend, name)
     reads = [p.kept_count, lambda: p.kept]
-    reads += [lambda: p.votes] if name == "scissorhands" else [lambda: p.scores] if name == "h2o" else []
+    reads += [lambda: p.votes] if name == "scissorhands" else [lambda: p.scores] if name in ("h2o", "tova") else []
     for read in reads:
         with pytest.raises(InvalidInputError, match=r"counts.*kept_row\(head\).*state_dict\(\)"):
             read()
@@ -105,7 +105,7 @@ def test_steps_held_refuses_rows_of_different_counts(backend):
         _ = p.steps_held
 
 
-@pytest.mark.parametrize("name", ["scissorhands", "h2o", "streaming-llm"])
+@pytest.mark.parametrize("name", ["scissorhands", "h2o", "tova", "streaming-llm"])
 def test_step_and_evict_name_the_row_calls(backend, name):
     """Rows that would evict different numbers: step/evict raise naming step_rows/evict_rows."""
     p = ragged(backend, name)

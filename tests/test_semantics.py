@@ -21,9 +21,9 @@ from conftest import unchanged
 from scissorhands._shared import UINT32_MAX
 from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError
 
-HEAVY = ("Scissorhands", "H2O")
-ALL = ("Scissorhands", "H2O", "StreamingLLM", "Full")
-BYTES_PER_SLOT = {"Scissorhands": 9, "H2O": 13, "StreamingLLM": 4, "Full": 4}
+HEAVY = ("Scissorhands", "H2O", "TOVA")
+ALL = ("Scissorhands", "H2O", "TOVA", "StreamingLLM", "Full")
+BYTES_PER_SLOT = {"Scissorhands": 9, "H2O": 13, "TOVA": 13, "StreamingLLM": 4, "Full": 4}
 
 
 @pytest.fixture(params=ALL)
@@ -63,16 +63,19 @@ def scores(p):
 
 
 def test_defaults(backend):
-    """Defaults: budget 512, recent window 32, sinks 4; a new policy holds {0}; header + budget+1 slots."""
-    s, h, st, f = backend.Scissorhands(), backend.H2O(), backend.StreamingLLM(), backend.Full()
+    """Defaults: budget 512, recent window 32 (TOVA 1), sinks 4 (StreamingLLM) or 0; a new
+    policy holds {0}; header + budget+1 slots."""
+    s, h, t = backend.Scissorhands(), backend.H2O(), backend.TOVA()
+    st, f = backend.StreamingLLM(), backend.Full()
     assert (s.budget, s.recent_window, s.heads) == (512, 32, 1)
     assert (h.budget, h.recent_window) == (512, 32)
+    assert (t.budget, t.recent_window, t.sinks, t.heads) == (512, 1, 0, 1)
     assert (st.budget, st.sinks) == (512, 4)
     assert f.budget is None
-    assert [p.kept.tolist() for p in (s, h, st, f)] == [[0]] * 4
-    assert s.votes.tolist() == [0] and h.scores.tolist() == [0.0]
-    assert [p.memory_bytes() for p in (s, h, st, f)] == [
-        64 + 513 * 9, 64 + 513 * 13, 64 + 513 * 4, 64 + 64 * 4]
+    assert [p.kept.tolist() for p in (s, h, t, st, f)] == [[0]] * 5
+    assert s.votes.tolist() == [0] and h.scores.tolist() == [0.0] and t.scores.tolist() == [0.0]
+    assert [p.memory_bytes() for p in (s, h, t, st, f)] == [
+        64 + 513 * 9, 64 + 513 * 13, 64 + 513 * 13, 64 + 513 * 4, 64 + 64 * 4]
 
 
 def test_numpy_integer_parameters_accepted(any_cls):
@@ -113,7 +116,7 @@ def test_rng_is_accepted_and_ignored(any_cls, rng):
 def test_constructor_rejects(any_cls, kwargs, exc):
     """Bad budget or heads raise the documented class for every policy."""
     if any_cls.__name__ in HEAVY:
-        kwargs = {"recent_window": 0, **kwargs}
+        kwargs = {"recent_window": 1 if any_cls.__name__ == "TOVA" else 0, **kwargs}
     elif any_cls.__name__ == "StreamingLLM":
         kwargs = {"sinks": 0, **kwargs}
     with pytest.raises(exc):
@@ -127,6 +130,7 @@ def test_protected_count_must_be_below_budget(backend, window, exc):
     """recent_window and sinks must be integers in [0, budget - 1]."""
     for make in (lambda: backend.Scissorhands(budget=4, recent_window=window),
                  lambda: backend.H2O(budget=4, recent_window=window),
+                 lambda: backend.TOVA(budget=4, recent_window=window),
                  lambda: backend.StreamingLLM(budget=4, sinks=window),
                  lambda: backend.Scissorhands(budget=4, recent_window=0, sinks=window)):
         with pytest.raises(exc):
@@ -150,9 +154,10 @@ def test_maximal_parameters_accepted(backend):
 
 
 def test_registry(backend):
-    """POLICIES maps the four registry names to the backend's classes."""
-    assert {"full": backend.Full, "streaming-llm": backend.StreamingLLM,
-                                "h2o": backend.H2O, "scissorhands": backend.Scissorhands} == backend.POLICIES
+    """POLICIES maps the five registry names to the backend's classes, in table order."""
+    assert {"full": backend.Full, "streaming-llm": backend.StreamingLLM, "h2o": backend.H2O,
+            "tova": backend.TOVA, "scissorhands": backend.Scissorhands} == backend.POLICIES
+    assert list(backend.POLICIES) == ["full", "streaming-llm", "h2o", "tova", "scissorhands"]
     for name, cls in backend.POLICIES.items():
         assert cls.name == name
         assert cls().state_dict()["policy"] == name
@@ -261,6 +266,87 @@ def test_h2o_sum_matches_sequential_float64(backend):
     assert p.scores.tolist() == expect
 
 
+def test_tova_assigns_the_latest_weights(backend):
+    """TOVA's score is the latest step's weight (H2O's the sum): the victims differ."""
+    victims = {}
+    for cls in (backend.TOVA, backend.H2O):
+        p = cls(budget=3, recent_window=1)
+        p.on_decode_step(1, [1.0])
+        p.on_decode_step(2, [0.25, 0.75])
+        victims[cls.__name__] = p.step(3, [0.5, 0.125, 0.375])
+        if cls is backend.TOVA:
+            assert p.scores.tolist() == [0.5, 0.375, 0.0]  # positions 0, 2, 3
+            assert p.score_of(2) == 0.375 and p.score_of(1) == -1.0
+    # TOVA: 0.5, 0.125, 0.375 -> 1 goes; H2O: 1.75, 0.875, 0.375 -> 2 goes.
+    assert victims == {"TOVA": [1], "H2O": [2]}
+
+
+def test_tova_float32_weights_widened_exactly(backend):
+    """A float32 weight becomes its exact double (not the decimal it rounds to); -0.0 is
+    stored as 0.0 and ties with it, lower position first."""
+    p = backend.TOVA(budget=8, recent_window=1)
+    fill(p, 4)
+    p.on_decode_step(4, np.array([0.1, 0.0, -0.0, 0.5], dtype=np.float32))
+    assert p.scores.tolist() == [float(np.float32(0.1)), 0.0, 0.0, 0.5, 0.0]
+    assert math.copysign(1.0, p.score_of(2)) == 1.0
+    assert p.evict(3) == [1, 2]
+
+
+def test_tova_ties_evict_the_lower_position(backend):
+    """Equal latest weights evict the lower positions; the newest is kept although it scores 0."""
+    p = backend.TOVA(budget=3, recent_window=1)
+    fill(p, 4)
+    assert p.step(4, [0.25, 0.5, 0.25, 0.25]) == [0, 2]
+    assert p.kept.tolist() == [1, 3, 4] and p.scores.tolist() == [0.5, 0.25, 0.0]
+
+
+def test_tova_needs_a_recent_window(backend):
+    """recent_window 0 (given, or a fraction rounding to it) is refused, saying why; so is a
+    budget of 1, and a state that records either."""
+    for kwargs in ({"budget": 4, "recent_window": 0}, {"budget": 4, "recent_window": 0.2},
+                   {"budget": 4, "recent_window": 0, "sinks": 1}):
+        with pytest.raises(InvalidInputError, match=r"tova needs recent_window >= 1 \(the newest position"):
+            backend.TOVA(**kwargs)
+    with pytest.raises(InvalidInputError, match=r"tova needs recent_window >= 1 .* budget above 1, got budget 1"):
+        backend.TOVA(budget=1)
+    assert backend.TOVA(budget=4, recent_window=0.25).recent_window == 1
+    state = backend.TOVA(budget=4).state_dict()
+    state["params"]["recent_window"] = 0
+    with pytest.raises(InvalidInputError, match="tova needs recent_window >= 1"):
+        backend.TOVA.from_state_dict(state)
+
+
+def test_tova_sinks_are_kept(backend):
+    """Sinks stay although they score lowest; the lowest after them go."""
+    victims = {}
+    for sinks in (0, 2):
+        p = backend.TOVA(budget=4, recent_window=1, sinks=sinks)
+        fill(p, 5)
+        victims[sinks] = p.step(5, [0.0, 0.0, 0.5, 0.25, 0.25])
+        assert p.sink_count() == sinks
+    assert victims == {0: [0, 1], 2: [3, 4]}
+
+
+def test_tova_chunk_equals_its_decode_steps(backend):
+    """extend applies each token as a decode step: a slot ends with the weight of the last
+    token that read it (prefill likewise)."""
+    chunk = np.array([[0.5, 0.125, 9.0, 9.0, 9.0],
+                      [0.25, 0.5, 0.75, 9.0, 9.0],
+                      [0.375, 0.0, 0.125, 0.25, 9.0]])  # 9.0: a token's own column and later
+    a, b = backend.TOVA(budget=8), backend.TOVA(budget=8)
+    for p in (a, b):
+        p.on_decode_step(1, [1.0])
+    a.extend(chunk)
+    for i in range(3):
+        b.on_decode_step(2 + i, chunk[i, :2 + i])
+    assert a.state_dict() == b.state_dict()
+    assert a.scores.tolist() == [0.375, 0.0, 0.125, 0.25, 0.0]
+    prompt = np.tril(np.full((4, 4), 0.25), -1)
+    c = backend.TOVA(budget=8)
+    c.prefill(prompt)
+    assert c.scores.tolist() == [0.25, 0.25, 0.25, 0.0]
+
+
 def test_ties_evict_the_lower_position(heavy):
     """With equal scores the lower positions go first, and victims come back ascending."""
     p = heavy(budget=3, recent_window=1)
@@ -289,8 +375,12 @@ def test_recent_window_protects_the_lowest(heavy):
     p.on_decode_step(1, [1.0])
     p.on_decode_step(2, [0.75, 0.25])
     p.on_decode_step(3, [0.375, 0.5, 0.125])
-    assert p.evict() == [1]
-    assert p.kept.tolist() == [0, 2, 3]
+    if heavy.__name__ == "TOVA":  # the latest weights only: 0 scores 0.375, 1 scores 0.5
+        assert p.evict() == [0]
+        assert p.kept.tolist() == [1, 2, 3]
+    else:
+        assert p.evict() == [1]
+        assert p.kept.tolist() == [0, 2, 3]
 
 
 def test_recent_window_zero_may_evict_the_newest(backend):
@@ -314,15 +404,16 @@ def test_null_attention_admits_without_scoring(heavy):
 
 
 def test_early_spike_scissorhands_and_h2o_differ(backend):
-    """On the early-spike steps H2O keeps the spiked position and Scissorhands evicts it."""
+    """On the early-spike steps H2O keeps the spiked position and Scissorhands evicts it (so
+    does TOVA, which sees only the latest step)."""
     steps = [[1.0], [0.0625, 0.9375], [0.375, 0.125, 0.5], [0.3125, 0.0625, 0.3125, 0.3125]]
     victims = {}
-    for cls in (backend.Scissorhands, backend.H2O):
+    for cls in (backend.Scissorhands, backend.H2O, backend.TOVA):
         p = cls(budget=4, recent_window=1)
         for t, w in enumerate(steps, start=1):
             p.on_decode_step(t, w)
         victims[cls.__name__] = p.evict()
-    assert victims == {"Scissorhands": [1], "H2O": [3]}
+    assert victims == {"Scissorhands": [1], "H2O": [3], "TOVA": [1]}
 
 
 def test_step_is_on_decode_step_then_evict(any_cls):
@@ -349,7 +440,7 @@ def test_per_call_budget_does_not_stick(any_cls):
     fill(p, 6)
     assert p.evict(10) == []
     assert p.evict(6) == []
-    first = {"Scissorhands": [0], "H2O": [0], "StreamingLLM": [1], "Full": []}
+    first = {"Scissorhands": [0], "H2O": [0], "TOVA": [0], "StreamingLLM": [1], "Full": []}
     assert p.evict(np.int64(5)) == first[any_cls.__name__]
     p.evict()
     assert p.kept_count() == (6 if any_cls.__name__ == "Full" else 3)

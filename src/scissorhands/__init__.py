@@ -1,20 +1,21 @@
 """scissorhands: KV-cache eviction policies with a C core.
 
 Decide, each decode step, which cached tokens an LLM forgets: Scissorhands (Liu et
-al., NeurIPS 2023), H2O (Zhang et al., NeurIPS 2023), StreamingLLM (Xiao et al.,
-ICLR 2024) and the Full baseline, all with one interface. The pure-Python reference
-with the identical API is :mod:`scissorhands.reference`.
+al., NeurIPS 2023), H2O (Zhang et al., NeurIPS 2023), TOVA (Oren et al., 2024),
+StreamingLLM (Xiao et al., ICLR 2024) and the Full baseline, all with one interface.
+The pure-Python reference with the identical API is :mod:`scissorhands.reference`.
 """
 
 from scissorhands._shared import RowVictims
 from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError
-from scissorhands.policies import H2O, POLICIES, Full, Scissorhands, StreamingLLM
+from scissorhands.policies import H2O, POLICIES, TOVA, Full, Scissorhands, StreamingLLM
 
 __version__ = "0.1.0"
 
 __all__ = [
     "H2O",
     "POLICIES",
+    "TOVA",
     "Full",
     "InvalidInputError",
     "InvalidTypeError",

@@ -86,8 +86,8 @@ INITIAL_CAPACITY_LIMIT = 4096
 #: A row's first capacity for :class:`Full`, which has no budget to size it.
 FULL_INITIAL_CAPACITY = 64
 #: Bytes of state per slot, by registry name: the uint32 position, then the score
-#: (uint32 votes, float64 H2O score) and one byte of selection scratch.
-SLOT_BYTES = {"full": 4, "streaming-llm": 4, "h2o": 13, "scissorhands": 9}
+#: (uint32 votes, float64 H2O or TOVA score) and one byte of selection scratch.
+SLOT_BYTES = {"full": 4, "streaming-llm": 4, "h2o": 13, "tova": 13, "scissorhands": 9}
 #: Extra bytes per slot for a Scissorhands history window (a uint64 register of vote bits).
 HISTORY_BYTES = 8
 #: Extra bytes per slot for a Scissorhands vote rate (a uint32 count of steps held).

@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog=_PROG,
-        description="KV-cache eviction policies (Scissorhands, H2O, StreamingLLM): replay "
+        description="KV-cache eviction policies (Scissorhands, H2O, TOVA, StreamingLLM): replay "
         "attention traces, evaluate on a real model.",
         epilog="Without a subcommand the arguments are replay's ('python -m scissorhands "
         "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own "

@@ -67,6 +67,7 @@ _REGISTRY_NAMES = {
     "Full": "full",
     "StreamingLLM": "streaming-llm",
     "H2O": "h2o",
+    "TOVA": "tova",
     "Scissorhands": "scissorhands",
 }
 

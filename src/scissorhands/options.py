@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import itertools
+import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -204,14 +205,14 @@ def _check_history_window(value: Any, budget: int) -> int | None:
 RECENT_WINDOW = OptionSpec(
     name="recent_window", default=32, check=check_recent_window, short="rw", long="recent window",
     flag="--recent-window", parse=parse_recent_window, metavar="R", protects=True,
-    help="recent window of h2o and scissorhands: the newest positions, never evicted; in "
-    "positions or as a fraction of each budget (50%% or 0.5x, rounded down){sweep} "
-    "(default: 32)")
+    help="recent window of h2o, tova and scissorhands: the newest positions, never evicted; "
+    "in positions or as a fraction of each budget (50%% or 0.5x, rounded down){sweep} "
+    "(default: each policy's own, h2o and scissorhands 32, tova 1; tova needs at least 1)")
 SINKS = OptionSpec(
     name="sinks", default=0, check=lambda v, b: check_int("sinks", v, 0, b - 1), short="sinks",
     long="sinks", flag="--sinks", parse=_parse_count, metavar="S", protects=True,
     help="attention sinks: the first positions held, never evicted, of every policy taking "
-    "them{sweep} (default: each policy's own, streaming-llm 4, h2o and "
+    "them{sweep} (default: each policy's own, streaming-llm 4, h2o, tova and "
     "scissorhands 0)")
 HISTORY_WINDOW = OptionSpec(
     name="history_window", default=None, check=_check_history_window, short="hw",
@@ -244,7 +245,11 @@ class PolicySpec:
     options : tuple of OptionSpec
         The options its constructor takes, in order.
     defaults : mapping
-        Defaults that differ from the options' own (StreamingLLM's 4 sinks).
+        Defaults that differ from the options' own (StreamingLLM's 4 sinks, TOVA's
+        recent window of 1).
+    min_recent_window : int
+        The least recent window the policy allows (TOVA: 1, since the newest position
+        has no score until a later token attends to it; else 0).
     evicts : bool
         False for the full cache, whose budget is never enforced.
     reads_attention : bool
@@ -257,6 +262,7 @@ class PolicySpec:
     class_name: str
     options: tuple[OptionSpec, ...]
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    min_recent_window: int = 0
     evicts: bool = True
     reads_attention: bool = True
     paper: str = ""
@@ -277,20 +283,41 @@ class PolicySpec:
         Raises
         ------
         InvalidTypeError, InvalidInputError
-            An option of the wrong kind or out of range, or protected positions (recent
+            An option of the wrong kind or out of range, a recent window below the
+            policy's least (:attr:`min_recent_window`), or protected positions (recent
             window plus sinks) not below the budget.
         """
         out: dict[str, Any] = {}
         protecting = [o for o in self.options if o.protects]
         for option in self.options:
             value = values.get(option.name, self.default(option.name))
-            out[option.name] = option.check(value, budget)
+            if option is RECENT_WINDOW and self.min_recent_window:
+                out[option.name] = self._check_min_window(value, budget)
+            else:
+                out[option.name] = option.check(value, budget)
             if protecting and option is protecting[-1]:
                 protected = sum(out[o.name] for o in protecting)
                 if protected >= budget:
                     raise InvalidInputError(protected_message(
                         {o.name: out[o.name] for o in protecting}, budget))
         return out
+
+    def _check_min_window(self, value: Any, budget: int) -> int:
+        """The recent window of a policy that needs at least :attr:`min_recent_window`
+        positions in it: checked as usual, then against that least."""
+        least = self.min_recent_window
+        why = (f"{self.name} needs recent_window >= {least} (the newest position has no score "
+               "until a later token attends to it, so it is always kept)")
+        try:
+            window = RECENT_WINDOW.check(value, budget)
+        except InvalidInputError:
+            if budget <= least and isinstance(value, numbers.Integral):  # no count fits: say why
+                raise InvalidInputError(f"{why}, and so a budget above {least}, got budget {budget}") from None
+            raise
+        if window < least:
+            given = "" if window == value else f" ({value!r} of budget {budget})"
+            raise InvalidInputError(f"{why}, got {window}{given}")
+        return window
 
 
 def protected_message(protected: Mapping[str, int], budget: int) -> str:
@@ -313,6 +340,10 @@ SPECS: dict[str, PolicySpec] = {
     "h2o": PolicySpec(
         "h2o", "H2O", (RECENT_WINDOW, SINKS),
         paper="Zhang et al., NeurIPS 2023, arXiv 2306.14048"),
+    "tova": PolicySpec(
+        "tova", "TOVA", (RECENT_WINDOW, SINKS), defaults={"recent_window": 1},
+        min_recent_window=1,
+        paper='Oren et al., 2024, arXiv 2401.06104 ("Transformers are Multi-State RNNs")'),
     "scissorhands": PolicySpec(
         "scissorhands", "Scissorhands", (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE),
         paper="Liu et al., NeurIPS 2023, arXiv 2305.17118"),
@@ -347,32 +378,33 @@ class PolicyOptions:
 
     Parameters
     ----------
-    recent_window : int, float, Fraction or str, default 32
-        Newest positions never evicted (H2O, Scissorhands): a count, a fraction of the
-        budget in ``[0, 1)``, or a ``"50%"``/``"0.5x"`` spec, rounded down.
+    recent_window : int, float, Fraction, str or None, default None
+        Newest positions never evicted (H2O, TOVA, Scissorhands): a count, a fraction
+        of the budget in ``[0, 1)``, or a ``"50%"``/``"0.5x"`` spec, rounded down; None:
+        each policy's own default (H2O and Scissorhands 32, TOVA 1).
     sinks : int or None, default None
-        First positions never evicted (StreamingLLM, H2O, Scissorhands); None: each
-        policy's own default (StreamingLLM 4, the others 0).
+        First positions never evicted (StreamingLLM, H2O, TOVA, Scissorhands); None:
+        each policy's own default (StreamingLLM 4, the others 0).
     history_window : int or None, default None
         Scissorhands: decode steps a vote counts for (1-64); None: forever.
     vote_rate : bool, default False
         Scissorhands: evict by votes per decode step held.
     """
 
-    recent_window: int | float | Fraction | str = 32
+    recent_window: int | float | Fraction | str | None = None
     sinks: int | None = None
     history_window: int | None = None
     vote_rate: bool = False
 
     def values(self, policy: str, budget: int | None) -> dict[str, Any]:
         """The constructor keywords of ``policy`` at ``budget``: only the options it
-        takes, a recent-window spec resolved to positions, ``sinks=None`` left out (the
-        policy's default)."""
+        takes, a recent-window spec resolved to positions, ``recent_window=None`` and
+        ``sinks=None`` left out (the policy's default)."""
         spec = policy_spec(policy)
         out: dict[str, Any] = {}
         for option in spec.options:
             value = getattr(self, option.name)
-            if option is SINKS and value is None:
+            if option in (RECENT_WINDOW, SINKS) and value is None:
                 continue
             if option is RECENT_WINDOW and isinstance(value, str):
                 value = resolve_recent_window(value, budget if budget is not None else 0)
@@ -412,7 +444,7 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
 
     Parameters
     ----------
-    name : {"full", "streaming-llm", "h2o", "scissorhands"}
+    name : {"full", "streaming-llm", "h2o", "tova", "scissorhands"}
     budget : int or None
         Positions held per row after each eviction; None only for ``full``.
     options : PolicyOptions, optional

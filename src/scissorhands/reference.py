@@ -1,4 +1,4 @@
-"""Pure-Python reference of the four KV-cache eviction policies: the spec you can read.
+"""Pure-Python reference of the five KV-cache eviction policies: the spec you can read.
 
 This module is the executable statement of what :mod:`scissorhands` computes.  It has
 the public API of the C-backed classes (same names, arguments, return types, errors and
@@ -18,7 +18,9 @@ chunk of tokens as the decode steps they stand for (with per-row admission), and
   strictly exceeds the fair share ``1 / len(attn)`` (Liu et al., NeurIPS 2023,
   arXiv:2305.17118); optionally only over the last ``history_window`` steps.
 * :class:`H2O` sums the weights in float64 (Zhang et al., NeurIPS 2023, arXiv:2306.14048).
-  Both may pin their first ``sinks`` positions, as StreamingLLM does.
+* :class:`TOVA` keeps only the latest step's weight, in float64, and always keeps the
+  newest position (Oren et al., 2024, arXiv:2401.06104).
+  All three may pin their first ``sinks`` positions, as StreamingLLM does.
 * :class:`StreamingLLM` keeps the first ``sinks`` positions and the most recent ones,
   ignoring attention (Xiao et al., ICLR 2024, arXiv:2309.17453).
 * :class:`Full` never evicts: the baseline.
@@ -67,7 +69,7 @@ from ._shared import (
 from .errors import InvalidInputError, InvalidTypeError
 from .options import SPECS, protected_message, shown_values
 
-__all__ = ["H2O", "POLICIES", "Full", "Scissorhands", "StreamingLLM"]
+__all__ = ["H2O", "POLICIES", "TOVA", "Full", "Scissorhands", "StreamingLLM"]
 
 #: H2O scores saturate here (the largest finite double).
 DBL_MAX = sys.float_info.max
@@ -729,7 +731,7 @@ class _Policy:
         dict
             ``{"format": "scissorhands.policy", "version": 1, "policy": name, "params":
             {...}, "kept": [[int]*n]*heads, "last_position": int}`` plus ``"votes"``
-            (Scissorhands) or ``"scores"`` (H2O), shaped like ``"kept"``, and for a
+            (Scissorhands) or ``"scores"`` (H2O, TOVA), shaped like ``"kept"``, and for a
             Scissorhands policy with a history window ``"history"``: each slot's vote
             register (bit ``j`` = the vote of the step ``j`` steps back), also shaped
             like ``"kept"``.  Rows may differ in length (a row may be empty).
@@ -756,7 +758,7 @@ class _Policy:
 
         Every field is validated; capacity grows from its initial value, one doubling at
         a time, until the state fits.  ``params`` may lack the optional parameters
-        (``sinks`` of Scissorhands and H2O, ``history_window`` of Scissorhands), as
+        (``sinks`` of Scissorhands, H2O and TOVA, ``history_window`` of Scissorhands), as
         states written before they existed do: they take their defaults.  ``history``
         is present exactly when ``params`` sets a history window.
 
@@ -804,7 +806,8 @@ class _Policy:
 
 
 class _HeavyHitters(_Policy):
-    """Score-based eviction with sinks and a recent window, shared by Scissorhands and H2O.
+    """Score-based eviction with sinks and a recent window, shared by Scissorhands, H2O and
+    TOVA.
 
     The evictable range is ``kept[min(sinks, n) : n - recent_window]``: the first
     ``sinks`` positions held and the ``recent_window`` newest are never evicted.  Its
@@ -1033,6 +1036,91 @@ class H2O(_HeavyHitters):
         return -1.0 if slot is None else self._scores[head][slot]
 
 
+class TOVA(_HeavyHitters):
+    """TOVA (token omission via attention): evict the positions the current token attends
+    to least.
+
+    Each decode step that carries attention sets every held position's score to that
+    step's weight, a float64 (float32 weights widened exactly; ``-0.0`` stored as
+    ``0.0``), instead of adding it as :class:`H2O` does; the new position then joins
+    with a score of 0, and a step with ``attn=None`` changes no score.  ``prefill`` and
+    ``extend`` apply each token as a decode step, so after a chunk a position's score is
+    the weight of the last token that read it.  Eviction is H2O's: the lowest scores
+    outside the sinks and the recent window go, ties to the lower position.
+
+    A step's weights never include the new token's weight on itself, so the newest
+    position has no score yet: TOVA needs ``recent_window >= 1`` and always keeps it (as
+    kvpress's ``TOVAPress`` keeps the last token).  With several heads, each row takes
+    the attention averaged over the query heads it serves.
+
+    Parameters
+    ----------
+    budget : int, default 512
+        Positions to keep per head, in ``[2, 2**32 - 1]`` (above the recent window and
+        the sinks).
+    recent_window : int or float, default 1
+        The most recent positions, never evicted: an int in ``[1, budget - 1]``, or a
+        float (or ``Fraction``) in ``[0, 1)``: that fraction of the budget, rounded down,
+        which must come to at least 1 (the attribute and the state hold the resolved
+        count).
+    rng : any, default None
+        Accepted and ignored.
+    heads : int, default 1
+        Independent rows (KV heads), in ``[1, 65536]``.
+    sinks : int, default 0
+        The first positions held, never evicted; ``recent_window + sinks < budget``.
+
+    Raises
+    ------
+    InvalidTypeError
+        A parameter is not an integer (a float ``recent_window`` is a fraction).
+    InvalidInputError
+        A parameter is out of range; ``recent_window`` below 1 (``"tova needs
+        recent_window >= 1 ..."``).
+
+    References
+    ----------
+    M. Oren, M. Hassid, N. Yarden, Y. Adi and R. Schwartz, "Transformers are Multi-State
+    RNNs", 2024, arXiv:2401.06104.
+    """
+
+    name = "tova"
+    _score_key = "scores"
+
+    def __init__(self, budget: int = 512, recent_window: int = 1, rng: Any = None, heads: int = 1,
+                 sinks: int = 0) -> None:
+        self._configure(budget, recent_window=recent_window, sinks=sinks)
+        self._setup(heads)
+
+    def _new_score(self) -> float:
+        return 0.0
+
+    def _update(self, head: int, weights: list[float]) -> None:
+        # Assigned, not added; + 0.0 stores a -0.0 weight as 0.0 (the C selection orders
+        # scores by their bits).
+        self._scores[head] = [w + 0.0 for w in weights]
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Scores (the latest step's weights) aligned with :attr:`kept`, float64, shape
+        ``(n,)`` or ``(heads, n)`` (rows of different counts raise ``InvalidInputError``)."""
+        return self._as_array(self._scores, np.float64, "scores")
+
+    def score_of(self, pos: int, head: int = 0) -> float:
+        """Score of ``pos`` in row ``head`` (the weight the latest step with attention
+        gave it; 0 before any), or -1.0 when it is not held.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``pos`` or ``head`` is not an integer.
+        InvalidInputError
+            ``head`` is outside ``[0, heads)``.
+        """
+        slot = self._slot_of(pos, head)
+        return -1.0 if slot is None else self._scores[head][slot]
+
+
 class StreamingLLM(_Policy):
     """StreamingLLM: keep the attention sinks and a sliding window of recent positions.
 
@@ -1119,5 +1207,6 @@ POLICIES: dict[str, type[_Policy]] = {
     "full": Full,
     "streaming-llm": StreamingLLM,
     "h2o": H2O,
+    "tova": TOVA,
     "scissorhands": Scissorhands,
 }

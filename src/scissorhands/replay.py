@@ -288,7 +288,8 @@ def _plot(
     series: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         series.setdefault((r["policy"], setting(r["policy"], r["params"])), []).append(r)
-    colours = {"streaming-llm": "tab:blue", "h2o": "tab:orange", "scissorhands": "tab:green"}
+    colours = {"streaming-llm": "tab:blue", "h2o": "tab:orange", "tova": "tab:purple",
+               "scissorhands": "tab:green"}
     markers = ["o", "s", "^", "D", "v", "P"]
     seen_per_policy: dict[str, int] = {}
     for ax, (key, label) in zip(axes, metrics):

@@ -27,7 +27,8 @@ teacher-forced batch), :mod:`.record` (attention traces) and :mod:`.hindsight` (
 full run's attention tapped, a hindsight schedule replayed).
 
 Scissorhands: Liu et al., NeurIPS 2023, arXiv 2305.17118.  H2O: Zhang et al.,
-NeurIPS 2023, arXiv 2306.14048.  StreamingLLM: Xiao et al., ICLR 2024, arXiv 2309.17453.
+NeurIPS 2023, arXiv 2306.14048.  TOVA: Oren et al., 2024, arXiv 2401.06104.
+StreamingLLM: Xiao et al., ICLR 2024, arXiv 2309.17453.
 """
 
 from __future__ import annotations

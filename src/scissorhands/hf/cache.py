@@ -23,7 +23,8 @@ Sliding-window layers (Gemma-2's every other layer) are transformers' own, alrea
 bounded, and not evicted.
 
 Scissorhands: Liu et al., NeurIPS 2023, arXiv 2305.17118.  H2O: Zhang et al., NeurIPS
-2023, arXiv 2306.14048.  StreamingLLM: Xiao et al., ICLR 2024, arXiv 2309.17453.
+2023, arXiv 2306.14048.  TOVA: Oren et al., 2024, arXiv 2401.06104.  StreamingLLM: Xiao
+et al., ICLR 2024, arXiv 2309.17453.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ class EvictingCache(Cache):
     config : transformers.PretrainedConfig
         The model's configuration (layers, layer types, query and KV heads).
     policy : str, default "scissorhands"
-        A registry name: ``full``, ``streaming-llm``, ``h2o``, ``scissorhands``.
+        A registry name: ``full``, ``streaming-llm``, ``h2o``, ``tova``, ``scissorhands``.
     budget : int or None, default 512
         Positions each (sequence, layer, KV head) holds after every step (ignored by
         ``full``).

@@ -724,7 +724,7 @@ class NativePolicy:
         """Bytes of policy state: ``64 + capacity * bytes_per_slot`` for one head,
         ``64 + 4 * heads + capacity * heads * bytes_per_slot`` for more (each row's
         count); bytes per slot 9 Scissorhands (+8 with a history window, +4 with a
-        vote rate), 13 H2O, 4 StreamingLLM and Full."""
+        vote rate), 13 H2O and TOVA, 4 StreamingLLM and Full."""
         return int(lib.sh_policy_memory_bytes(self._ptr))
 
     def reset(self) -> None:
@@ -819,7 +819,7 @@ class NativePolicy:
             A field of the wrong kind.
 
         Rows may hold different counts, and a row may be empty. A state without the
-        optional parameters (``sinks`` of Scissorhands and H2O, ``history_window``
+        optional parameters (``sinks`` of Scissorhands, H2O and TOVA, ``history_window``
         and ``vote_rate`` of Scissorhands: states written before they existed) loads
         with their defaults.
         """
