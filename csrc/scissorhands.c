@@ -1164,6 +1164,214 @@ int sh_policy_step_rows(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype
                      victims_cap, row_victims, n_victims);
 }
 
+/* ---------------------------------------------------------------- pools */
+
+/* One evictable slot of a pool, in the order pooled eviction takes them. */
+typedef struct pool_slot {
+    uint64_t key;
+    uint32_t pos;
+    uint32_t row;
+    uint32_t slot;
+} pool_slot;
+
+/* (key, position, row): the order in which a pool's evictable slots go. */
+static int pool_slot_before(const pool_slot *a, const pool_slot *b)
+{
+    if (a->key != b->key)
+        return a->key < b->key;
+    if (a->pos != b->pos)
+        return a->pos < b->pos;
+    return a->row < b->row;
+}
+
+static void swap_slots(pool_slot *a, pool_slot *b)
+{
+    pool_slot t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Rearranges c[0, m) so that its k least (k < m) come first, in any order: Hoare's
+   selection, the pivot the median of three. Every slot differs from every other (no
+   two share a row and a position), so each round leaves the pivot in place and the
+   expected time is linear. */
+static void select_least(pool_slot *c, size_t m, size_t k)
+{
+    size_t lo = 0, hi = m - 1;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (pool_slot_before(&c[mid], &c[lo]))
+            swap_slots(&c[mid], &c[lo]);
+        if (pool_slot_before(&c[hi], &c[lo]))
+            swap_slots(&c[hi], &c[lo]);
+        if (pool_slot_before(&c[hi], &c[mid]))
+            swap_slots(&c[hi], &c[mid]);
+        swap_slots(&c[mid], &c[hi]); /* the median of the three is the pivot, at hi */
+        size_t store = lo;
+        for (size_t i = lo; i < hi; i++) {
+            if (pool_slot_before(&c[i], &c[hi]))
+                swap_slots(&c[i], &c[store++]);
+        }
+        swap_slots(&c[store], &c[hi]); /* the pivot's final place */
+        if (store == k)
+            return;
+        if (store < k)
+            lo = store + 1;
+        else
+            hi = store - 1;
+    }
+}
+
+/* The evictable slots [lo, hi) of a row holding n: after its sinks, before its recent
+   window (empty when the row holds no more than those). */
+static void evictable_range(const sh_policy *p, size_t n, size_t *lo, size_t *hi)
+{
+    size_t l = p->sinks < n ? p->sinks : n;
+    size_t rest = n - l;
+    *lo = l;
+    *hi = rest > p->recent_window ? n - p->recent_window : l;
+}
+
+/* Positions pool g holds in all. */
+static uint64_t pool_held(const sh_policy *p, size_t g, size_t pool)
+{
+    uint64_t held = 0;
+    for (size_t h = g * pool; h < (g + 1) * pool; h++)
+        held += p->counts[h];
+    return held;
+}
+
+/* Evicts k slots from pool g (rows [g * pool, (g + 1) * pool)): the least (key,
+   position, row) of its evictable slots; victims row after row from victims (and
+   slots), each row ascending; returns how many were written (k). cand holds room for
+   every slot the pool holds. */
+static size_t evict_pool(sh_policy *p, size_t g, size_t pool, size_t k, pool_slot *cand,
+                         uint32_t *victims, int64_t *slots, uint32_t *row_victims)
+{
+    size_t m = 0;
+    for (size_t h = g * pool; h < (g + 1) * pool; h++) {
+        size_t lo, hi;
+        evictable_range(p, p->counts[h], &lo, &hi);
+        const uint32_t *pos = row_positions(p, h);
+        uint8_t *mark = row_scratch(p, h);
+        for (size_t i = lo; i < hi; i++) {
+            mark[i] = 0;
+            cand[m].key = key_at(p, h, i);
+            cand[m].pos = pos[i];
+            cand[m].row = (uint32_t)h;
+            cand[m].slot = (uint32_t)i;
+            m++;
+        }
+    }
+    if (k <= 8) {
+        /* The steady state (about one victim per row): k passes for the least left. */
+        for (size_t j = 0; j < k; j++) {
+            size_t best = j;
+            for (size_t i = j + 1; i < m; i++) {
+                if (pool_slot_before(&cand[i], &cand[best]))
+                    best = i;
+            }
+            pool_slot t = cand[j];
+            cand[j] = cand[best];
+            cand[best] = t;
+        }
+    } else if (k < m) {
+        select_least(cand, m, k);
+    }
+    for (size_t j = 0; j < k; j++)
+        row_scratch(p, cand[j].row)[cand[j].slot] = 1;
+    size_t at = 0;
+    for (size_t h = g * pool; h < (g + 1) * pool; h++) {
+        size_t n = p->counts[h], lo, hi, kh = 0;
+        evictable_range(p, n, &lo, &hi);
+        const uint32_t *pos = row_positions(p, h);
+        const uint8_t *mark = row_scratch(p, h);
+        for (size_t i = lo; i < hi; i++) {
+            if (mark[i]) {
+                victims[at + kh] = pos[i];
+                if (slots != NULL)
+                    slots[at + kh] = (int64_t)i;
+                kh++;
+            }
+        }
+        if (kh != 0)
+            compact_row(p, h, n, lo, hi, mark);
+        p->counts[h] = (uint32_t)(n - kh);
+        row_victims[h] = (uint32_t)kh;
+        at += kh;
+    }
+    return at;
+}
+
+int sh_policy_step_pools(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                         const void *attn, size_t heads, size_t n, uint32_t budget,
+                         uint32_t pool, uint32_t *victims, int64_t *slots, size_t victims_cap,
+                         uint32_t *row_victims, size_t *n_victims)
+{
+    if (p == NULL || row_victims == NULL || n_victims == NULL)
+        return SH_ERR_ARG;
+    if (pool == 1)
+        return step_impl(p, flags, pos, dtype, attn, heads, n, budget, victims, slots,
+                         victims_cap, row_victims, n_victims);
+    if (pool == 0 || p->heads % pool != 0 || p->kind == SH_FULL || p->kind == SH_STREAMING_LLM)
+        return SH_ERR_ARG;
+    if (flags < 1 || flags > (SH_STEP_ADMIT | SH_STEP_EVICT))
+        return SH_ERR_ARG;
+    int do_admit = (flags & SH_STEP_ADMIT) != 0;
+    int do_evict = (flags & SH_STEP_EVICT) != 0;
+    int rc;
+    if (do_admit && pos <= p->last_position)
+        return SH_ERR_POSITION;
+    if (do_evict && (rc = check_budget(p, budget)) != SH_OK)
+        return rc;
+    size_t pools = p->heads / pool;
+    uint64_t share = (uint64_t)pool * budget, total = 0, fullest = 0;
+    for (size_t g = 0; g < pools && do_evict; g++) {
+        uint64_t held = pool_held(p, g, pool) + (do_admit ? pool : 0);
+        if (held > share) {
+            total += held - share;
+            fullest = held > fullest ? held : fullest;
+        }
+    }
+    if (total != 0 && (victims == NULL || victims_cap < total))
+        return SH_ERR_BUFFER;
+    pool_slot *cand = NULL;
+    if (total != 0) {
+        if (fullest > SIZE_MAX / sizeof *cand)
+            return SH_ERR_NOMEM;
+        cand = malloc((size_t)fullest * sizeof *cand);
+        if (cand == NULL)
+            return SH_ERR_NOMEM;
+    }
+    if (do_admit) {
+        size_t none;
+        /* row_victims given: rows of different counts are the usual case here, and a
+           wrong n is SH_ERR_LENGTH as for sh_policy_step_rows (its zeros are rewritten
+           below). */
+        rc = step_impl(p, SH_STEP_ADMIT, pos, dtype, attn, heads, n, budget, NULL, NULL, 0,
+                       row_victims, &none);
+        if (rc != SH_OK) {
+            free(cand);
+            return rc;
+        }
+    }
+    /* Nothing below can fail. */
+    size_t at = 0;
+    for (size_t g = 0; g < pools; g++) {
+        uint64_t held = pool_held(p, g, pool);
+        if (do_evict && held > share) {
+            at += evict_pool(p, g, pool, (size_t)(held - share), cand, victims + at,
+                             slots == NULL ? NULL : slots + at, row_victims);
+        } else {
+            for (size_t h = g * pool; h < (g + 1) * pool; h++)
+                row_victims[h] = 0;
+        }
+    }
+    free(cand);
+    *n_victims = at;
+    return SH_OK;
+}
+
 int sh_noop_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
                  const void *attn, size_t heads, size_t n, uint32_t budget,
                  uint32_t *victims, int64_t *slots, size_t victims_cap,

@@ -227,6 +227,24 @@ int sh_policy_step_rows(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype
                         uint32_t *victims, int64_t *slots, size_t victims_cap,
                         uint32_t *row_victims, size_t *n_victims);
 
+/* sh_policy_step_rows with the budget shared by pools of `pool` consecutive rows
+   (Ada-KV, Feng et al., 2024, arXiv 2407.11550): rows [g * pool, (g + 1) * pool) hold
+   at most pool * budget positions in all, a row may hold more than budget while
+   another holds less. After the admission each pool over its share evicts the excess:
+   the slots of its rows with the least (key, position, row) among their evictable
+   slots (each row keeps its sinks and its recent window), the key being what
+   sh_policy_step ranks by (votes, the vote rate, the score). Victims as
+   sh_policy_step_rows writes them (row after row, each ascending; row_victims and
+   n_victims required). pool must divide heads and, above 1, the policy must rank by
+   scores (not SH_FULL or SH_STREAMING_LLM), else SH_ERR_ARG; pool 1 is exactly
+   sh_policy_step_rows. Same checks and order, then SH_ERR_BUFFER, then SH_ERR_NOMEM
+   (a scratch of 24 bytes per held slot of the fullest pool), all before anything
+   changes. */
+int sh_policy_step_pools(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
+                         const void *attn, size_t heads, size_t n, uint32_t budget,
+                         uint32_t pool, uint32_t *victims, int64_t *slots, size_t victims_cap,
+                         uint32_t *row_victims, size_t *n_victims);
+
 /* A call with sh_policy_step's arguments that does nothing: the floor of the call
    overhead, for benchmarks. */
 int sh_noop_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from c_paths import BACKEND_PATHS, PATHS, base_backend, on_path, path_of
 from conftest import BACKENDS, POLICY_NAMES, load_backend
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from scissorhands._shared import UINT32_MAX
@@ -91,6 +91,13 @@ def params_for(draw, policy: str, heads: st.SearchStrategy[int] = SMALL_HEADS):
             rate = draw(st.booleans())
             if rate or draw(st.booleans()):
                 params["vote_rate"] = rate
+        heads = params["heads"]
+        if not SPECS[policy].takes("pool"):
+            return params
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        pool = draw(st.sampled_from([1, 1, heads]) | st.sampled_from(divisors))
+        if pool != 1 or draw(st.booleans()):
+            params["pool"] = pool
     return params
 
 
@@ -607,3 +614,23 @@ def test_select_rows_picks_rows_out_of_the_state(backend_name, policy, data):
         w = np.full((len(index), int(p.counts.max())), 0.5)
         assert plain(p.step_rows(t, w, None)) == plain(loaded.step_rows(t, w, None))
         assert p.state_dict() == loaded.state_dict()
+
+
+@pytest.mark.parametrize("c_path", PATHS)
+@pytest.mark.parametrize(("policy", "heads", "pool"), [("scissorhands", 12, 12), ("scissorhands", 12, 4),
+                                                       ("h2o", 6, 3), ("h2o", 12, 12)])
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_large_pools_agree(c_path, policy, heads, pool, seed):
+    """Pools whose evictions take the selection path (more than 8 victims per call: a
+    chunk, and twelve rows admitting one position each), with many equal votes, give
+    the reference's victims, slots and state."""
+    rng = np.random.default_rng(seed)
+    with on_path(c_path):
+        pair = Pair(policy, {"budget": 10, "recent_window": 2, "sinks": 1, "heads": heads, "pool": pool})
+        chunk = rng.choice([0.0, 0.01, 0.05, 0.2], size=(heads, 40, 40))
+        pair.call("extend", chunk)
+        pair.call("evict_rows")
+        for t in range(40, 70):
+            n = int(pair.objs[1].counts.max())
+            pair.call("step_rows", t, rng.choice([0.0, 0.02, 0.1, 0.3], size=(heads, n)))

@@ -540,3 +540,81 @@ def test_switching_back_removes_the_installed_attention():
     assert model.config._attn_implementation == "scissorhands_sdpa"
     hf.uninstall(model)
     assert model.config._attn_implementation == "sdpa" and hf.installed(model) is None
+
+
+# ----------------------------------------------------------------------------- pooled budgets
+
+
+def _sharp_model(impl: str) -> object:
+    """The llama model with its queries scaled by 8: attention peaked enough for KV heads
+    to differ in what they attend to (the random model's is nearly uniform)."""
+    key = "llama/sharp"
+    if key not in _MODELS:
+        model = copy.deepcopy(_model("llama", "eager"))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(8)
+        _MODELS[key] = model
+    model = _MODELS[key]
+    model.set_attn_implementation(impl)
+    return model
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize(("policy", "pool"), [("scissorhands", "layer"), ("scissorhands", "model"), ("h2o", 2)])
+def test_pooled_budgets_generate_equals_a_forward_loop_and_each_pool_keeps_its_share(policy, pool, impl):
+    """With a budget shared by a layer's KV heads (or by every row of a sequence),
+    model.generate on a ragged batch gives the tokens of a plain loop of forwards; every
+    pool of every sequence holds at most its rows x budget, Scissorhands' rows coming to
+    hold different counts; the reference backend keeps exactly the same positions."""
+    model = _sharp_model(impl)
+    ids, mask = _prompts()
+    budget = 6
+    options = PolicyOptions(recent_window=1, sinks=1, pool=pool)
+    cache = hf.EvictingCache.from_model(model, policy, budget, options)
+    out = _generate(model, cache, ids, mask, do_sample=False, max_new_tokens=14)
+    loops = [hf.EvictingCache.from_model(model, policy, budget, options, backend=b) for b in ("native", "reference")]
+    logits = [hf.prefill(model, c, ids, attention_mask=mask)[:, -1] for c in loops]
+    tokens = []
+    with torch.no_grad():
+        for _ in range(14):
+            token = logits[0].argmax(-1)
+            tokens.append(token)
+            logits = [hf.decode_step(model, c, token) for c in loops]
+    expected = torch.stack(tokens, 1)
+    finished = (expected == VOCAB - 1).cumsum(1) - (expected == VOCAB - 1).long() > 0
+    assert torch.equal(out[:, ids.shape[1]:], expected.masked_fill(finished, PAD))
+    # (The counts of generate's cache may differ from the loop's: after an EOS it feeds padding.)
+    held = cache.held_counts()  # (layers, batch, KV heads)
+    assert (loops[0].held_counts() == loops[1].held_counts()).all()
+    layers, batch, heads = held.shape
+    for layer in range(layers):
+        for b in range(batch):
+            for h in range(heads):
+                assert (loops[0].kept_positions(layer, b, h) == loops[1].kept_positions(layer, b, h)).all()
+    if pool == "model":
+        assert (held.sum(axis=(0, 2)) <= layers * heads * budget).all()
+    else:
+        size = heads if pool == "layer" else pool
+        assert (held.reshape(layers, batch, heads // size, size).sum(axis=3) <= size * budget).all()
+    if policy == "scissorhands":  # H2O's least cumulative score is each row's newest: shares stay
+        assert held.max() > budget and held.min() < budget  # the shares moved between rows
+
+
+def test_pooled_cache_refuses_a_pool_spanning_sequences_and_moves_rows_with_beams():
+    """A pool of rows that does not divide a sequence's rows is refused when the cache is
+    built; a pooled cache's rows follow batch_select_indices."""
+    model = _model("llama", "sdpa")
+    with pytest.raises(InvalidInputError, match="pool must divide the rows of a sequence"):
+        hf.EvictingCache.from_model(model, "scissorhands", 6, recent_window=1, pool=3)
+    ids, mask = _prompts(batch=2, length=9, seed=2)
+    cache = hf.EvictingCache.from_model(model, "scissorhands", 5, recent_window=1, pool="model")
+    hf.prefill(model, cache, ids, attention_mask=mask)
+    for _ in range(6):
+        hf.decode_step(model, cache, torch.tensor([5, 6]))
+    reference = copy.deepcopy(cache)
+    expected = hf.decode_step(model, reference, torch.tensor([5, 6]))
+    picked = copy.deepcopy(cache)
+    picked.batch_select_indices(torch.tensor([1]))
+    assert (picked.held_counts()[:, 0] == cache.held_counts()[:, 1]).all()
+    assert torch.allclose(hf.decode_step(model, picked, torch.tensor([6]))[0], expected[1], atol=1e-5)

@@ -1029,3 +1029,78 @@ def test_heads_are_independent_rows(heavy):
     assert p.kept.tolist() == [[0, 2], [1, 2]]
     assert score(p, 0, 0) > 0 and score(p, 1, 1) > 0
     assert score(p, 1, 0) == -1 and score(p, 0, 1) == -1
+
+
+# ---------------------------------------------------------------- pooled budgets (Ada-KV)
+
+
+def test_a_pool_evicts_its_least_voted_positions_whichever_row_holds_them(backend):
+    """Two rows sharing 2 x budget: the row whose positions earned no votes loses them,
+    the other keeps more than budget; victims come back row by row, ascending."""
+    p = backend.Scissorhands(budget=3, recent_window=1, heads=2, pool=2)
+    # Row 0: positions 0..2 all voted each step; row 1: only position 0.
+    for t in range(1, 4):
+        row0 = np.full(t, 1.0 / t + 0.01 if t > 1 else 1.0)
+        row1 = np.zeros(t)
+        row1[0] = 1.0
+        out = p.step_rows(t, np.stack([row0, row1]))
+    # After t=3 each row holds {0,1,2,3} (8 > 6): two go, both from row 1 (votes 0: 1 and 2).
+    assert out.counts.tolist() == [0, 2] and out.victims.tolist() == [1, 2]
+    assert out.slots.tolist() == [1, 2]
+    assert p.counts.tolist() == [4, 2]
+    assert p.kept_row(0).tolist() == [0, 1, 2, 3] and p.kept_row(1).tolist() == [0, 3]
+
+
+def test_pool_ties_go_to_the_lower_position_then_the_lower_row(backend):
+    """Equal keys everywhere: the lowest positions go first, and at one position row 0's
+    copy before row 1's."""
+    p = backend.H2O(budget=2, recent_window=0, heads=2, pool=2)
+    p.extend(np.zeros((2, 4, 4)))  # positions 0..3 in both rows, every score 0
+    out = p.evict_rows()
+    assert out.counts.tolist() == [2, 2] and out.victims.tolist() == [0, 1, 0, 1]
+    p = backend.H2O(budget=2, recent_window=0, heads=2, pool=2)
+    p.extend(np.zeros((2, 3, 3)))  # 6 held, 4 allowed: position 0 of both rows goes
+    assert p.evict_rows().victims.tolist() == [0, 0]
+    out = p.evict_rows(budget=1)  # then position 1 of row 0, then of row 1
+    assert out.counts.tolist() == [1, 1] and out.victims.tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("call", ["step", "evict"])
+def test_a_pooled_policy_evicts_only_row_by_row(backend, call):
+    """step and evict return one (heads, k) array, which pooled rows cannot fill: refused
+    before anything changes, naming the row-by-row call."""
+    p = backend.Scissorhands(budget=2, recent_window=1, heads=2, pool=2)
+    before = p.state_dict()
+    args = (1, np.zeros((2, 1))) if call == "step" else ()
+    with pytest.raises(InvalidInputError, match=f"with pool=2 .* use {call}_rows"):
+        getattr(p, call)(*args)
+    assert p.state_dict() == before
+    p.on_decode_step(1, np.zeros((2, 1)))  # admitting without evicting is fine
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(heads=3, pool=2), "pool must divide heads"),
+    (dict(heads=2, pool="layer"), "needs a model's layers and KV heads"),
+    (dict(heads=2, pool=0), "pool"),
+    (dict(heads=2, pool="rows"), "pool must be a number of rows or one of head, layer, model"),
+])
+def test_bad_pools_are_refused(backend, kwargs, match):
+    with pytest.raises((InvalidInputError, InvalidTypeError), match=match):
+        backend.Scissorhands(budget=4, recent_window=1, **kwargs)
+
+
+def test_pooled_state_round_trips_and_select_rows_keeps_whole_pools(backend):
+    """The pool is a parameter of the state (shown when set); select_rows takes whole
+    pools only."""
+    p = backend.H2O(budget=2, recent_window=1, heads=4, pool=2)
+    p.extend(np.random.default_rng(0).random((4, 5, 5)))
+    p.evict_rows()
+    state = p.state_dict()
+    assert state["params"]["pool"] == 2
+    q = type(p).from_state_dict(state)
+    assert q.state_dict() == state
+    with pytest.raises(InvalidInputError, match="multiple of pool=2"):
+        p.select_rows([0, 1, 2])
+    assert p.state_dict() == state
+    p.select_rows([2, 3])
+    assert p.heads == 2

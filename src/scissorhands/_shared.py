@@ -51,12 +51,14 @@ __all__ = [
     "StateRows",
     "check_flag",
     "check_int",
+    "check_pool",
     "check_recent_window",
     "chunk_shape_error",
     "memory_bytes",
     "parse_held",
     "parse_history",
     "parse_state",
+    "pooled_evict_error",
     "ragged_counts_error",
     "ragged_evict_error",
     "read_admit",
@@ -311,6 +313,33 @@ def ragged_evict_error(call: str) -> InvalidInputError:
     return InvalidInputError(
         f"{call}: the rows would evict different numbers of positions; use {call}_rows, which "
         "returns them row by row")
+
+
+def pooled_evict_error(call: str, pool: int) -> InvalidInputError:
+    """The error of ``step``/``evict`` on a pooled policy, whose rows evict different
+    numbers."""
+    return InvalidInputError(
+        f"{call}: with pool={pool} the rows of a pool evict different numbers of positions; "
+        f"use {call}_rows, which returns them row by row")
+
+
+def check_pool(pool: Any, heads: int) -> int:
+    """``pool`` (already checked as an option) against ``heads``: a number of rows that
+    divides it.
+
+    Raises
+    ------
+    InvalidInputError
+        ``pool`` names a scope (``"layer"``) rather than a number of rows, or does not
+        divide ``heads``.
+    """
+    if isinstance(pool, str):
+        raise InvalidInputError(f"pool {pool!r} needs a model's layers and KV heads (the transformers "
+                                "cache resolves it); a policy takes a number of rows")
+    if heads % pool:
+        raise InvalidInputError(f"pool must divide heads: pools are consecutive rows, got pool={pool} "
+                                f"with heads={heads}")
+    return int(pool)
 
 
 def chunk_shape_error(heads: int, base: int, shape: tuple[int, ...]) -> InvalidInputError:

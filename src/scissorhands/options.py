@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from ._shared import MAX_HISTORY_WINDOW, check_flag, check_int, check_recent_window
+from ._shared import MAX_HEADS, MAX_HISTORY_WINDOW, check_flag, check_int, check_recent_window
 from .errors import InvalidInputError, ScissorhandsError
 
 __all__ = [
@@ -226,8 +226,41 @@ VOTE_RATE = OptionSpec(
     help="scissorhands evicts by votes per decode step held (on) or by votes (off){sweep} "
     "(default: off)")
 
+#: What ``pool`` may name instead of a number of rows: each row its own budget (1), a
+#: layer's KV heads sharing theirs, or every layer and KV head of a sequence sharing
+#: theirs; the transformers cache turns the last two into numbers of rows.
+POOL_SCOPES = ("head", "layer", "model")
+
+
+def _check_pool(value: Any, budget: int) -> int | str:
+    if isinstance(value, str):
+        if value not in POOL_SCOPES:
+            raise InvalidInputError(f"pool must be a number of rows or one of {', '.join(POOL_SCOPES)}, "
+                                    f"got {value!r}")
+        return 1 if value == "head" else value
+    return check_int("pool", value, 1, MAX_HEADS)
+
+
+def _parse_pool(text: str) -> int | str:
+    raw = text.strip().lower()
+    if raw in POOL_SCOPES:
+        return 1 if raw == "head" else raw
+    value = _parse_count(text)
+    if value < 1:
+        raise InvalidInputError(f"{text!r} is not a number of rows >= 1 or one of {', '.join(POOL_SCOPES)}")
+    return value
+
+
+POOL = OptionSpec(
+    name="pool", default=1, check=_check_pool, short="pool", long="budget pool", flag="--pool",
+    parse=_parse_pool, metavar="P", show_off=False, sweep="several values run each",
+    help="rows sharing one budget (Ada-KV), for h2o, tova and scissorhands: head (each KV head "
+    "its own budget), layer (a layer's KV heads share theirs: the least-ranked evictable "
+    "position among them goes), model (every layer and KV head of a sequence share "
+    "theirs) or a number of consecutive rows{sweep} (default: head)")
+
 #: Every option, in the order constructors take (and validate) them.
-OPTIONS: tuple[OptionSpec, ...] = (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE)
+OPTIONS: tuple[OptionSpec, ...] = (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE, POOL)
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
@@ -338,14 +371,14 @@ SPECS: dict[str, PolicySpec] = {
         "streaming-llm", "StreamingLLM", (SINKS,), defaults={"sinks": 4}, reads_attention=False,
         paper="Xiao et al., ICLR 2024, arXiv 2309.17453"),
     "h2o": PolicySpec(
-        "h2o", "H2O", (RECENT_WINDOW, SINKS),
+        "h2o", "H2O", (RECENT_WINDOW, SINKS, POOL),
         paper="Zhang et al., NeurIPS 2023, arXiv 2306.14048"),
     "tova": PolicySpec(
-        "tova", "TOVA", (RECENT_WINDOW, SINKS), defaults={"recent_window": 1},
+        "tova", "TOVA", (RECENT_WINDOW, SINKS, POOL), defaults={"recent_window": 1},
         min_recent_window=1,
         paper='Oren et al., 2024, arXiv 2401.06104 ("Transformers are Multi-State RNNs")'),
     "scissorhands": PolicySpec(
-        "scissorhands", "Scissorhands", (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE),
+        "scissorhands", "Scissorhands", (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE, POOL),
         paper="Liu et al., NeurIPS 2023, arXiv 2305.17118"),
 }
 #: The registry names, in table order.
@@ -389,17 +422,29 @@ class PolicyOptions:
         Scissorhands: decode steps a vote counts for (1-64); None: forever.
     vote_rate : bool, default False
         Scissorhands: evict by votes per decode step held.
+    pool : int or {"layer", "model"}, default 1
+        H2O, TOVA, Scissorhands: consecutive rows sharing one budget (Ada-KV); ``"layer"``
+        and ``"model"`` are resolved by the transformers cache (``pools``).
     """
 
     recent_window: int | float | Fraction | str | None = None
     sinks: int | None = None
     history_window: int | None = None
     vote_rate: bool = False
+    pool: int | str = 1
 
-    def values(self, policy: str, budget: int | None) -> dict[str, Any]:
+    def values(self, policy: str, budget: int | None,
+               pools: Mapping[str, int] | None = None) -> dict[str, Any]:
         """The constructor keywords of ``policy`` at ``budget``: only the options it
         takes, a recent-window spec resolved to positions, ``recent_window=None`` and
-        ``sinks=None`` left out (the policy's default)."""
+        ``sinks=None`` left out (the policy's default), a pool named by scope resolved
+        by ``pools`` (scope -> rows).
+
+        Raises
+        ------
+        InvalidInputError
+            A pool named by a scope that ``pools`` does not resolve.
+        """
         spec = policy_spec(policy)
         out: dict[str, Any] = {}
         for option in spec.options:
@@ -408,6 +453,14 @@ class PolicyOptions:
                 continue
             if option is RECENT_WINDOW and isinstance(value, str):
                 value = resolve_recent_window(value, budget if budget is not None else 0)
+            if option is POOL and isinstance(value, str):
+                value = _check_pool(value, 0)
+                if isinstance(value, str):
+                    if pools is None or value not in pools:
+                        raise InvalidInputError(
+                            f"pool {value!r} needs a model's layers and KV heads (the transformers "
+                            "cache resolves it); a policy takes a number of rows")
+                    value = pools[value]
             out[option.name] = value
         return out
 
@@ -439,7 +492,7 @@ def policy_classes(backend: str = "native") -> Mapping[str, type]:
 
 
 def make_policy(name: str, budget: int | None, options: PolicyOptions | None = None, *,
-                heads: int = 1, backend: str = "native") -> Any:
+                heads: int = 1, backend: str = "native", pools: Mapping[str, int] | None = None) -> Any:
     """Build one policy of the registry, configured by ``options``.
 
     Parameters
@@ -453,6 +506,9 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
     heads : int, default 1
         Independent rows in the policy object.
     backend : {"native", "reference"}
+    pools : mapping, optional
+        Rows per pool of each scope a ``pool`` option may name (``{"layer": 3,
+        "model": 90}``); see :meth:`PolicyOptions.values`.
 
     Raises
     ------
@@ -465,10 +521,16 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
         return cls(budget=budget, heads=heads)
     if budget is None:
         raise InvalidInputError(f"policy {name!r} needs a budget")
-    return cls(budget=budget, heads=heads, **(options or PolicyOptions()).values(name, budget))
+    return cls(budget=budget, heads=heads, **(options or PolicyOptions()).values(name, budget, pools))
 
 
 # ----------------------------------------------------------------------------- labels
+
+
+def _flag_text(option: OptionSpec, value: Any) -> str:
+    """An option shown only when set: its short name for a flag turned on
+    (``rate``), else ``short=value`` (``pool=layer``)."""
+    return option.short if value is True else f"{option.short}={option.text(value)}"
 
 
 def _shown(spec: PolicySpec, values: Mapping[str, Any]) -> list[tuple[OptionSpec, Any]]:
@@ -493,8 +555,8 @@ def config_label(policy: str, values: Mapping[str, Any], window_spec: str | None
     parts = []
     for option, value in _shown(spec, values):
         if not option.show_off:
-            if value:
-                parts.append(option.short)
+            if value != spec.default(option.name):
+                parts.append(_flag_text(option, value))
             continue
         text = f"{option.short}={option.text(value)}"
         if option is RECENT_WINDOW and window_spec is not None:
@@ -513,8 +575,8 @@ def series_label(policy: str, values: Mapping[str, Any], window_spec: str | None
         if option is RECENT_WINDOW:
             parts.append(f"rw={value if window_spec is None else window_spec}")
         elif not option.show_off:
-            if value:
-                parts.append(option.short)
+            if value != spec.default(option.name):
+                parts.append(_flag_text(option, value))
         elif option.default is None and value is None:
             continue
         else:

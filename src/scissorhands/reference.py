@@ -55,11 +55,13 @@ from ._shared import (
     UINT32_MAX,
     RowVictims,
     check_int,
+    check_pool,
     chunk_shape_error,
     memory_bytes,
     parse_held,
     parse_history,
     parse_state,
+    pooled_evict_error,
     ragged_counts_error,
     ragged_evict_error,
     read_admit,
@@ -144,6 +146,8 @@ class _Policy:
     _held: list[list[int]] | None
     _last: int
     _capacity: int
+    #: Consecutive rows sharing one budget (1: each row its own).
+    pool: int = 1
 
     def _configure(self, budget: Any, **options: Any) -> None:
         """Validate ``budget``, then the options of the policy's spec in their order
@@ -157,6 +161,7 @@ class _Policy:
     def _setup(self, heads: Any) -> None:
         """Validate ``heads`` and start holding ``{0}`` in every row."""
         self.heads = check_int("heads", heads, 1, MAX_HEADS)
+        self.pool = check_pool(self.pool, self.heads)
         self._lock = threading.RLock()
         self._capacity = self._initial_capacity()
         self._threads = 1
@@ -194,6 +199,14 @@ class _Policy:
 
     def _victim_slots(self, head: int, count: int) -> list[int]:
         """The ``count`` slots of row ``head`` to evict (``count`` < kept count)."""
+        raise NotImplementedError
+
+    def _evictable(self, head: int) -> range:
+        """The slots of row ``head`` a pool may evict (policies that take ``pool``)."""
+        raise NotImplementedError
+
+    def _rank(self, head: int, slot: int) -> Any:
+        """What orders slot ``slot`` of row ``head`` in its pool (least goes first)."""
         raise NotImplementedError
 
     # -- validation ---------------------------------------------------------------------
@@ -304,20 +317,45 @@ class _Policy:
             return [0] * self.heads
         return [max(0, n + admitted - budget) for n in self._counts()]
 
+    def _check_unpooled(self, budget: int | None, call: str) -> None:
+        """``step``/``evict`` return one ``(heads, k)`` array, which a pooled policy's
+        rows (evicting different numbers) cannot fill: refused, right after the budget."""
+        if budget is not None and self.pool != 1:
+            raise pooled_evict_error(call, self.pool)
+
     def _check_same_evictions(self, budget: int | None, admitted: int, call: str) -> None:
         """``step``/``evict`` return one ``(heads, k)`` array: every row must evict k."""
         if len(set(self._evictions(budget, admitted))) > 1:
             raise ragged_evict_error(call)
+
+    def _pooled_slots(self, budget: int) -> list[list[int]]:
+        """The slots each row evicts when pools of ``pool`` consecutive rows share
+        ``pool * budget`` positions: per pool over its share, the excess, least
+        (key, position, row) first among the rows' evictable slots."""
+        chosen: list[list[int]] = [[] for _ in range(self.heads)]
+        for first in range(0, self.heads, self.pool):
+            rows = range(first, first + self.pool)
+            excess = sum(len(self._kept[h]) for h in rows) - self.pool * budget
+            if excess <= 0:
+                continue
+            candidates = [(self._rank(h, s), self._kept[h][s], h, s)
+                          for h in rows for s in self._evictable(h)]
+            for _, _, h, s in sorted(candidates)[:excess]:
+                chosen[h].append(s)
+        return chosen
 
     def _evict(self, budget: int | None) -> tuple[list[list[int]], list[list[int]]]:
         """Drop ``n_h - budget`` slots from each row holding ``n_h > budget``; victims and
         their slots, ascending, row by row."""
         victims: list[list[int]] = [[] for _ in range(self.heads)]
         slots: list[list[int]] = [[] for _ in range(self.heads)]
+        pooled = self._pooled_slots(budget) if budget is not None and self.pool != 1 else None
         for h, k in enumerate(self._evictions(budget)):
+            if pooled is not None:
+                k = len(pooled[h])
             if k == 0:
                 continue
-            chosen = sorted(self._victim_slots(h, k))
+            chosen = sorted(self._victim_slots(h, k) if pooled is None else pooled[h])
             slots[h] = chosen
             victims[h] = [self._kept[h][s] for s in chosen]
             gone = set(chosen)
@@ -409,6 +447,7 @@ class _Policy:
             different numbers of positions (:meth:`evict_rows` takes that case).
         """
         budget = self._check_budget(budget)
+        self._check_unpooled(budget, "evict")
         self._check_same_evictions(budget, 0, "evict")
         return self._result(*self._evict(budget), return_indices)
 
@@ -423,6 +462,7 @@ class _Policy:
         """
         pos = self._check_pos(pos)
         budget = self._check_budget(budget)
+        self._check_unpooled(budget, "step")
         weights = self._read_step(attn)
         self._check_same_evictions(budget, 1, "step")
         self._admit(pos, weights)
@@ -580,6 +620,9 @@ class _Policy:
             ``[0, heads)``.
         """
         rows = read_row_index(index, self.heads).tolist()
+        if len(rows) % self.pool:
+            raise InvalidInputError(f"index must hold a multiple of pool={self.pool} rows (pools are "
+                                    f"consecutive rows), got {len(rows)}")
         kept = [list(self._kept[r]) for r in rows]
         scores = [list(self._scores[r]) for r in rows] if self._score_key is not None else []
         history = None if self._history is None else [list(self._history[r]) for r in rows]
@@ -819,16 +862,22 @@ class _HeavyHitters(_Policy):
     sinks: int
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
-                 sinks: int = 0) -> None:
-        self._configure(budget, recent_window=recent_window, sinks=sinks)
+                 sinks: int = 0, pool: int = 1) -> None:
+        self._configure(budget, recent_window=recent_window, sinks=sinks, pool=pool)
         self._setup(heads)
 
+    def _evictable(self, head: int) -> range:
+        """The slots of row ``head`` outside its sinks and its recent window."""
+        n = len(self._kept[head])
+        return range(min(self.sinks, n), n - self.recent_window)
+
+    def _rank(self, head: int, slot: int) -> Any:
+        """What orders slot ``slot`` of row ``head`` for eviction (least goes first)."""
+        return self._scores[head][slot]
+
     def _victim_slots(self, head: int, count: int) -> list[int]:
-        scores = self._scores[head]
-        n = len(scores)
-        evictable = range(min(self.sinks, n), n - self.recent_window)
         # kept is ascending, so ordering ties by slot orders them by position.
-        return sorted(evictable, key=lambda s: (scores[s], s))[:count]
+        return sorted(self._evictable(head), key=lambda s: (self._rank(head, s), s))[:count]
 
     def sink_count(self) -> int:
         """Sinks held: ``min(sinks, kept_count())``."""
@@ -875,6 +924,15 @@ class Scissorhands(_HeavyHitters):
         Decode steps a vote counts for, in ``[1, 64]``; None counts them forever.
     vote_rate : bool, default False
         Evict by votes per step held rather than by votes.
+    pool : int, default 1
+        Consecutive rows sharing one budget (Ada-KV, Feng et al., 2024, arXiv
+        2407.11550): rows ``[g * pool, (g + 1) * pool)`` hold at most
+        ``pool * budget`` positions in all, so a row whose attention is spread out may
+        hold more than ``budget`` while another holds less. Over that share a pool
+        evicts its least-ranked evictable slots, ties going to the lower position,
+        then the lower row (each row keeps its sinks and recent window). Must divide
+        ``heads``; with ``pool > 1`` rows evict different numbers, so only
+        ``step_rows``/``evict_rows`` evict. 1 = each row its own budget.
 
     Raises
     ------
@@ -897,9 +955,10 @@ class Scissorhands(_HeavyHitters):
     vote_rate: bool
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
-                 sinks: int = 0, history_window: int | None = None, vote_rate: bool = False) -> None:
+                 sinks: int = 0, history_window: int | None = None, vote_rate: bool = False,
+                 pool: int = 1) -> None:
         self._configure(budget, recent_window=recent_window, sinks=sinks,
-                        history_window=history_window, vote_rate=vote_rate)
+                        history_window=history_window, vote_rate=vote_rate, pool=pool)
         self._setup(heads)
 
     def _keeps_history(self) -> bool:
@@ -908,14 +967,11 @@ class Scissorhands(_HeavyHitters):
     def _keeps_held(self) -> bool:
         return self.vote_rate
 
-    def _victim_slots(self, head: int, count: int) -> list[int]:
+    def _rank(self, head: int, slot: int) -> Any:
         if self._held is None:
-            return super()._victim_slots(head, count)
-        votes, held = self._scores[head], self._held[head]
+            return self._scores[head][slot]
         cap = self.history_window if self.history_window is not None else UINT32_MAX
-        n = len(votes)
-        evictable = range(min(self.sinks, n), n - self.recent_window)
-        return sorted(evictable, key=lambda s: (votes[s] / max(1, min(held[s], cap)), s))[:count]
+        return self._scores[head][slot] / max(1, min(self._held[head][slot], cap))
 
     def _update(self, head: int, weights: list[float]) -> None:
         if self._held is not None:
@@ -991,6 +1047,8 @@ class H2O(_HeavyHitters):
         Independent rows (KV heads), in ``[1, 65536]``.
     sinks : int, default 0
         The first positions held, never evicted; ``recent_window + sinks < budget``.
+    pool : int, default 1
+        Consecutive rows sharing one budget (Ada-KV), as :class:`Scissorhands` takes it.
 
     Raises
     ------
@@ -1069,6 +1127,8 @@ class TOVA(_HeavyHitters):
         Independent rows (KV heads), in ``[1, 65536]``.
     sinks : int, default 0
         The first positions held, never evicted; ``recent_window + sinks < budget``.
+    pool : int, default 1
+        Consecutive rows sharing one budget (Ada-KV), as :class:`Scissorhands` takes it.
 
     Raises
     ------
@@ -1088,8 +1148,8 @@ class TOVA(_HeavyHitters):
     _score_key = "scores"
 
     def __init__(self, budget: int = 512, recent_window: int = 1, rng: Any = None, heads: int = 1,
-                 sinks: int = 0) -> None:
-        self._configure(budget, recent_window=recent_window, sinks=sinks)
+                 sinks: int = 0, pool: int = 1) -> None:
+        self._configure(budget, recent_window=recent_window, sinks=sinks, pool=pool)
         self._setup(heads)
 
     def _new_score(self) -> float:

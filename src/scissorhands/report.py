@@ -34,9 +34,10 @@ HINDSIGHT = "hindsight"
 
 def _values(result: Mapping[str, Any]) -> dict[str, Any]:
     """A result row's option values (the sinks of older documents, recorded as None,
-    read as their default then: 0 for h2o, tova and scissorhands)."""
+    read as their default then: 0 for h2o, tova and scissorhands; an option a document
+    predates, such as ``pool``, read as its default)."""
     spec = SPECS[result["policy"]]
-    values = {o.name: result.get(o.name) for o in spec.options}
+    values = {o.name: result.get(o.name, spec.default(o.name)) for o in spec.options}
     if values.get("sinks", 0) is None:
         values["sinks"] = spec.default("sinks")
     return values

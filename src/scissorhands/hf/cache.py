@@ -42,7 +42,7 @@ from ..errors import InvalidInputError, InvalidTypeError
 from ..options import SPECS, PolicyOptions
 from . import attention
 from .gqa import group_mean
-from .rows import PolicyConfig, PolicyRows
+from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, make_storage
 
 __all__ = ["HEAD_MODES", "POSITION_MODES", "CacheStats", "EvictingCache", "EvictingLayer"]
@@ -281,6 +281,7 @@ class EvictingCache(Cache):
         self.cache_mode = cache_mode
         self.evicting_layers = evicting
         self.policy_heads = self.num_kv_heads if head_mode == "per-head" else 1
+        check_pools(configs, evicting, self.policy_heads)
         budgets = [c.budget for c in configs if c.evicts and c.budget is not None]
         self.storage = make_storage(cache_mode, evicting, (max(budgets) + 1) if budgets else 64)
         self.bank: PolicyRows | None = None

@@ -3,9 +3,12 @@
 Rows are layer-major: row ``(layer * batch + sequence) * heads + head`` (``heads`` = the
 KV heads, or 1 in ``mean`` head mode).  Sequences that share a configuration share one
 policy object (its rows are theirs, in the same order), so a step is one call per
-configuration: one for a plain cache, one per configuration for ``eval``'s batch.  The
-policies are duck-typed: either backend, with ``step_rows``, ``extend``,
-``evict_rows``, ``select_rows``, ``counts`` and ``reset``.
+configuration: one for a plain cache, one per configuration for ``eval``'s batch.  A
+configuration whose budget is pooled (``pool``: ``layer``, ``model`` or a number of
+rows) orders its policy's rows sequence-major instead, ``(sequence, layer, head)``, so
+that each pool is consecutive rows of one sequence: ``layer`` is ``heads`` rows,
+``model`` every layer's.  The policies are duck-typed: either backend, with
+``step_rows``, ``extend``, ``evict_rows``, ``select_rows``, ``counts`` and ``reset``.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInputError
-from ..options import PolicyOptions, make_policy, policy_spec
+from ..options import POOL, PolicyOptions, make_policy, policy_spec
 
-__all__ = ["PolicyConfig", "PolicyRows"]
+__all__ = ["PolicyConfig", "PolicyRows", "check_pools"]
 
 
 @dataclass(frozen=True)
@@ -34,18 +37,47 @@ class PolicyConfig:
     backend: str = "native"
 
     def check(self) -> None:
-        """Build a one-row policy, so that a bad name, budget or option raises now.
+        """Build a one-row policy (its pool checked on its own: the cache checks that it
+        divides a sequence's rows), so that a bad name, budget or option raises now.
 
         Raises
         ------
         InvalidInputError, InvalidTypeError
             What the policy's constructor refuses.
         """
-        make_policy(self.policy, self.budget, self.options, backend=self.backend)
+        options = self.options
+        if policy_spec(self.policy).takes("pool"):  # checked here, divided by the cache
+            POOL.check(options.pool, 0)
+            options = options.replace(pool=1)
+        make_policy(self.policy, self.budget, options, backend=self.backend)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether rows share budgets (a ``pool`` option other than 1)."""
+        return policy_spec(self.policy).takes("pool") and self.options.pool != 1
 
     @property
     def evicts(self) -> bool:
         return policy_spec(self.policy).evicts
+
+
+def check_pools(configs: Sequence[PolicyConfig], layers: int, heads: int) -> dict[str, int]:
+    """The rows each pool scope stands for with ``layers`` evicting layers of ``heads``
+    policy rows each, after checking that every pooled configuration's pool given as a
+    number of rows divides a sequence's ``layers * heads`` rows.
+
+    Raises
+    ------
+    InvalidInputError
+        A pool of rows that would span two sequences.
+    """
+    for c in configs:
+        pool = c.options.pool
+        if c.pooled and isinstance(pool, int) and (layers * heads) % pool:
+            raise InvalidInputError(
+                f"pool must divide the rows of a sequence ({layers} layers x {heads} KV heads = "
+                f"{layers * heads}), got pool={pool}")
+    return {"layer": heads, "model": layers * heads}
 
 
 class PolicyRows:
@@ -69,10 +101,13 @@ class PolicyRows:
         self.heads = heads
         self.batch = sum(self.sizes)
         self.starts = np.cumsum([0, *self.sizes])
+        pools = check_pools(self.configs, layers, heads)
         self.policies = [
-            make_policy(c.policy, c.budget, c.options, heads=layers * n * heads, backend=c.backend)
+            make_policy(c.policy, c.budget, c.options, heads=layers * n * heads, backend=c.backend, pools=pools)
             for c, n in zip(self.configs, self.sizes)
         ]
+        #: The single policy's rows are the global rows, in order (the fast paths).
+        self._plain = len(self.policies) == 1 and not self.configs[0].pooled
         #: Seconds spent in each group's policy calls.
         self.seconds = [0.0] * len(self.policies)
 
@@ -81,12 +116,16 @@ class PolicyRows:
         return self.layers * self.batch * self.heads
 
     def _group_rows(self, g: int) -> np.ndarray:
-        """The global row numbers of group ``g``'s rows, in its policy's order."""
+        """The global row numbers of group ``g``'s rows, in its policy's order:
+        layer-major, or sequence-major for pooled budgets."""
         grid = np.arange(self.rows).reshape(self.layers, self.batch, self.heads)
-        return grid[:, self.starts[g]:self.starts[g + 1]].reshape(-1)
+        mine = grid[:, self.starts[g]:self.starts[g + 1]]
+        if self.configs[g].pooled:
+            mine = mine.transpose(1, 0, 2)
+        return mine.reshape(-1)
 
     def _each(self) -> list[tuple[int, Any, np.ndarray, PolicyConfig]]:
-        if len(self.policies) == 1:
+        if self._plain:
             return [(0, self.policies[0], np.arange(self.rows), self.configs[0])]
         return [(g, p, self._group_rows(g), c) for g, (p, c) in enumerate(zip(self.policies, self.configs))]
 
@@ -112,7 +151,7 @@ class PolicyRows:
     def _merge(self, parts: list[tuple[np.ndarray, Any]]) -> tuple[np.ndarray, np.ndarray]:
         """Each group's ``RowVictims`` (its rows in its policy's order) as one
         ``(counts (rows,), kept-order slots (total,))`` pair in global row order."""
-        if len(parts) == 1 and len(self.policies) == 1:
+        if self._plain:
             victims = parts[0][1]
             return (np.asarray(victims.counts, dtype=np.int64), np.asarray(victims.slots, dtype=np.int64))
         counts = np.zeros(self.rows, dtype=np.int64)
@@ -132,7 +171,7 @@ class PolicyRows:
         positions (kept order, W = the largest count), or None for policies that read no
         attention; returns each row's victim count and their kept-order slots, row after
         row."""
-        if len(self.policies) == 1:  # the weights are the one policy's, already (rows, largest count)
+        if self._plain:  # the weights are the one policy's, already (rows, largest count)
             start = time.perf_counter()
             victims = self.policies[0].step_rows(pos, weights, self.configs[0].budget)
             self.seconds[0] += time.perf_counter() - start
@@ -157,11 +196,11 @@ class PolicyRows:
         for g, policy, rows, config in self._each():
             before = int(np.asarray(policy.counts).max(initial=0))
             width = (0 if fresh else before) + q
-            a = None if admit is None else (admit if len(self.policies) == 1 else admit[rows])
+            a = None if admit is None else (admit if self._plain else admit[rows])
             if weights is None:  # a policy that reads no attention reads only the shape
                 w: Any = np.broadcast_to(np.float32(0.0), (len(rows), q, width))
             else:
-                w = weights if len(self.policies) == 1 else weights[rows]
+                w = weights if self._plain else weights[rows]
                 w = np.ascontiguousarray(w[:, :, :width])
             start = time.perf_counter()
             policy.extend(w, a)
@@ -174,8 +213,13 @@ class PolicyRows:
         """Sequences become ``index`` (old sequence numbers): each policy's rows follow."""
         if len(self.policies) != 1:
             raise InvalidInputError("a cache holding several configurations cannot reorder its batch")
-        grid = np.arange(self.rows).reshape(self.layers, self.batch, self.heads)
-        self.policies[0].select_rows(grid[:, index].reshape(-1))
+        index = np.asarray(index)
+        if self.configs[0].pooled:  # sequence-major: each sequence's rows are one block
+            block = self.layers * self.heads
+            self.policies[0].select_rows((index[:, None] * block + np.arange(block)).reshape(-1))
+        else:
+            grid = np.arange(self.rows).reshape(self.layers, self.batch, self.heads)
+            self.policies[0].select_rows(grid[:, index].reshape(-1))
         self.batch = len(index)
         self.sizes = [self.batch]
         self.starts = np.array([0, self.batch])

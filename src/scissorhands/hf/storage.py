@@ -384,8 +384,11 @@ class SlotStorage:
         rows = np.arange(self.rows)
         n = self.counts
         new_slot = np.full(self.rows, self.extent - 1, dtype=np.int64) if self.aligned else self.free.copy()
-        if (self.aligned and victims.any()) or (victims > 1).any():
+        if self.aligned and victims.any():
             self._apply_general(victims, slots, [new_slot[r:r + 1] for r in rows.tolist()])
+            return
+        if (victims > 1).any():  # rows sharing a budget (pools): any number per row
+            self._apply_ragged(victims, slots, new_slot)
             return
         width = int(n.max(initial=0)) + 1
         self._grow(width)
@@ -419,6 +422,37 @@ class SlotStorage:
         else:
             self.free = np.where(one, freed, self._first_free())
         if self.compact_every_step and victims.any():
+            self.compact()
+
+    def _apply_ragged(self, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
+        """:meth:`apply_step` for any number of victims per row, in array operations and
+        without moving a key: each row's kept order drops its victims (a stable sort of
+        the survivors to the front), their slots become holes, and the row's next token
+        takes the slot of its first victim, or its lowest hole when it evicted none."""
+        rows = self._row_index()
+        n = self.counts
+        width = int(n.max(initial=0)) + 1
+        self._grow(width)
+        self.valid[rows, new_slot] = True
+        self.slots[rows, n] = new_slot  # the new token, last in kept order
+        layout = self.slots[:, :width]
+        keep = np.arange(width)[None, :] < (n + 1)[:, None]
+        owner = np.repeat(rows, victims)
+        keep[owner, slots] = False
+        freed = layout[owner, slots]
+        order = np.argsort(~keep, axis=1, kind="stable")
+        self.slots[:, :width] = np.take_along_axis(layout, order, axis=1)
+        self.valid[owner, freed] = False
+        self._note_valid(owner, freed, False)
+        self.counts = n + 1 - victims
+        evicted = victims > 0
+        first = np.concatenate(([0], np.cumsum(victims)[:-1]))
+        free = np.zeros(self.rows, dtype=np.int64)
+        free[evicted] = freed[first[evicted]]
+        if not evicted.all():
+            free[~evicted] = self._first_free()[~evicted]
+        self.free = free
+        if self.compact_every_step:
             self.compact()
 
     def _first_free(self) -> np.ndarray:

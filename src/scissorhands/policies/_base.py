@@ -22,10 +22,12 @@ from scissorhands._shared import (
     UINT32_MAX,
     RowVictims,
     check_int,
+    check_pool,
     chunk_shape_error,
     parse_held,
     parse_history,
     parse_state,
+    pooled_evict_error,
     ragged_counts_error,
     ragged_evict_error,
     read_admit,
@@ -98,12 +100,14 @@ class NativePolicy:
         self._options = spec.check(self._budget, options)
         self._protected = {o.name: self._options[o.name] for o in spec.options if o.protects}
         self._heads = check_int("heads", heads, 1, MAX_HEADS)
+        self._pool = check_pool(self._options.get("pool", 1), self._heads)
         cfg = ffi.new("sh_config *")
         cfg.kind = self._kind
         cfg.heads = self._heads
         cfg.budget = self._budget
         for name, value in self._options.items():
-            setattr(cfg, name, 0 if value is None else int(value))
+            if name != "pool":  # an argument of each pooled call, not of the C object
+                setattr(cfg, name, 0 if value is None else int(value))
         out = ffi.new("sh_policy **")
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
@@ -183,6 +187,8 @@ class NativePolicy:
             pos = self._check_position(pos)
         if flags & _EVICT:
             budget = self._budget if budget is None else self._check_budget(budget)
+            if self._pool != 1:
+                raise pooled_evict_error("step" if admit else "evict", self._pool)
         h = self._heads
         if not admit or attn is None or not self._reads_attention:
             dtype, ptr, width = _NONE, _NULL, 0
@@ -304,7 +310,7 @@ class NativePolicy:
         in the documented order first (so errors are the same either way)."""
         self._acquire()
         try:
-            if type(pos) is int and budget is None and not return_indices:
+            if type(pos) is int and budget is None and not return_indices and self._pool == 1:
                 h = self._heads
                 if not self._reads_attention:
                     dtype, buf, width = _NONE, _NULL, 0
@@ -361,9 +367,9 @@ class NativePolicy:
         victims = np.empty(size, dtype=np.uint32)
         slots = np.empty(size, dtype=np.int64)
         counts = np.empty(h, dtype=np.uint32)
-        rc = lib.sh_policy_step_rows(self._ptr, flags, pos, dtype, ptr, h, width, budget,
-                                     ffi.from_buffer("uint32_t[]", victims), ffi.from_buffer("int64_t[]", slots),
-                                     size, ffi.from_buffer("uint32_t[]", counts), self._n_victims)
+        rc = lib.sh_policy_step_pools(self._ptr, flags, pos, dtype, ptr, h, width, budget, self._pool,
+                                      ffi.from_buffer("uint32_t[]", victims), ffi.from_buffer("int64_t[]", slots),
+                                      size, ffi.from_buffer("uint32_t[]", counts), self._n_victims)
         if rc == _ERR_LENGTH:
             raise self._shape_error(attn.shape)
         check(rc, type(self).__name__)
@@ -529,6 +535,9 @@ class NativePolicy:
         """
         with self._lock:
             rows = read_row_index(index, self._heads)
+            if rows.size % self._pool:
+                raise InvalidInputError(f"index must hold a multiple of pool={self._pool} rows (pools are "
+                                        f"consecutive rows), got {rows.size}")
             check(lib.sh_policy_select_rows(self._ptr, ffi.from_buffer("uint32_t[]", rows), rows.size),
                   type(self).__name__)
             self._heads = int(rows.size)

@@ -35,6 +35,15 @@ class H2O(NativePolicy):
     sinks : int, default 0
         The first positions held (as StreamingLLM's attention sinks), never evicted;
         ``recent_window + sinks < budget``. 0 = none (the seed's semantics).
+    pool : int, default 1
+        Consecutive rows sharing one budget (Ada-KV, Feng et al., 2024, arXiv
+        2407.11550): rows ``[g * pool, (g + 1) * pool)`` hold at most
+        ``pool * budget`` positions in all, so a row whose attention is spread out may
+        hold more than ``budget`` while another holds less. Over that share a pool
+        evicts its least-ranked evictable slots, ties going to the lower position,
+        then the lower row (each row keeps its sinks and recent window). Must divide
+        ``heads``; with ``pool > 1`` rows evict different numbers, so only
+        ``step_rows``/``evict_rows`` evict. 1 = each row its own budget.
 
     Raises
     ------
@@ -55,8 +64,8 @@ class H2O(NativePolicy):
     _score_name = "scores"
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
-                 sinks: int = 0) -> None:
-        super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads)
+                 sinks: int = 0, pool: int = 1) -> None:
+        super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads, pool=pool)
 
     @property
     def recent_window(self) -> int:

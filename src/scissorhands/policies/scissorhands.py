@@ -50,6 +50,15 @@ class Scissorhands(NativePolicy):
         ``votes / steps`` (a correctly rounded float64; equal rates evict the lower
         position). An old position's head start in votes then no longer protects
         it. False: the seed's semantics.
+    pool : int, default 1
+        Consecutive rows sharing one budget (Ada-KV, Feng et al., 2024, arXiv
+        2407.11550): rows ``[g * pool, (g + 1) * pool)`` hold at most
+        ``pool * budget`` positions in all, so a row whose attention is spread out may
+        hold more than ``budget`` while another holds less. Over that share a pool
+        evicts its least-ranked evictable slots, ties going to the lower position,
+        then the lower row (each row keeps its sinks and recent window). Must divide
+        ``heads``; with ``pool > 1`` rows evict different numbers, so only
+        ``step_rows``/``evict_rows`` evict. 1 = each row its own budget.
 
     Raises
     ------
@@ -76,9 +85,10 @@ class Scissorhands(NativePolicy):
     _score_name = "votes"
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
-                 sinks: int = 0, history_window: int | None = None, vote_rate: bool = False) -> None:
+                 sinks: int = 0, history_window: int | None = None, vote_rate: bool = False,
+                 pool: int = 1) -> None:
         super().__init__(budget=budget, recent_window=recent_window, sinks=sinks,
-                         history_window=history_window, vote_rate=vote_rate, heads=heads)
+                         history_window=history_window, vote_rate=vote_rate, heads=heads, pool=pool)
 
     @property
     def recent_window(self) -> int:

@@ -45,6 +45,10 @@ class TOVA(NativePolicy):
     sinks : int, default 0
         The first positions held (as StreamingLLM's attention sinks), never evicted;
         ``recent_window + sinks < budget``. 0 = none.
+    pool : int, default 1
+        Consecutive rows sharing one budget (Ada-KV, Feng et al., 2024, arXiv
+        2407.11550), as :class:`~scissorhands.Scissorhands` takes it: must divide
+        ``heads``; with ``pool > 1`` only ``step_rows``/``evict_rows`` evict.
 
     Raises
     ------
@@ -67,8 +71,8 @@ class TOVA(NativePolicy):
     _score_name = "scores"
 
     def __init__(self, budget: int = 512, recent_window: int = 1, rng: Any = None, heads: int = 1,
-                 sinks: int = 0) -> None:
-        super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads)
+                 sinks: int = 0, pool: int = 1) -> None:
+        super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads, pool=pool)
 
     @property
     def recent_window(self) -> int:
