@@ -130,10 +130,11 @@ def test_eval_and_record_namespaces():
     parser = build_parser()
     ev = parser.parse_args(["eval"])
     assert vars(ev) == {
-        "command": "eval", "no_progress": False, "policies": ["full", "streaming-llm", "h2o", "tova", "scissorhands"],
+        "command": "eval", "no_progress": False, "policies": None,
         "budgets": None, "recent_window": None, "sinks": None, "backend": "native", "json": None,
         "plot": None, "tokens": 512, "prompt_tokens": None, "text": None, "model": None,
-        "head_mode": "per-head", "history_window": None, "vote_rate": None, "pool": None, "hindsight": None, "cache_mode": "reuse",
+        "head_mode": "per-head", "history_window": None, "vote_rate": None, "pool": None, "hindsight": None,
+        "cache_mode": "reuse",
         "attention": "eager", "threads": 1,
     }
     ev = parser.parse_args(["eval", "--tokens", "2048", "--budgets", "409", "204", "--recent-window",

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import ScissorhandsError
-from .options import BACKENDS, OPTIONS, POLICY_NAMES, policy_spec
+from .options import BACKENDS, MODEL_POLICIES, OPTIONS, POLICY_NAMES, policy_spec
 
 __all__ = ["build_parser", "main"]
 
@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     policy_opts = argparse.ArgumentParser(add_help=False)
     group = policy_opts.add_argument_group("policies")
     group.add_argument(
-        "--policies", type=_policy_list, default=list(POLICY_NAMES), metavar="NAMES",
-        help=f"comma-separated registry names (default: {','.join(POLICY_NAMES)})")
+        "--policies", type=_policy_list, default=None, metavar="NAMES",
+        help=f"comma-separated registry names (default: replay {','.join(POLICY_NAMES)}; eval "
+        f"and longctx {','.join(MODEL_POLICIES)})")
     group.add_argument(
         "--budgets", type=_positive_int, nargs="+", default=None, metavar="N",
         help="cache budgets in positions (replay default: 256 512 1024 on decode-4096, "
@@ -297,7 +298,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "replay":
         from .replay import run_replay
 
-        return run_replay(args.policies, args.budgets, option_values(args), backend=args.backend,
+        return run_replay(args.policies or list(POLICY_NAMES), args.budgets, option_values(args), backend=args.backend,
                           trace=args.trace, json_path=args.json, plot=args.plot,
                           progress=not args.no_progress)
     if args.command == "report":
@@ -321,18 +322,20 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_longctx(LongContextRequest(
             lengths=args.lengths or DEFAULT_LENGTHS, window=args.window,
-            budgets=args.budgets or (1024, 2048), policies=args.policies, values=option_values(args),
+            budgets=args.budgets or (1024, 2048), policies=args.policies or list(MODEL_POLICIES),
+            values=option_values(args),
             positions=args.positions, chunk=args.prefill_chunk, text=args.text, model=args.model,
             attention=args.attention, threads=args.threads, backend=args.backend, json_path=args.json,
             plot=args.plot, progress=not args.no_progress))
     from . import evaluate
 
     if args.command == "eval":
-        for name in args.policies:
+        policies = args.policies or list(MODEL_POLICIES)
+        for name in policies:
             policy_spec(name)
         request = evaluate.EvalRequest(
             tokens=args.tokens, prompt_tokens=args.prompt_tokens, budgets=args.budgets,
-            policies=args.policies, values=option_values(args), head_mode=args.head_mode,
+            policies=policies, values=option_values(args), head_mode=args.head_mode,
             cache_mode=args.cache_mode, backend=args.backend, text=args.text, model=args.model,
             json_path=args.json, plot=args.plot, progress=not args.no_progress,
             attention=args.attention, threads=args.threads, hindsight=args.hindsight)

@@ -48,7 +48,7 @@ import numpy as np
 
 from .errors import ScissorhandsError
 from .hindsight import gap_closed_percent
-from .options import OPTIONS, POLICY_NAMES, SPECS, config_label, policy_classes, series_label, sweep
+from .options import MODEL_POLICIES, OPTIONS, SPECS, config_label, policy_classes, series_label, sweep
 
 __all__ = [
     "EvalRequest",
@@ -119,7 +119,7 @@ class EvalRequest:
     tokens: int = 512
     prompt_tokens: int | None = None
     budgets: list[int] | None = None
-    policies: Sequence[str] = POLICY_NAMES
+    policies: Sequence[str] = MODEL_POLICIES
     values: Mapping[str, Sequence[Any] | None] = field(default_factory=dict)
     head_mode: str = "per-head"
     cache_mode: str = "reuse"

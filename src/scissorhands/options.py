@@ -32,6 +32,7 @@ from .errors import InvalidInputError, ScissorhandsError
 
 __all__ = [
     "BACKENDS",
+    "MODEL_POLICIES",
     "OPTIONS",
     "POLICY_NAMES",
     "SPECS",
@@ -383,6 +384,10 @@ SPECS: dict[str, PolicySpec] = {
 }
 #: The registry names, in table order.
 POLICY_NAMES: tuple[str, ...] = tuple(SPECS)
+#: What the real-model commands (``eval``, ``longctx``) run unless ``--policies`` says
+#: otherwise: each configuration costs them a model sequence, and their documented
+#: tables predate TOVA, which runs when named.
+MODEL_POLICIES: tuple[str, ...] = ("full", "streaming-llm", "h2o", "scissorhands")
 
 
 def policy_spec(name: str) -> PolicySpec:
