@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hindsight", type=_positive_int, default=None, metavar="W",
         help="also run the hindsight reference at every budget: evict the held position the next W "
         "decode steps of the full run attend to least (greedy, not a bound), and add a gap-closed "
-        "column against streaming-llm (default: off; docs/eval.md measures W)")
+        "column against streaming-llm (default: off; 256 was the best of 16-1024 measured in docs/eval.md)")
 
     record = sub.add_parser(
         "record", parents=[common, model_opts],
