@@ -234,9 +234,6 @@ def test_hindsight_schedule_from_the_full_run_is_what_the_batch_holds(tiny_model
     configs = [hf.HindsightConfig.of(schedules[6]), hf.PolicyConfig("h2o", 6, PolicyOptions(recent_window=2)),
                hf.HindsightConfig.of(schedules[10])]
     cache = hf.EvictingCache(model.config, configs=configs)
-    from scissorhands.hf.hindsight import replay_schedules
-
-    replay_schedules(cache)
     tokens = torch.tensor(ids)
 
     def check(position):

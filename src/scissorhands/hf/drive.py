@@ -18,7 +18,7 @@ import torch
 from ..errors import InvalidInputError
 from . import attention
 from .cache import EvictingCache
-from .hindsight import replay_schedules, tap_attention
+from .hindsight import tap_attention
 from .rows import PolicyConfig
 
 __all__ = ["decode_step", "evaluate_batch", "prefill"]
@@ -123,7 +123,6 @@ def evaluate_batch(model: Any, ids: Sequence[int], configs: Sequence[PolicyConfi
     n = len(ids)
     batch = len(configs)
     cache = EvictingCache(model.config, configs=configs, head_mode=head_mode, cache_mode=cache_mode)
-    replay_schedules(cache)
     tap = None if attention_sink is None else tap_attention(cache, attention_sink)
     tokens = torch.tensor(list(ids), dtype=torch.long)
     nll = np.empty((batch, n - 1), dtype=np.float64)

@@ -27,7 +27,7 @@ from ..hindsight import HindsightSchedule, ScheduledPolicy
 from .gqa import group_mean
 from .rows import PolicyConfig
 
-__all__ = ["AttentionTap", "HindsightConfig", "replay_schedules", "tap_attention"]
+__all__ = ["AttentionTap", "HindsightConfig", "tap_attention"]
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,10 @@ class HindsightConfig(PolicyConfig):
     """A configuration of ``eval``'s batch whose rows replay ``schedule``.
 
     Build it with :meth:`of`.  ``policy`` is ``"full"``: a registry name for the cache's
-    own checks (it reads no attention), whose object is a stand-in that
-    :func:`replay_schedules` swaps for a :class:`~scissorhands.hindsight.ScheduledPolicy`
-    when the cache builds its rows; ``evicts`` is True and the budget is the schedule's.
-    Two configurations are equal only when they hold the same schedule object.
+    own checks (it reads no attention); the cache's rows of it are a
+    :class:`~scissorhands.hindsight.ScheduledPolicy` (:meth:`build`); ``evicts`` is True
+    and the budget is the schedule's.  Two configurations are equal only when they hold
+    the same schedule object.
     """
 
     schedule: HindsightSchedule | None = None
@@ -65,6 +65,18 @@ class HindsightConfig(PolicyConfig):
         if self.budget != self.schedule.budget:
             raise InvalidInputError(f"budget {self.budget} is not the schedule's ({self.schedule.budget})")
 
+    def build(self, rows: int, pools: dict[str, int]) -> ScheduledPolicy:
+        """The replay of the schedule over ``rows`` rows (one sequence's).
+
+        Raises
+        ------
+        InvalidInputError
+            ``rows`` is not the schedule's (the configuration shared by several
+            sequences: a schedule replays one sequence's rows).
+        """
+        assert self.schedule is not None
+        return ScheduledPolicy(self.schedule, rows)
+
     @property
     def evicts(self) -> bool:
         return True
@@ -72,34 +84,6 @@ class HindsightConfig(PolicyConfig):
     @property
     def pooled(self) -> bool:
         return False
-
-
-def replay_schedules(cache: Any) -> None:
-    """Make ``cache`` (an :class:`~scissorhands.hf.cache.EvictingCache`) replay its
-    :class:`HindsightConfig` schedules: whenever it builds its policy rows (its first
-    forward, and the first after ``reset()``), each such configuration's stand-in
-    object is replaced by a :class:`~scissorhands.hindsight.ScheduledPolicy` of the
-    same rows.  Nothing happens for a cache without one.
-
-    Raises
-    ------
-    InvalidInputError
-        (At the first forward) a configuration shared by several sequences: a schedule
-        replays one sequence's rows.
-    """
-    if not any(isinstance(c, HindsightConfig) for c in cache.configs):
-        return
-    start = cache._start
-
-    def start_then_replace(batch: int) -> None:
-        start(batch)
-        bank = cache.bank
-        for g, config in enumerate(bank.configs):
-            if isinstance(config, HindsightConfig):
-                assert config.schedule is not None
-                bank.policies[g] = ScheduledPolicy(config.schedule, bank.layers * bank.sizes[g] * bank.heads)
-
-    cache._start = start_then_replace
 
 
 class AttentionTap:

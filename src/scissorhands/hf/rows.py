@@ -51,6 +51,11 @@ class PolicyConfig:
             options = options.replace(pool=1)
         make_policy(self.policy, self.budget, options, backend=self.backend)
 
+    def build(self, rows: int, pools: dict[str, int]) -> Any:
+        """The policy object behind ``rows`` rows of this configuration (``pools``: the
+        rows each pool scope stands for, :func:`check_pools`)."""
+        return make_policy(self.policy, self.budget, self.options, heads=rows, backend=self.backend, pools=pools)
+
     @property
     def pooled(self) -> bool:
         """Whether rows share budgets (a ``pool`` option other than 1)."""
@@ -102,10 +107,7 @@ class PolicyRows:
         self.batch = sum(self.sizes)
         self.starts = np.cumsum([0, *self.sizes])
         pools = check_pools(self.configs, layers, heads)
-        self.policies = [
-            make_policy(c.policy, c.budget, c.options, heads=layers * n * heads, backend=c.backend, pools=pools)
-            for c, n in zip(self.configs, self.sizes)
-        ]
+        self.policies = [c.build(layers * n * heads, pools) for c, n in zip(self.configs, self.sizes)]
         #: The single policy's rows are the global rows, in order (the fast paths).
         self._plain = len(self.policies) == 1 and not self.configs[0].pooled
         #: Seconds spent in each group's policy calls.
