@@ -371,3 +371,13 @@ def test_eval_refuses_a_missing_text_before_importing_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr)
     assert "--text missing-text.txt" in done.stderr
+
+
+def test_report_orders_pools_given_as_rows_and_as_scopes():
+    """Rows per pool and named scopes sort together (rows first, then layer, model)."""
+    from scissorhands.report import _report_order
+
+    base = {"policy": "scissorhands", "budget": 8, "recent_window": 2, "sinks": 0, "history_window": None,
+            "vote_rate": False}
+    keys = [_report_order({**base, "pool": p}) for p in ("model", 1, "layer", 3)]
+    assert sorted(range(4), key=lambda i: keys[i]) == [1, 3, 2, 0]

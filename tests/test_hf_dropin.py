@@ -618,3 +618,11 @@ def test_pooled_cache_refuses_a_pool_spanning_sequences_and_moves_rows_with_beam
     picked.batch_select_indices(torch.tensor([1]))
     assert (picked.held_counts()[:, 0] == cache.held_counts()[:, 1]).all()
     assert torch.allclose(hf.decode_step(model, picked, torch.tensor([6]))[0], expected[1], atol=1e-5)
+
+
+def test_pooled_cache_refuses_cache_positions():
+    """positions='cache' ranks each sequence's query once; pooled rows hold different
+    counts, so the combination is refused when the cache is built."""
+    with pytest.raises(InvalidInputError, match="positions='cache'"):
+        hf.EvictingCache.from_model(_model("llama", "sdpa"), "scissorhands", 6, recent_window=1, pool="layer",
+                                    positions="cache")

@@ -69,6 +69,8 @@ def _report_order(result: Mapping[str, Any]) -> tuple[Any, ...]:
         if option.name == "recent_window":
             spec = result.get("recent_window_spec")
             key.append((0, Fraction(int(value or 0))) if spec is None else (1, spec_fraction(spec)))
+        elif option.name == "pool":  # rows per pool, then the scopes (layer before model)
+            key.append((1, ("layer", "model").index(value), 0) if isinstance(value, str) else (0, 0, value))
         elif option.default is None:  # off (None) before any value
             key.append((value is not None, value or 0))
         else:

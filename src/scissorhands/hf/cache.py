@@ -252,6 +252,9 @@ class EvictingCache(Cache):
             self.per_sequence = False
         for c in configs:
             c.check()
+            if positions == "cache" and c.pooled:
+                raise InvalidInputError("positions='cache' gives each sequence one query rank, which rows of a "
+                                        "shared budget (pool) do not have: use positions='original' with pool")
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         self.num_heads = int(text.num_attention_heads)
         self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or self.num_heads)
