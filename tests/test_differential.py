@@ -66,7 +66,7 @@ SMALL_HEADS = st.sampled_from([1, 1, 2, 3])
 
 
 @st.composite
-def params_for(draw, policy: str, heads: st.SearchStrategy[int] = SMALL_HEADS):
+def params_for(draw, policy: str, heads: st.SearchStrategy[int] = SMALL_HEADS, pools: bool = False):
     """Constructor parameters of a small policy (with sinks and a history window
     where the policy has them, each often left at its default)."""
     budget = draw(st.integers(1, 8))
@@ -92,7 +92,7 @@ def params_for(draw, policy: str, heads: st.SearchStrategy[int] = SMALL_HEADS):
             if rate or draw(st.booleans()):
                 params["vote_rate"] = rate
         heads = params["heads"]
-        if not SPECS[policy].takes("pool"):
+        if not pools or not SPECS[policy].takes("pool"):  # pooled policies evict only by _rows calls
             return params
         divisors = [d for d in range(1, heads + 1) if heads % d == 0]
         pool = draw(st.sampled_from([1, 1, heads]) | st.sampled_from(divisors))
@@ -294,7 +294,7 @@ def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30)
 def test_native_equals_reference(c_path, policy, data):
     """Random valid and invalid operation sequences give the same results, errors and state."""
     with on_path(c_path):
-        run_operations(data, policy, data.draw(params_for(policy)))
+        run_operations(data, policy, data.draw(params_for(policy, pools=True)))
 
 
 #: The long sequences: TOVA shares H2O's selection (and test_kernels holds its two kernel
@@ -308,7 +308,7 @@ LONG_CASES = [(c, p) for p in ("scissorhands", "h2o") for c in PATHS] + [("simd"
 def test_native_equals_reference_long_sequences(c_path, policy, data):
     """Long sequences with eviction postponed: growth, batching and many ties agree."""
     with on_path(c_path):
-        run_operations(data, policy, data.draw(params_for(policy, heads=st.just(2))), max_ops=150)
+        run_operations(data, policy, data.draw(params_for(policy, heads=st.just(2), pools=True)), max_ops=150)
 
 
 @pytest.mark.parametrize("policy", HEAVY_NAMES)
