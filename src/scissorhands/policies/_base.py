@@ -868,3 +868,22 @@ class NativePolicy:
             held = f"{int(self._counts_locked().min())}..{self._n}" if self._ragged else str(self._n)
         return f"{type(self).__name__}({params}, held={held})"
 
+
+
+class RankingPolicy(NativePolicy):
+    """Base of the policies that rank positions by a per-slot key and protect sinks and a
+    recent window (H2O, TOVA, Scissorhands), as ``reference._HeavyHitters`` is."""
+
+    @property
+    def recent_window(self) -> int:
+        """The most recent positions that are never evicted."""
+        return self._options["recent_window"]
+
+    @property
+    def sinks(self) -> int:
+        """The first positions held that are never evicted."""
+        return self._options["sinks"]
+
+    def sink_count(self) -> int:
+        """Sinks held: ``min(sinks, kept_count())``."""
+        return self._sink_count()

@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from scissorhands._native import lib
-from scissorhands.policies._base import NativePolicy
+from scissorhands.policies._base import RankingPolicy
 
 
-class H2O(NativePolicy):
+class H2O(RankingPolicy):
     """Heavy-Hitter Oracle eviction (Zhang et al., NeurIPS 2023, arXiv 2306.14048).
 
     Each decode step adds every held position's attention weight to its score,
@@ -66,20 +66,6 @@ class H2O(NativePolicy):
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0, pool: int = 1) -> None:
         super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads, pool=pool)
-
-    @property
-    def recent_window(self) -> int:
-        """The most recent positions that are never evicted."""
-        return self._options["recent_window"]
-
-    @property
-    def sinks(self) -> int:
-        """The first positions held that are never evicted."""
-        return self._options["sinks"]
-
-    def sink_count(self) -> int:
-        """Sinks held: ``min(sinks, kept_count())``."""
-        return self._sink_count()
 
     @property
     def scores(self) -> np.ndarray:

@@ -8,10 +8,10 @@ import numpy as np
 
 from scissorhands._native import lib
 from scissorhands.errors import InvalidInputError
-from scissorhands.policies._base import NativePolicy
+from scissorhands.policies._base import RankingPolicy
 
 
-class Scissorhands(NativePolicy):
+class Scissorhands(RankingPolicy):
     """Scissorhands KV-cache eviction (Liu et al., NeurIPS 2023, arXiv 2305.17118).
 
     Each decode step, every held position whose attention weight strictly exceeds its
@@ -91,16 +91,6 @@ class Scissorhands(NativePolicy):
                          history_window=history_window, vote_rate=vote_rate, heads=heads, pool=pool)
 
     @property
-    def recent_window(self) -> int:
-        """The most recent positions that are never evicted."""
-        return self._options["recent_window"]
-
-    @property
-    def sinks(self) -> int:
-        """The first positions held that are never evicted."""
-        return self._options["sinks"]
-
-    @property
     def history_window(self) -> int | None:
         """Decode steps a vote counts for, or None (forever)."""
         return self._options["history_window"]
@@ -125,10 +115,6 @@ class Scissorhands(NativePolicy):
         if not self._options["vote_rate"]:
             raise InvalidInputError("steps_held is kept only with vote_rate=True")
         return self._equal_rows("steps_held", 4, with_history=True)
-
-    def sink_count(self) -> int:
-        """Sinks held: ``min(sinks, kept_count())``."""
-        return self._sink_count()
 
     @property
     def votes(self) -> np.ndarray:

@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from scissorhands._native import lib
-from scissorhands.policies._base import NativePolicy
+from scissorhands.policies._base import RankingPolicy
 
 
-class TOVA(NativePolicy):
+class TOVA(RankingPolicy):
     """Token Omission Via Attention (Oren et al., 2024, arXiv 2401.06104,
     "Transformers are Multi-State RNNs").
 
@@ -73,20 +73,6 @@ class TOVA(NativePolicy):
     def __init__(self, budget: int = 512, recent_window: int = 1, rng: Any = None, heads: int = 1,
                  sinks: int = 0, pool: int = 1) -> None:
         super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads, pool=pool)
-
-    @property
-    def recent_window(self) -> int:
-        """The most recent positions that are never evicted (at least 1)."""
-        return self._options["recent_window"]
-
-    @property
-    def sinks(self) -> int:
-        """The first positions held that are never evicted."""
-        return self._options["sinks"]
-
-    def sink_count(self) -> int:
-        """Sinks held: ``min(sinks, kept_count())``."""
-        return self._sink_count()
 
     @property
     def scores(self) -> np.ndarray:
