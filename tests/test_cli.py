@@ -388,7 +388,8 @@ def test_report_orders_pools_given_as_rows_and_as_scopes():
 
 def _path_cases(tmp):
     """(argv, message) for every command and flag taking a path: each refused at once."""
-    empty, blank, latin = tmp / "empty.txt", tmp / "blank.txt", tmp / "latin.txt"
+    empty, blank, latin, short = tmp / "empty.txt", tmp / "blank.txt", tmp / "latin.txt", tmp / "short.txt"
+    short.write_text("A few words of text.")
     empty.write_text("")
     blank.write_text(" \n\t\n")
     latin.write_bytes("caf\xe9".encode("latin-1"))
@@ -404,7 +405,8 @@ def _path_cases(tmp):
         cases += [([command, "--text", str(empty)], f"--text {empty}: the file is empty"),
                   ([command, "--text", str(blank)], f"--text {blank}: the file holds only whitespace"),
                   ([command, "--text", str(latin)], f"--text {latin}: not UTF-8 text"),
-                  ([command, "--text", str(folder)], f"--text {folder}: a directory, not a file")]
+                  ([command, "--text", str(folder)], f"--text {folder}: a directory, not a file"),
+                  ([command, "--text", str(short)], f"--text {short}: 20 bytes cannot hold")]
     cases += [
         (["record", "--out", f"{missing}.npz"], f"--out {missing}.npz: the directory"),
         (["record", "--out", str(folder)], f"--out {folder}: a directory, not a file"),

@@ -242,6 +242,7 @@ def _add_generate(sub: Any, common: Any) -> None:
                      help="the model's attention implementation (default: sdpa)")
     gen.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
     gen.add_argument("--backend", choices=BACKENDS, default="native", help="policy backend (default: native)")
+    gen.set_defaults(usage=gen.format_usage())  # printed before each of the command's own errors
 
 
 def _add_longctx(sub: Any, common: Any, policy_opts: Any) -> None:
@@ -334,7 +335,7 @@ def _require_matplotlib() -> None:
 # Dispatch
 
 
-def _run_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run_replay(args: argparse.Namespace) -> int:
     from .replay import run_replay
 
     return run_replay(args.policies or list(POLICY_NAMES), args.budgets, option_values(args), backend=args.backend,
@@ -342,13 +343,13 @@ def _run_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                       progress=not args.no_progress)
 
 
-def _run_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run_report(args: argparse.Namespace) -> int:
     from .report import run_report
 
     return run_report(args.files, markdown=args.markdown, plot=args.plot)
 
 
-def _run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run_generate(args: argparse.Namespace) -> int:
     from .generate import GenerateRequest, run_generate
 
     one_each = {name: value for name, value in option_values(args).items() if value is not None}
@@ -358,10 +359,10 @@ def _run_generate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions, model=args.model,
         attention=args.attention, threads=args.threads, backend=args.backend,
-        progress=not args.no_progress), usage=_subparser(parser, "generate").format_usage())
+        progress=not args.no_progress), usage=args.usage)
 
 
-def _run_longctx(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run_longctx(args: argparse.Namespace) -> int:
     from .longctx import DEFAULT_LENGTHS, LongContextRequest, run_longctx
 
     return run_longctx(LongContextRequest(
@@ -373,7 +374,7 @@ def _run_longctx(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         plot=args.plot, progress=not args.no_progress))
 
 
-def _run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run_eval(args: argparse.Namespace) -> int:
     from . import evaluate
 
     policies = args.policies or list(MODEL_POLICIES)
@@ -388,7 +389,7 @@ def _run_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return evaluate.run_eval(request)
 
 
-def _run_record(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run_record(args: argparse.Namespace) -> int:
     from . import evaluate
 
     request_record = evaluate.RecordRequest(
@@ -398,24 +399,16 @@ def _run_record(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return evaluate.run_record(request_record)
 
 
-_RUNNERS: dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
+_RUNNERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": _run_replay, "eval": _run_eval, "record": _run_record, "report": _run_report,
     "generate": _run_generate, "longctx": _run_longctx,
 }
 
 
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    """The parser of one subcommand (for its usage line)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]
-    raise KeyError(command)  # pragma: no cover - build_parser adds every command
-
-
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+def _run(args: argparse.Namespace) -> int:
     if getattr(args, "plot", None):
         _require_matplotlib()
-    return _RUNNERS[args.command](args, parser or build_parser())
+    return _RUNNERS[args.command](args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -445,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return _run(args, parser)
+        return _run(args)
     except ScissorhandsError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2

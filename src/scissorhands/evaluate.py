@@ -370,10 +370,10 @@ def _import_hf() -> Any:
 
 
 def _paths_then_hf(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]],
-                   plots: Sequence[tuple[str, str | None]] = ()) -> Any:
+                   plots: Sequence[tuple[str, str | None]] = (), tokens: int | None = None) -> Any:
     """The user's paths checked (:func:`check_paths`), then :mod:`scissorhands.hf`
     imported: the module, or the message of the first problem (a ``str``)."""
-    problem = check_paths(text, model, outputs, plots)
+    problem = check_paths(text, model, outputs, plots, tokens)
     if problem:
         return problem
     try:
@@ -401,12 +401,14 @@ def _load_inputs(hf: Any, text_path: str | None, model_path: str | None, tokens:
 
 
 def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]],
-                plots: Sequence[tuple[str, str | None]] = ()) -> str | None:
+                plots: Sequence[tuple[str, str | None]] = (), tokens: int | None = None) -> str | None:
     """Why the user's paths cannot work (before any model loads), or None: ``--text``
-    must be a readable UTF-8 file holding more than whitespace, ``--model`` must exist,
-    each output (flag, path) must go into an existing, writable directory, and each plot
-    also needs matplotlib and a format it writes (:mod:`scissorhands.paths`)."""
-    problem = input_problem("--text", text, text=True)
+    must be a readable UTF-8 file holding more than whitespace (and, with ``tokens``,
+    not too short for them: :func:`text_too_short`), ``--model`` must exist, each output
+    (flag, path) must go into an existing, writable directory, and each plot also needs
+    matplotlib and a format it writes (:mod:`scissorhands.paths`)."""
+    problem = input_problem("--text", text, text=True) or (
+        None if tokens is None else text_too_short("--text", text, tokens))
     if problem:
         return problem
     if model is not None and not os.path.exists(model):
@@ -419,6 +421,20 @@ def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str
         problem = plot_problem(flag, path)
         if problem:
             return problem
+    return None
+
+
+def text_too_short(flag: str, path: str | None, tokens: int) -> str | None:
+    """Why the text file ``path`` cannot hold ``tokens`` tokens whatever the tokenizer,
+    or None: a tokenizer gives at most about one token per byte (a byte-level BPE one
+    byte per token at worst, SentencePiece's byte fallback the same) and a few special
+    ones, so fewer than ``tokens / 2 - 8`` bytes is refused before the model loads
+    (and its tokenizer with it); a text between that and ``tokens`` is counted after."""
+    if path is None or not os.path.isfile(path):
+        return None
+    size = os.path.getsize(path)
+    if 2 * size + 16 < tokens:
+        return f"{flag} {path}: {size} bytes cannot hold {tokens} tokens"
     return None
 
 
@@ -509,7 +525,8 @@ def _plan_eval(request: EvalRequest) -> _EvalPlan | str:
     if min(budgets) < 1 or max(budgets) > tokens - 1:
         given = "--budgets" if request.budgets else f"the default budgets (N/8, N/5 of --tokens {tokens})"
         return f"{given} must be in [1, {tokens - 1}] (targets are max(budgets)..N-1), got {budgets}"
-    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path)], [("--plot", request.plot)])
+    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path)], [("--plot", request.plot)],
+                        tokens)
     if isinstance(hf, str):
         return hf
     problem = _check_modes(hf, request)
@@ -799,7 +816,7 @@ def run_record(request: RecordRequest) -> int:
         return _fail(f"--tokens must be at least 2, got {tokens}")
     if prompt_tokens < 1:
         return _fail(f"--prompt-tokens must be at least 1, got {prompt_tokens}")
-    hf = _paths_then_hf(request.text, request.model, [("--out", request.out)])
+    hf = _paths_then_hf(request.text, request.model, [("--out", request.out)], tokens=tokens)
     if isinstance(hf, str):
         return _fail(hf)
     config = _checkpoint_config(request.model)

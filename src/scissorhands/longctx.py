@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from .errors import ScissorhandsError
-from .evaluate import _checkpoint_config, _fail, _paths_then_hf, in_flag_names, read_text, tokenize_prefix
+from .evaluate import (
+    _checkpoint_config,
+    _fail,
+    _paths_then_hf,
+    in_flag_names,
+    read_text,
+    tokenize_prefix,
+)
 from .generate import peak_rss_bytes
 from .options import config_label, sweep
 
@@ -82,7 +89,8 @@ def _check_longctx(request: LongContextRequest) -> tuple[Any, list[int], list[An
         return str(exc)
     if not runs:
         return "no configuration to run: " + "; ".join(notes)
-    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path)], [("--plot", request.plot)])
+    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path)], [("--plot", request.plot)],
+                        lengths[-1])
     if isinstance(hf, str):
         return hf
     for mode in request.positions:
