@@ -457,23 +457,6 @@ uint32_t sh_policy_last_position(const sh_policy *p)
 #define KERNEL(simd, name) ((void)(simd), sh_##name)
 #endif
 
-/* 1 when every weight is finite and >= 0 (NaN fails both comparisons). */
-int sh_valid_f32(const float *a, size_t n)
-{
-    int ok = 1;
-    for (size_t i = 0; i < n; i++)
-        ok &= (a[i] >= 0.0f) & (a[i] <= FLT_MAX);
-    return ok;
-}
-
-int sh_valid_f64(const double *a, size_t n)
-{
-    int ok = 1;
-    for (size_t i = 0; i < n; i++)
-        ok &= (a[i] >= 0.0) & (a[i] <= DBL_MAX);
-    return ok;
-}
-
 static int weights_valid(int32_t dtype, const void *attn, size_t n, int simd)
 {
     return dtype == SH_DTYPE_F32 ? KERNEL(simd, valid_f32)(attn, n)
@@ -512,73 +495,6 @@ size_t sh_vote_f64(uint32_t *votes, const double *attn, size_t n, double share, 
     for (size_t i = 0; i < n; i++)
         votes[i] += (uint32_t)((attn[i] > share) & (votes[i] != UINT32_MAX));
     return lo < hi ? sh_least_u32(votes, lo, hi) : hi;
-}
-
-/* The first slot of [lo, hi) holding the fewest votes (hi > lo): the least, then
-   where it first occurs. */
-size_t sh_least_u32(const uint32_t *v, size_t lo, size_t hi)
-{
-    uint32_t least = UINT32_MAX;
-    size_t i;
-    for (i = lo; i < hi; i++)
-        least = v[i] < least ? v[i] : least;
-    for (i = lo; v[i] != least; i++)
-        ;
-    return i;
-}
-
-/* The most votes in [lo, hi) (hi > lo). */
-uint32_t sh_max_u32(const uint32_t *v, size_t lo, size_t hi)
-{
-    uint32_t most = 0;
-    for (size_t i = lo; i < hi; i++)
-        most = v[i] > most ? v[i] : most;
-    return most;
-}
-
-/* One pass of the radix select: counts, by the byte at `shift`, the votes of
-   [lo, hi) that agree with prefix on the bytes already chosen (mask). */
-void sh_hist_u32(const uint32_t *v, size_t lo, size_t hi, uint32_t mask, uint32_t prefix,
-                 unsigned shift, size_t hist[256])
-{
-    for (size_t i = lo; i < hi; i++) {
-        if ((v[i] & mask) == prefix)
-            hist[(v[i] >> shift) & 0xff]++;
-    }
-}
-
-/* The bulk selection's last pass: takes every slot of [lo, hi) whose masked votes
-   are below prefix and the `need` lowest slots whose masked votes equal it, and
-   closes the gaps they leave in one pass (the slots after hi move down by the count
-   taken). */
-size_t sh_take_u32(uint32_t *pos, uint32_t *v, size_t n, size_t lo, size_t hi, uint32_t mask,
-                   uint32_t prefix, size_t need, uint32_t *victims, int64_t *slots)
-{
-    return sh_take_u32_from(pos, v, n, lo, lo, hi, mask, prefix, need, victims, slots, 0);
-}
-
-size_t sh_take_u32_from(uint32_t *pos, uint32_t *v, size_t n, size_t w, size_t i, size_t hi,
-                        uint32_t mask, uint32_t prefix, size_t need, uint32_t *victims,
-                        int64_t *slots, size_t j)
-{
-    for (; i < hi; i++) {
-        uint32_t m = v[i] & mask;
-        int victim = m < prefix || (m == prefix && need > 0);
-        if (victim) {
-            need -= (size_t)(m == prefix);
-            victims[j] = pos[i];
-            if (slots != NULL)
-                slots[j] = (int64_t)i;
-            j++;
-            continue;
-        }
-        pos[w] = pos[i];
-        v[w] = v[i];
-        w++;
-    }
-    memmove(pos + w, pos + hi, (n - hi) * sizeof *pos);
-    memmove(v + w, v + hi, (n - hi) * sizeof *v);
-    return j;
 }
 
 /* ---------------------------------------------------------------- attention */
