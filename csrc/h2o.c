@@ -6,9 +6,10 @@
  * float32 additions would lose exactly the low bits that decide which of two old
  * positions goes. TOVA: each slot holds the weight of the latest decode step, widened
  * exactly to double (assigned, not added). The selection itself is shared with
- * Scissorhands (scissorhands.c) and works on the scores' bit patterns, which order like
- * the scores for finite values >= 0 (so -0.0 is stored as 0.0). These are the portable
- * scalar forms; simd.c holds the AVX2 ones.
+ * Scissorhands (select.c) and works on the scores' bit patterns, which order like
+ * the scores for finite values >= 0 (so -0.0 is stored as 0.0). The kernels here are
+ * the portable scalar forms, simd.c holds the AVX2 ones; sh_h2o_update and
+ * sh_tova_update are the two kinds' updates (kinds.c).
  */
 #include <float.h>
 #include "sh_internal.h"
@@ -54,4 +55,20 @@ size_t sh_tova_assign_f64(double *scores, const double *attn, size_t n, size_t l
     for (size_t i = 0; i < n; i++)
         scores[i] = attn[i] + 0.0;
     return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
+}
+
+size_t sh_h2o_update(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n,
+                     size_t lo, size_t hi, int simd)
+{
+    if (dtype == SH_DTYPE_F32)
+        return SH_KERNEL(simd, h2o_accumulate_f32)(sh_row_scores(p, h), attn, n, lo, hi);
+    return SH_KERNEL(simd, h2o_accumulate_f64)(sh_row_scores(p, h), attn, n, lo, hi);
+}
+
+size_t sh_tova_update(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n,
+                      size_t lo, size_t hi, int simd)
+{
+    if (dtype == SH_DTYPE_F32)
+        return SH_KERNEL(simd, tova_assign_f32)(sh_row_scores(p, h), attn, n, lo, hi);
+    return SH_KERNEL(simd, tova_assign_f64)(sh_row_scores(p, h), attn, n, lo, hi);
 }

@@ -22,3 +22,10 @@ void sh_streaming_evict_row(uint32_t *positions, size_t n, size_t sinks, size_t 
     }
     memmove(positions + s, positions + s + k, (n - s - k) * sizeof *positions);
 }
+
+void sh_streaming_evict(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t k,
+                        uint32_t *victims, int64_t *slots, int simd)
+{
+    (void)ops, (void)simd;
+    sh_streaming_evict_row(sh_row_positions(p, h), n, p->sinks, k, victims, slots);
+}
