@@ -1,8 +1,8 @@
 /*
  * policy.c - the policy object: its configuration, its storage (one allocation per
- * per-slot array, rows of `capacity` slots each), growth, the rows' counts, reset,
- * sh_policy_select_rows, and the checks every step shares. What differs between the
- * kinds comes from their entry in sh_kinds (kinds.c).
+ * per-slot array, rows of `capacity` slots each), growth, the rows' counts, reset and
+ * sh_policy_select_rows. What differs between the kinds comes from their entry in
+ * sh_kinds (kinds.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -130,10 +130,8 @@ static void copy_row(const sh_policy *p, size_t src, storage *s, size_t rows, si
                n * sizeof(uint32_t));
 }
 
-int sh_ensure_capacity(sh_policy *p, uint64_t need)
+int sh_grow_capacity(sh_policy *p, uint64_t need)
 {
-    if (need <= p->capacity)
-        return SH_OK;
     uint64_t cap = p->capacity;
     while (cap < need)
         cap = next_capacity(cap, p->budget);
@@ -365,24 +363,5 @@ int sh_policy_select_rows(sh_policy *p, const uint32_t *index, size_t rows)
     p->heads = (uint32_t)rows;
     p->count = only;
     p->counts = counts != NULL ? counts : &p->count;
-    return SH_OK;
-}
-
-/* ---------------------------------------------------------------- checks */
-
-int sh_check_step(const sh_policy *p, int32_t flags, uint32_t pos, uint32_t budget)
-{
-    if (flags < 1 || flags > (SH_STEP_ADMIT | SH_STEP_EVICT))
-        return SH_ERR_ARG;
-    if ((flags & SH_STEP_ADMIT) != 0 && pos <= p->last_position)
-        return SH_ERR_POSITION;
-    if ((flags & SH_STEP_EVICT) == 0)
-        return SH_OK;
-    if (p->recent_window < sh_ops(p)->min_recent_window)
-        return SH_ERR_ARG;
-    if (budget < 1)
-        return SH_ERR_BUDGET;
-    if ((uint64_t)p->recent_window + p->sinks >= budget)
-        return SH_ERR_BUDGET;
     return SH_OK;
 }

@@ -390,13 +390,8 @@ size_t sh_h2o_update(sh_policy *p, size_t h, int32_t dtype, const void *attn, si
 size_t sh_tova_update(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n,
                       size_t lo, size_t hi, int simd);
 
-/* StreamingLLM: the k oldest positions after the sinks leave the row (streaming_llm.c).
-   Writes them (ascending) to victims and their slots to slots (if not NULL), and
-   compacts the row; n is the count before the eviction. */
-void sh_streaming_evict_row(uint32_t *positions, size_t n, size_t sinks, size_t k,
-                            uint32_t *victims, int64_t *slots);
-
-/* StreamingLLM's sh_evict_fn: sh_streaming_evict_row on row h. */
+/* StreamingLLM's sh_evict_fn (streaming_llm.c): the k oldest positions after the
+   sinks leave the row. */
 void sh_streaming_evict(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t k,
                         uint32_t *victims, int64_t *slots, int simd);
 
@@ -424,16 +419,22 @@ size_t sh_total_count(const sh_policy *p);
    the last position is 0. */
 int sh_is_fresh(const sh_policy *p);
 
-/* Grows every row to hold at least `need` slots (one doubling at a time), copying
-   what each row holds; on failure (SH_ERR_NOMEM) nothing changes. */
-int sh_ensure_capacity(sh_policy *p, uint64_t need);
+/* Grows every row to hold at least need > capacity slots (one doubling at a time),
+   copying what each row holds; on failure (SH_ERR_NOMEM) nothing changes. */
+int sh_grow_capacity(sh_policy *p, uint64_t need);
+
+/* Makes every row hold at least `need` slots (inline: a step usually has room). */
+static inline int sh_ensure_capacity(sh_policy *p, uint64_t need)
+{
+    return need <= p->capacity ? SH_OK : sh_grow_capacity(p, need);
+}
+
+/* ---------------------------------------------------------------- the step (step.c) */
 
 /* The checks a step and a pooled step share, in order: flags, then pos (when
    admitting) above every position admitted, then budget (when evicting) against the
    protected prefix and suffix and the kind's least recent window. */
 int sh_check_step(const sh_policy *p, int32_t flags, uint32_t pos, uint32_t budget);
-
-/* ---------------------------------------------------------------- the step (step.c) */
 
 /* The work of sh_policy_step (row_victims NULL: every row must evict the same
    number) and of sh_policy_step_rows (row_victims given: any numbers). */

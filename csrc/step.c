@@ -1,6 +1,7 @@
 /*
  * step.c - a decode step over every row: sh_policy_step, sh_policy_step_rows (and
- * sh_step, their shared work, which pools.c admits through).
+ * sh_step, their shared work, which pools.c admits through, and sh_check_step, the
+ * checks the two share).
  *
  * Everything is checked first (the weights of every row, on the part's threads);
  * then each row is stepped on its own by one thread (parallel.c): the kind's update
@@ -136,6 +137,23 @@ static void step_part(void *ctx, size_t t)
 }
 
 /* ---------------------------------------------------------------- the call */
+
+int sh_check_step(const sh_policy *p, int32_t flags, uint32_t pos, uint32_t budget)
+{
+    if (flags < 1 || flags > (SH_STEP_ADMIT | SH_STEP_EVICT))
+        return SH_ERR_ARG;
+    if ((flags & SH_STEP_ADMIT) != 0 && pos <= p->last_position)
+        return SH_ERR_POSITION;
+    if ((flags & SH_STEP_EVICT) == 0)
+        return SH_OK;
+    if (p->recent_window < sh_ops(p)->min_recent_window)
+        return SH_ERR_ARG;
+    if (budget < 1)
+        return SH_ERR_BUDGET;
+    if ((uint64_t)p->recent_window + p->sinks >= budget)
+        return SH_ERR_BUDGET;
+    return SH_OK;
+}
 
 /* Fills job for a call whose arguments passed sh_check_step. */
 static void start_job(step_job *job, sh_policy *p, int32_t flags, uint32_t pos,
