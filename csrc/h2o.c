@@ -6,9 +6,10 @@
  * float32 additions would lose exactly the low bits that decide which of two old
  * positions goes. TOVA: each slot holds the weight of the latest decode step, widened
  * exactly to double (assigned, not added). The selection itself is shared with
- * Scissorhands (scissorhands.c) and works on the scores' bit patterns, which order like
- * the scores for finite values >= 0 (so -0.0 is stored as 0.0). These are the portable
- * scalar forms; simd.c holds the AVX2 ones.
+ * Scissorhands (select.c) and works on the scores' bit patterns, which order like
+ * the scores for finite values >= 0 (so -0.0 is stored as 0.0). The kernels here are
+ * the portable scalar forms, simd.c holds the AVX2 ones; sh_h2o_update and
+ * sh_tova_update are the two kinds' updates (kinds.c).
  */
 #include <float.h>
 #include "sh_internal.h"
@@ -56,69 +57,18 @@ size_t sh_tova_assign_f64(double *scores, const double *attn, size_t n, size_t l
     return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
 }
 
-/* The first slot of [lo, hi) holding the least score (hi > lo): the least, then where
-   it first occurs. */
-size_t sh_least_f64(const double *s, size_t lo, size_t hi)
+size_t sh_h2o_update(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n,
+                     size_t lo, size_t hi, int simd)
 {
-    double least = DBL_MAX;
-    size_t i;
-    for (i = lo; i < hi; i++)
-        least = s[i] < least ? s[i] : least;
-    for (i = lo; s[i] != least; i++)
-        ;
-    return i;
+    if (dtype == SH_DTYPE_F32)
+        return SH_KERNEL(simd, h2o_accumulate_f32)(sh_row_scores(p, h), attn, n, lo, hi);
+    return SH_KERNEL(simd, h2o_accumulate_f64)(sh_row_scores(p, h), attn, n, lo, hi);
 }
 
-/* The largest score's bits in [lo, hi) (hi > lo; finite scores >= 0 order as their
-   bits do). */
-uint64_t sh_max_f64_bits(const double *s, size_t lo, size_t hi)
+size_t sh_tova_update(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n,
+                      size_t lo, size_t hi, int simd)
 {
-    uint64_t most = 0;
-    for (size_t i = lo; i < hi; i++) {
-        uint64_t b = sh_h2o_key(s, i);
-        most = b > most ? b : most;
-    }
-    return most;
-}
-
-/* One radix pass over the scores' bits (see sh_hist_u32). */
-void sh_hist_f64_bits(const double *s, size_t lo, size_t hi, uint64_t mask, uint64_t prefix,
-                      unsigned shift, size_t hist[256])
-{
-    for (size_t i = lo; i < hi; i++) {
-        uint64_t b = sh_h2o_key(s, i);
-        if ((b & mask) == prefix)
-            hist[(b >> shift) & 0xff]++;
-    }
-}
-
-/* The bulk selection's last pass over H2O scores (see sh_take_u32). */
-size_t sh_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi, uint64_t mask,
-                   uint64_t prefix, size_t need, uint32_t *victims, int64_t *slots)
-{
-    return sh_take_f64_from(pos, s, n, lo, lo, hi, mask, prefix, need, victims, slots, 0);
-}
-
-size_t sh_take_f64_from(uint32_t *pos, double *s, size_t n, size_t w, size_t i, size_t hi,
-                        uint64_t mask, uint64_t prefix, size_t need, uint32_t *victims,
-                        int64_t *slots, size_t j)
-{
-    for (; i < hi; i++) {
-        uint64_t m = sh_h2o_key(s, i) & mask;
-        int victim = m < prefix || (m == prefix && need > 0);
-        if (victim) {
-            need -= (size_t)(m == prefix);
-            victims[j] = pos[i];
-            if (slots != NULL)
-                slots[j] = (int64_t)i;
-            j++;
-            continue;
-        }
-        pos[w] = pos[i];
-        s[w] = s[i];
-        w++;
-    }
-    memmove(pos + w, pos + hi, (n - hi) * sizeof *pos);
-    memmove(s + w, s + hi, (n - hi) * sizeof *s);
-    return j;
+    if (dtype == SH_DTYPE_F32)
+        return SH_KERNEL(simd, tova_assign_f32)(sh_row_scores(p, h), attn, n, lo, hi);
+    return SH_KERNEL(simd, tova_assign_f64)(sh_row_scores(p, h), attn, n, lo, hi);
 }

@@ -1,10 +1,23 @@
 /*
- * sh_internal.h - the policy object's layout and what the C files share:
- * scissorhands.c (the object, admission, the step, selection, Scissorhands' votes),
- * h2o.c (H2O's cumulative scores, TOVA's latest weights), streaming_llm.c (sinks +
- * recency), simd.c (the AVX2 forms of the hot loops and the switch between them and
- * the scalar forms) and parallel.c (a step's rows on several threads). Not part of
- * the public API or the cdef.
+ * sh_internal.h - the policy object's layout and what the C files share; not part
+ * of the public API or the cdef. docs/architecture.md maps the files. Calls and
+ * references go one way, each file using only those listed before it:
+ *
+ *   kernels.c         the portable scalar kernels (validation; least, largest,
+ *                     histogram, take over uint32 or float64 keys)
+ *   simd.c            their AVX2 forms and the run-time switch (falls back to kernels.c)
+ *   scissorhands.c    Scissorhands' vote update (plain, history window, vote rate)
+ *   h2o.c             H2O's cumulative scores and TOVA's latest weights
+ *   streaming_llm.c   StreamingLLM's eviction: the oldest after the sinks
+ *   select.c          eviction by key: the first minimum, the radix selection,
+ *                     compaction (takes the kind's operations as an argument)
+ *   kinds.c           the per-kind table of operations, sh_kinds
+ *   policy.c          the object: configuration, storage, growth, rows
+ *   state.c           export, import and lookups
+ *   parallel.c        a step's rows on several threads
+ *   step.c            a decode step (admit, evict, both) over every row
+ *   pools.c           a step whose rows share budgets
+ *   extend.c          a chunk of tokens (extend, prefill)
  */
 #ifndef SH_INTERNAL_H
 #define SH_INTERNAL_H
@@ -20,7 +33,7 @@
    row layout), then heads * capacity bytes of selection scratch. Row h holds
    counts[h] positions; with one row, counts points at `count` inside the header. */
 struct sh_policy {
-    int8_t kind;
+    int8_t kind;            /* enum sh_kind: the index of its operations in sh_kinds */
     uint8_t vote_rate;      /* Scissorhands: evict by votes per step held */
     uint8_t history_window; /* Scissorhands: steps a vote counts for, 1..64; 0 = forever */
     uint8_t threads;        /* threads a step may use for its rows, 1..SH_MAX_THREADS */
@@ -166,13 +179,268 @@ static inline unsigned sh_lowest_bits(unsigned bits, size_t need)
     return taken;
 }
 
+/* The scalar or the AVX2 form of kernel `name`, as `simd` (sh_simd_active() when the
+   call started) says: chosen once per call and row, never per slot. */
+#if SH_HAVE_AVX2
+#define SH_KERNEL(simd, name) ((simd) ? sh_avx2_##name : sh_##name)
+#else
+#define SH_KERNEL(simd, name) ((void)(simd), sh_##name)
+#endif
+
+/* Bytes of one weight of dtype (SH_DTYPE_F32 or SH_DTYPE_F64). */
+static inline size_t sh_dtype_size(int32_t dtype)
+{
+    return dtype == SH_DTYPE_F32 ? sizeof(float) : sizeof(double);
+}
+
+/* 1 when each of the n weights of dtype is finite and >= 0. */
+static inline int sh_weights_valid(int32_t dtype, const void *attn, size_t n, int simd)
+{
+    return dtype == SH_DTYPE_F32 ? SH_KERNEL(simd, valid_f32)(attn, n)
+                                 : SH_KERNEL(simd, valid_f64)(attn, n);
+}
+
+/* ---------------------------------------------------------------- kinds
+
+   Everything that differs between the policy kinds is one entry of sh_kinds
+   (kinds.c), indexed by the kind; the shared code reads the entry and never tests
+   the kind itself. A new policy is its own file (its update or its eviction) plus
+   one entry. */
+
+/* A slot's value besides its position; its type fixes the selection's key. */
+enum sh_values {
+    SH_VALUES_NONE = 0, /* positions only: the kind evicts by position */
+    SH_VALUES_U32 = 1,  /* uint32 counts (votes): the key is the count */
+    SH_VALUES_F64 = 2   /* float64 scores, finite and >= 0: the key is their bit pattern,
+                           which orders as the scores do (-0.0 is stored as 0.0) */
+};
+
+/* Which of sh_config's parameters a kind takes (0 is always accepted). */
+enum sh_takes {
+    SH_TAKES_RECENT_WINDOW = 1,
+    SH_TAKES_SINKS = 2,
+    SH_TAKES_VOTE_OPTIONS = 4 /* history_window and vote_rate (SH_VALUES_U32 only) */
+};
+
+#define SH_KIND_COUNT 5
+
+typedef struct sh_kind_ops sh_kind_ops;
+
+/* Applies the n >= 1 weights of row h (of dtype) to the row's per-slot state. When
+   the row keeps nothing but its positions and values (no vote register, no steps
+   held) the same pass finds the least slot of [lo, hi) (hi <= n) and returns it (hi
+   when the range is empty); otherwise it returns hi. */
+typedef size_t (*sh_update_fn)(sh_policy *p, size_t h, int32_t dtype, const void *attn,
+                               size_t n, size_t lo, size_t hi, int simd);
+
+/* Evicts k slots from row h, which holds n (k <= n minus the protected slots): the
+   kind's victims, ascending, to victims (and their slots before the eviction to
+   slots when not NULL), closing the gaps in order; the caller sets the count. */
+typedef void (*sh_evict_fn)(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n,
+                            size_t k, uint32_t *victims, int64_t *slots, int simd);
+
+struct sh_kind_ops {
+    uint8_t values;            /* enum sh_values */
+    uint8_t takes;             /* enum sh_takes, or-ed */
+    uint8_t min_recent_window; /* the least recent_window allowed */
+    uint32_t initial_capacity; /* 0: min(budget + 1, SH_INITIAL_CAPACITY_LIMIT) */
+    sh_update_fn update;       /* NULL: attention is never read */
+    sh_evict_fn evict;         /* NULL: never evicts */
+};
+
+extern const sh_kind_ops sh_kinds[SH_KIND_COUNT];
+
+/* The operations of p's kind (kinds.c; the files before it take them as arguments). */
+static inline const sh_kind_ops *sh_ops(const sh_policy *p)
+{
+    return &sh_kinds[p->kind];
+}
+
+/* Bytes of a slot's value: 0, 4 or 8. */
+static inline size_t sh_value_bytes(const sh_kind_ops *ops)
+{
+    return ops->values == SH_VALUES_U32 ? sizeof(uint32_t)
+           : ops->values == SH_VALUES_F64 ? sizeof(double)
+                                          : 0;
+}
+
+/* ---------------------------------------------------------------- layout */
+
+static inline uint32_t *sh_row_positions(const sh_policy *p, size_t h)
+{
+    return p->positions + h * p->capacity;
+}
+
+static inline uint32_t *sh_row_votes(const sh_policy *p, size_t h)
+{
+    return (uint32_t *)p->values + h * p->capacity;
+}
+
+static inline double *sh_row_scores(const sh_policy *p, size_t h)
+{
+    return (double *)p->values + h * p->capacity;
+}
+
+static inline uint64_t *sh_row_history(const sh_policy *p, size_t h)
+{
+    return p->history + h * p->capacity;
+}
+
+/* The steps-held counters follow the heads * capacity votes in the values block. */
+static inline uint32_t *sh_held_block(void *values, size_t heads, size_t capacity)
+{
+    return (uint32_t *)values + heads * capacity;
+}
+
+static inline uint32_t *sh_row_held(const sh_policy *p, size_t h)
+{
+    return sh_held_block(p->values, p->heads, p->capacity) + h * p->capacity;
+}
+
+/* Bytes per slot of the values block before the scratch: the value, and the steps
+   held with a vote rate. */
+static inline size_t sh_values_bytes(const sh_kind_ops *ops, int with_held)
+{
+    return sh_value_bytes(ops) + (with_held ? sizeof(uint32_t) : 0);
+}
+
+/* The selection scratch of row h: one byte per slot, after the values. */
+static inline uint8_t *sh_row_scratch(const sh_kind_ops *ops, const sh_policy *p, size_t h)
+{
+    size_t slots = (size_t)p->heads * p->capacity;
+    return (uint8_t *)p->values + slots * sh_values_bytes(ops, p->vote_rate) + h * p->capacity;
+}
+
+/* Whether the rows keep nothing per slot but positions and values (no vote register,
+   no steps held): the rows the fused step and the one-pass take serve. */
+static inline int sh_plain_values(const sh_kind_ops *ops, const sh_policy *p)
+{
+    return ops->values != SH_VALUES_NONE && p->history == NULL && !p->vote_rate;
+}
+
+/* Slot c of row h becomes pos with a zero value (an empty vote register, no steps
+   held); the caller counts it. */
+static inline void sh_put_slot(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t c,
+                               uint32_t pos)
+{
+    sh_row_positions(p, h)[c] = pos;
+    if (ops->values == SH_VALUES_U32)
+        sh_row_votes(p, h)[c] = 0;
+    else if (ops->values == SH_VALUES_F64)
+        sh_row_scores(p, h)[c] = 0.0;
+    if (p->history != NULL)
+        sh_row_history(p, h)[c] = 0;
+    if (p->vote_rate)
+        sh_row_held(p, h)[c] = 0;
+}
+
+/* Whether slot i of row h holds a zero value (the fused step: a newcomer's tie). */
+static inline int sh_value_is_zero(const sh_kind_ops *ops, const sh_policy *p, size_t h,
+                                   size_t i)
+{
+    return ops->values == SH_VALUES_U32 ? sh_row_votes(p, h)[i] == 0
+                                        : sh_row_scores(p, h)[i] == 0.0;
+}
+
+/* The vote rate of slot i of row h: votes / steps held, the steps capped at the
+   history window (when there is one) and raised to 1 (a slot admitted this step). */
+static inline double sh_rate_at(const sh_policy *p, size_t h, size_t i)
+{
+    uint32_t steps = sh_row_held(p, h)[i];
+    if (p->history_window != 0 && steps > p->history_window)
+        steps = p->history_window;
+    return (double)sh_row_votes(p, h)[i] / (double)(steps != 0 ? steps : 1);
+}
+
+/* The key that orders slot i of row h for eviction: the bits of a vote rate, else
+   the value (a count, or a score's bits). */
+static inline uint64_t sh_key_at(const sh_kind_ops *ops, const sh_policy *p, size_t h,
+                                 size_t i)
+{
+    if (p->vote_rate) {
+        double r = sh_rate_at(p, h, i);
+        uint64_t bits;
+        memcpy(&bits, &r, sizeof bits);
+        return bits;
+    }
+    if (ops->values == SH_VALUES_U32)
+        return sh_row_votes(p, h)[i];
+    return sh_h2o_key(sh_row_scores(p, h), i);
+}
+
+/* Applies row h's n weights through the kind's update; a row holding nothing (n == 0)
+   votes nothing. Returns what the update returns (hi when nothing ran). */
+static inline size_t sh_update_row(const sh_kind_ops *ops, sh_policy *p, size_t h,
+                                   int32_t dtype, const void *attn, size_t n, size_t lo,
+                                   size_t hi, int simd)
+{
+    return n == 0 ? hi : ops->update(p, h, dtype, attn, n, lo, hi, simd);
+}
+
 /* ---------------------------------------------------------------- policies */
 
-/* StreamingLLM: the k oldest positions after the sinks leave the row (streaming_llm.c).
-   Writes them (ascending) to victims and their slots to slots (if not NULL), and
-   compacts the row; n is the count before the eviction. */
-void sh_streaming_evict_row(uint32_t *positions, size_t n, size_t sinks, size_t k,
-                            uint32_t *victims, int64_t *slots);
+/* Scissorhands' update (scissorhands.c): one vote per weight above 1 / n, or the
+   history window's registers; with a vote rate every slot's steps held first. */
+size_t sh_scissorhands_update(sh_policy *p, size_t h, int32_t dtype, const void *attn,
+                              size_t n, size_t lo, size_t hi, int simd);
+
+/* H2O's (add) and TOVA's (assign) updates (h2o.c). */
+size_t sh_h2o_update(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n,
+                     size_t lo, size_t hi, int simd);
+size_t sh_tova_update(sh_policy *p, size_t h, int32_t dtype, const void *attn, size_t n,
+                      size_t lo, size_t hi, int simd);
+
+/* StreamingLLM's sh_evict_fn (streaming_llm.c): the k oldest positions after the
+   sinks leave the row. */
+void sh_streaming_evict(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t k,
+                        uint32_t *victims, int64_t *slots, int simd);
+
+/* ---------------------------------------------------------------- selection (select.c) */
+
+/* The sh_evict_fn of every kind with values: the k slots of least key among the
+   evictable ones, [min(sinks, n), n - recent_window), equal keys evicting the lower
+   slot. */
+void sh_evict_by_key(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t k,
+                     uint32_t *victims, int64_t *slots, int simd);
+
+/* Removes the slots marked 1 in mark[lo, hi) from row h, which holds n slots,
+   keeping the order of the rest (values, vote registers and steps held move with
+   their slots). With hi == lo + 1 the single slot lo goes and mark is not read. */
+void sh_compact_row(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t lo,
+                    size_t hi, const uint8_t *mark);
+
+/* ---------------------------------------------------------------- the object (policy.c) */
+
+/* Positions held by the fullest row, and by all rows together. */
+uint32_t sh_max_count(const sh_policy *p);
+size_t sh_total_count(const sh_policy *p);
+
+/* Whether nothing was admitted since construction or reset: every row holds {0} and
+   the last position is 0. */
+int sh_is_fresh(const sh_policy *p);
+
+/* Grows every row to hold at least need > capacity slots (one doubling at a time),
+   copying what each row holds; on failure (SH_ERR_NOMEM) nothing changes. */
+int sh_grow_capacity(sh_policy *p, uint64_t need);
+
+/* Makes every row hold at least `need` slots (inline: a step usually has room). */
+static inline int sh_ensure_capacity(sh_policy *p, uint64_t need)
+{
+    return need <= p->capacity ? SH_OK : sh_grow_capacity(p, need);
+}
+
+/* ---------------------------------------------------------------- the step (step.c) */
+
+/* The checks a step and a pooled step share, in order: flags, then pos (when
+   admitting) above every position admitted, then budget (when evicting) against the
+   protected prefix and suffix and the kind's least recent window. */
+int sh_check_step(const sh_policy *p, int32_t flags, uint32_t pos, uint32_t budget);
+
+/* The work of sh_policy_step (row_victims NULL: every row must evict the same
+   number) and of sh_policy_step_rows (row_victims given: any numbers). */
+int sh_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype, const void *attn,
+            size_t heads, size_t n, uint32_t budget, uint32_t *victims, int64_t *slots,
+            size_t victims_cap, uint32_t *row_victims, size_t *n_victims);
 
 /* ---------------------------------------------------------------- threads */
 

@@ -9,12 +9,14 @@
 
 #include "sh_internal.h"
 
-/* Evicts slots [s, s + k) with s = min(sinks, n): the k oldest non-sink positions.
-   Callers guarantee s + k <= n. */
-void sh_streaming_evict_row(uint32_t *positions, size_t n, size_t sinks, size_t k,
-                            uint32_t *victims, int64_t *slots)
+/* Evicts slots [s, s + k) of row h with s = min(sinks, n): the k oldest non-sink
+   positions. Callers guarantee s + k <= n. */
+void sh_streaming_evict(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t k,
+                        uint32_t *victims, int64_t *slots, int simd)
 {
-    size_t s = sinks < n ? sinks : n;
+    (void)ops, (void)simd;
+    uint32_t *positions = sh_row_positions(p, h);
+    size_t s = p->sinks < n ? p->sinks : n;
     memcpy(victims, positions + s, k * sizeof *positions);
     if (slots != NULL) {
         for (size_t j = 0; j < k; j++)
