@@ -169,7 +169,8 @@ class OptionSpec:
     parse : callable
         ``parse(text) -> value`` for one command-line value (``InvalidInputError`` if bad).
     help : str
-        The flag's help text; ``{sweep}`` marks where a sweeping command says so
+        The flag's help text; ``{sweep}`` marks where a sweeping command says so, and
+        ``{policies}``, ``{defaults}``, ``{least}`` what the registry says
         (:meth:`help_text`).
     sweep : str
         What several values of the flag do, in a sweeping command's help.
@@ -191,12 +192,28 @@ class OptionSpec:
     sweep: str = "several values run each"
 
     def help_text(self, several: bool) -> str:
-        """The flag's help: with what several values do when ``several``, else without."""
-        return self.help.replace("{sweep}", f"; {self.sweep}" if several else "")
+        """The flag's help: with what several values do when ``several``, else without;
+        ``{policies}`` (those taking the option), ``{defaults}`` (each one's default) and
+        ``{least}`` (a policy's least recent window) come from the registry."""
+        takers = [spec for spec in SPECS.values() if spec.takes(self.name)]
+        groups: dict[str, list[str]] = {}
+        for spec in takers:
+            groups.setdefault(self.text(spec.default(self.name)), []).append(spec.name)
+        least = "".join(f"; {spec.name} needs at least {spec.min_recent_window}"
+                        for spec in takers if self is RECENT_WINDOW and spec.min_recent_window)
+        return (self.help.replace("{sweep}", f"; {self.sweep}" if several else "")
+                .replace("{policies}", _listed([spec.name for spec in takers]))
+                .replace("{defaults}", ", ".join(f"{_listed(names)} {value}" for value, names in groups.items()))
+                .replace("{least}", least))
 
     def text(self, value: Any) -> str:
         """``value`` as labels write it: ``off`` for None, the value otherwise."""
         return "off" if value is None else str(value)
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(names[:-1]), names[-1] if names else "")))
 
 
 def _check_history_window(value: Any, budget: int) -> int | None:
@@ -206,25 +223,24 @@ def _check_history_window(value: Any, budget: int) -> int | None:
 RECENT_WINDOW = OptionSpec(
     name="recent_window", default=32, check=check_recent_window, short="rw", long="recent window",
     flag="--recent-window", parse=parse_recent_window, metavar="R", protects=True,
-    help="recent window of h2o, tova and scissorhands: the newest positions, never evicted; "
+    help="recent window of {policies}: the newest positions, never evicted; "
     "in positions or as a fraction of each budget (50%% or 0.5x, rounded down){sweep} "
-    "(default: each policy's own, h2o and scissorhands 32, tova 1; tova needs at least 1)")
+    "(default: each policy's own, {defaults}{least})")
 SINKS = OptionSpec(
     name="sinks", default=0, check=lambda v, b: check_int("sinks", v, 0, b - 1), short="sinks",
     long="sinks", flag="--sinks", parse=_parse_count, metavar="S", protects=True,
     help="attention sinks: the first positions held, never evicted, of every policy taking "
-    "them{sweep} (default: each policy's own, streaming-llm 4, h2o, tova and "
-    "scissorhands 0)")
+    "them{sweep} (default: each policy's own, {defaults})")
 HISTORY_WINDOW = OptionSpec(
     name="history_window", default=None, check=_check_history_window, short="hw",
     long="history window", flag="--history-window", parse=_parse_history_window, metavar="W",
-    help=f"scissorhands' history window in decode steps (1-{MAX_HISTORY_WINDOW}; 0 or none: "
+    help=f"{{policies}}' history window in decode steps (1-{MAX_HISTORY_WINDOW}; 0 or none: "
     "off){sweep} (default: none)")
 VOTE_RATE = OptionSpec(
     name="vote_rate", default=False, check=lambda v, b: check_flag("vote_rate", v), short="rate",
     long="vote rate", flag="--vote-rate", parse=_parse_on_off, metavar="ON|OFF", show_off=False,
     sweep="'off on' runs both",
-    help="scissorhands evicts by votes per decode step held (on) or by votes (off){sweep} "
+    help="{policies} evicts by votes per decode step held (on) or by votes (off){sweep} "
     "(default: off)")
 
 #: What ``pool`` may name instead of a number of rows: each row its own budget (1), a
@@ -255,7 +271,7 @@ def _parse_pool(text: str) -> int | str:
 POOL = OptionSpec(
     name="pool", default=1, check=_check_pool, short="pool", long="budget pool", flag="--pool",
     parse=_parse_pool, metavar="P", show_off=False, sweep="several values run each",
-    help="rows sharing one budget (Ada-KV), for h2o, tova and scissorhands: head (each KV head "
+    help="rows sharing one budget (Ada-KV), for {policies}: head (each KV head "
     "its own budget), layer (a layer's KV heads share theirs: the least-ranked evictable "
     "position among them goes), model (every layer and KV head of a sequence share "
     "theirs) or a number of consecutive rows{sweep} (default: head)")
@@ -290,6 +306,22 @@ class PolicySpec:
         Whether the policy reads the attention weights at all.
     paper : str
         Where the behaviour comes from.
+    module : str
+        The module of :mod:`scissorhands.policies` defining the C-backed class (named
+        here, not imported: the policies import this module).
+    kind : str
+        The policy's kind in the C core: the name of its ``sh_kind`` constant
+        (``SH_TOVA``), the ``kind`` of its ``sh_config``.
+    slot_bytes : int
+        Bytes of state per slot, options off (``memory_bytes()``): the uint32
+        position, then the per-slot score (uint32 votes, a float64 score) and one byte
+        of selection scratch.
+    score_key : str or None
+        The per-slot scores' property and ``state_dict()`` key (``"votes"``,
+        ``"scores"``), None for a policy that keeps none.
+    colour, marker : str
+        Plot style: the replay plot's colour and the eval plot's marker (matplotlib
+        names; empty for the full cache, drawn as a line of its own).
     """
 
     name: str
@@ -300,6 +332,12 @@ class PolicySpec:
     evicts: bool = True
     reads_attention: bool = True
     paper: str = ""
+    module: str = ""
+    kind: str = ""
+    slot_bytes: int = 4
+    score_key: str | None = None
+    colour: str = ""
+    marker: str = ""
 
     def default(self, option: str) -> Any:
         """This policy's default value of ``option``."""
@@ -363,24 +401,31 @@ def protected_message(protected: Mapping[str, int], budget: int) -> str:
     return f"budget must be greater than {names} ({values}), got {budget}"
 
 
-#: Every policy, by registry name, in the order tables list them.
+#: Every policy, by registry name, in the order tables list them: the one place a
+#: policy is declared (see docs/adding-a-policy.md for what else a new one needs).
 SPECS: dict[str, PolicySpec] = {
     "full": PolicySpec(
         "full", "Full", (), evicts=False, reads_attention=False,
-        paper="the full cache (the baseline)"),
+        paper="the full cache (the baseline)",
+        module="full", kind="SH_FULL", slot_bytes=4),
     "streaming-llm": PolicySpec(
         "streaming-llm", "StreamingLLM", (SINKS,), defaults={"sinks": 4}, reads_attention=False,
-        paper="Xiao et al., ICLR 2024, arXiv 2309.17453"),
+        paper="Xiao et al., ICLR 2024, arXiv 2309.17453",
+        module="streaming_llm", kind="SH_STREAMING_LLM", slot_bytes=4, colour="tab:blue", marker="s"),
     "h2o": PolicySpec(
         "h2o", "H2O", (RECENT_WINDOW, SINKS, POOL),
-        paper="Zhang et al., NeurIPS 2023, arXiv 2306.14048"),
+        paper="Zhang et al., NeurIPS 2023, arXiv 2306.14048",
+        module="h2o", kind="SH_H2O", slot_bytes=13, score_key="scores", colour="tab:orange", marker="^"),
     "tova": PolicySpec(
         "tova", "TOVA", (RECENT_WINDOW, SINKS, POOL), defaults={"recent_window": 1},
         min_recent_window=1,
-        paper='Oren et al., 2024, arXiv 2401.06104 ("Transformers are Multi-State RNNs")'),
+        paper='Oren et al., 2024, arXiv 2401.06104 ("Transformers are Multi-State RNNs")',
+        module="tova", kind="SH_TOVA", slot_bytes=13, score_key="scores", colour="tab:purple", marker="v"),
     "scissorhands": PolicySpec(
         "scissorhands", "Scissorhands", (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE, POOL),
-        paper="Liu et al., NeurIPS 2023, arXiv 2305.17118"),
+        paper="Liu et al., NeurIPS 2023, arXiv 2305.17118",
+        module="scissorhands", kind="SH_SCISSORHANDS", slot_bytes=9, score_key="votes",
+        colour="tab:green", marker="o"),
 }
 #: The registry names, in table order.
 POLICY_NAMES: tuple[str, ...] = tuple(SPECS)
