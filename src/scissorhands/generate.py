@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .errors import ScissorhandsError
-from .options import OPTIONS, PolicyOptions, make_policy, policy_spec
+from .options import PolicyOptions, flag_text, make_policy, policy_spec
 
 __all__ = ["GenerateRequest", "run_generate"]
 
@@ -124,10 +124,7 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
         try:
             make_policy(request.policy, request.budget, options, backend=request.backend)
         except ScissorhandsError as exc:  # the constructor's message, in the flags' names
-            message = str(exc)
-            for option in OPTIONS:
-                message = message.replace(option.name, option.flag)
-            raise ScissorhandsError(f"{message} (--budget {request.budget})") from None
+            raise ScissorhandsError(f"{flag_text(exc)} (--budget {request.budget})") from None
         prompt = _read_prompt(request, stdin)
     except ScissorhandsError as exc:
         return _fail(str(exc))

@@ -28,7 +28,7 @@ from fractions import Fraction
 from typing import Any
 
 from ._shared import MAX_HEADS, MAX_HISTORY_WINDOW, check_flag, check_int, check_recent_window
-from .errors import InvalidInputError, ScissorhandsError
+from .errors import InvalidInputError, InvalidTypeError, ScissorhandsError
 
 __all__ = [
     "BACKENDS",
@@ -36,9 +36,11 @@ __all__ = [
     "OPTIONS",
     "POLICY_NAMES",
     "SPECS",
+    "DefaultRefusedError",
     "OptionSpec",
     "PolicyOptions",
     "PolicySpec",
+    "flag_text",
     "make_policy",
     "parse_recent_window",
     "policy_classes",
@@ -357,22 +359,53 @@ class PolicySpec:
         InvalidTypeError, InvalidInputError
             An option of the wrong kind or out of range, a recent window below the
             policy's least (:attr:`min_recent_window`), or protected positions (recent
-            window plus sinks) not below the budget.
+            window plus sinks) not below the budget.  When the policy's default (H2O's
+            recent window of 32) is what the budget cannot hold, a
+            :class:`DefaultRefusedError` says so and how to pass a smaller value.
         """
         out: dict[str, Any] = {}
         protecting = [o for o in self.options if o.protects]
         for option in self.options:
             value = values.get(option.name, self.default(option.name))
-            if option is RECENT_WINDOW and self.min_recent_window:
-                out[option.name] = self._check_min_window(value, budget)
-            else:
-                out[option.name] = option.check(value, budget)
+            try:
+                if option is RECENT_WINDOW and self.min_recent_window:
+                    out[option.name] = self._check_min_window(value, budget)
+                else:
+                    out[option.name] = option.check(value, budget)
+            except InvalidInputError:
+                least = self.min_recent_window if option is RECENT_WINDOW else 0
+                if option.protects and self.is_default(option.name, value) and budget > least:
+                    raise self._default_refused(f"{{name}} {value} (the {self.name} default) needs a "
+                                                f"budget above {value}, got budget {budget}", option) from None
+                raise
             if protecting and option is protecting[-1]:
                 protected = sum(out[o.name] for o in protecting)
                 if protected >= budget:
-                    raise InvalidInputError(protected_message(
-                        {o.name: out[o.name] for o in protecting}, budget))
+                    message = protected_message({o.name: out[o.name] for o in protecting}, budget)
+                    defaulted = next((o for o in protecting if out[o.name]
+                                      and self.is_default(o.name, values.get(o.name, self.default(o.name)))), None)
+                    if defaulted is None:
+                        raise InvalidInputError(message)
+                    raise self._default_refused(
+                        f"{message}; {{name}} {out[defaulted.name]} is the {self.name} default", defaulted)
         return out
+
+    def is_default(self, option: str, value: Any) -> bool:
+        """Whether ``value`` is this policy's default of ``option`` (the same value of the
+        same kind: ``32`` or ``np.int64(32)``, not ``32.0`` or ``True`` for ``1``)."""
+        return _same(value, self.default(option))
+
+    def _default_refused(self, template: str, option: OptionSpec) -> InvalidInputError:
+        """The refusal of a budget too small for the policy's default of ``option``:
+        ``template`` (``{name}`` where the option is named) and how to give a smaller
+        value, in the API's words, and in the command line's for :func:`flag_text`."""
+        base = template.replace("{name}", option.name)
+        fraction = option is RECENT_WINDOW
+        return DefaultRefusedError(
+            base + f": pass a smaller {option.name}=..." + (" (or a fraction of the budget such as 0.75)"
+                                                           if fraction else ""),
+            _flags(base) + f": pass a smaller {option.flag} " + ("(a count, or a fraction of the budget "
+                                                                "such as 75%)" if fraction else "count"))
 
     def _check_min_window(self, value: Any, budget: int) -> int:
         """The recent window of a policy that needs at least :attr:`min_recent_window`
@@ -390,6 +423,43 @@ class PolicySpec:
             given = "" if window == value else f" ({value!r} of budget {budget})"
             raise InvalidInputError(f"{why}, got {window}{given}")
         return window
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether ``value`` is ``default`` itself: None and flags by identity, an integer
+    default by any integer (not bool) equal to it, anything else by type and value."""
+    if default is None or isinstance(default, bool):
+        return value is default
+    if isinstance(default, numbers.Integral):
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == default
+    return type(value) is type(default) and value == default
+
+
+class DefaultRefusedError(InvalidInputError):
+    """A budget too small for a policy's default option value (the recent window of 32 at
+    a budget of 32 or less): the message says the value is the default and how to pass
+    another; ``cli_message`` says it in the command line's flags."""
+
+    def __init__(self, message: str, cli_message: str | None = None) -> None:
+        super().__init__(message)
+        self.cli_message = _flags(message) if cli_message is None else cli_message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.cli_message))
+
+
+def _flags(message: str) -> str:
+    """``message`` with each option named by its flag."""
+    for option in OPTIONS:
+        message = message.replace(option.name, option.flag)
+    return message
+
+
+def flag_text(error: BaseException) -> str:
+    """``error``'s message in the command line's words: its ``cli_message`` when it has
+    one, else the message with each option named by its flag (``--recent-window``)."""
+    message = getattr(error, "cli_message", None)
+    return message if isinstance(message, str) else _flags(str(error))
 
 
 def protected_message(protected: Mapping[str, int], budget: int) -> str:
@@ -456,8 +526,9 @@ def policy_spec(name: str) -> PolicySpec:
 class PolicyOptions:
     """The option values of one configuration, for any policy.
 
-    Each policy takes the options its :class:`PolicySpec` lists and ignores the rest,
-    so one ``PolicyOptions`` configures every policy of a comparison alike.
+    A policy takes the options its :class:`PolicySpec` lists; an option set for a
+    policy that does not take it is refused (:meth:`check_taken`), as its constructor
+    refuses the keyword, so a value is never silently dropped.
 
     Parameters
     ----------
@@ -492,10 +563,13 @@ class PolicyOptions:
 
         Raises
         ------
+        InvalidTypeError
+            An option set (not at this class's default) that ``policy`` does not take.
         InvalidInputError
-            A pool named by a scope that ``pools`` does not resolve.
+            An unknown policy; a pool named by a scope that ``pools`` does not resolve.
         """
         spec = policy_spec(policy)
+        self.check_taken(policy)
         out: dict[str, Any] = {}
         for option in spec.options:
             value = getattr(self, option.name)
@@ -513,6 +587,34 @@ class PolicyOptions:
                     value = pools[value]
             out[option.name] = value
         return out
+
+    def given(self) -> dict[str, Any]:
+        """The options set: those not at this class's defaults (which mean "each
+        policy's own"), by the same test as :meth:`PolicySpec.is_default` (``pool=1``
+        and ``"head"`` are the default; ``True`` or ``0`` for ``vote_rate`` are not)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not _same(value, f.default) and not (f.name == "pool" and value == "head"):
+                out[f.name] = value
+        return out
+
+    def check_taken(self, policy: str) -> None:
+        """Refuse options set for a policy that does not take them (the constructor
+        would refuse the keyword; one configuration is one policy's).
+
+        Raises
+        ------
+        InvalidTypeError
+            The first such option, named with the policy and the options it takes.
+        InvalidInputError
+            Unknown policy.
+        """
+        spec = policy_spec(policy)
+        for name, value in self.given().items():
+            if not spec.takes(name):
+                takes = ", ".join(o.name for o in spec.options) or "no options"
+                raise InvalidTypeError(f"{policy} takes no {name} (it takes {takes}), got {name}={value!r}")
 
     def replace(self, **changes: Any) -> PolicyOptions:
         """A copy with some values changed."""
@@ -551,8 +653,8 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
     budget : int or None
         Positions held per row after each eviction; None only for ``full``.
     options : PolicyOptions, optional
-        The option values (default: every option at its default); options the policy
-        does not take are ignored.
+        The option values (default: every option at its default); an option set that
+        the policy does not take is refused.
     heads : int, default 1
         Independent rows in the policy object.
     backend : {"native", "reference"}
@@ -563,15 +665,20 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
     Raises
     ------
     InvalidInputError, InvalidTypeError
-        Unknown name or backend, a missing budget, or values the policy refuses.
+        Unknown name or backend, a missing budget, an option the policy does not take,
+        or values the policy refuses; all before anything is built.
     """
     spec = policy_spec(name)
+    options = options or PolicyOptions()
+    if not isinstance(options, PolicyOptions):
+        raise InvalidTypeError(f"options must be a PolicyOptions, not {type(options).__name__}")
+    options.check_taken(name)
     cls = policy_classes(backend)[name]
     if not spec.evicts:
         return cls(budget=budget, heads=heads)
     if budget is None:
         raise InvalidInputError(f"policy {name!r} needs a budget")
-    return cls(budget=budget, heads=heads, **(options or PolicyOptions()).values(name, budget, pools))
+    return cls(budget=budget, heads=heads, **options.values(name, budget, pools))
 
 
 # ----------------------------------------------------------------------------- labels
@@ -678,7 +785,10 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
     (``values[name]``: a list, each value a run; None, empty or missing: the policy's
     default), at every budget.  A combination that repeats an earlier run (``50%`` and
     ``0.5x`` of the same budget) is skipped with a note, and so is one the policy
-    refuses at a budget (``recent_window + sinks >= budget``), unless ``strict``.
+    refuses at a budget (``recent_window + sinks >= budget``), unless ``strict``.  What
+    would silently run nothing of what was asked is refused: a value given for an option
+    none of the policies takes, a value that runs with no policy at any budget, a
+    policy that runs at no budget.
 
     Parameters
     ----------
@@ -692,7 +802,9 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
     Raises
     ------
     InvalidInputError
-        An unknown policy name; with ``strict``, a configuration a policy refuses.
+        An unknown policy name; with ``strict``, a configuration a policy refuses;
+        without, a value or policy that runs nowhere (the message names the flag or
+        the policy, and why).
     """
     names = list(dict.fromkeys(policies))
     for name in names:
@@ -701,9 +813,13 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
     notes: list[str] = []
     seen: set[tuple[Any, ...]] = set()
 
+    refusals: dict[Any, str] = {}  # policy, or (option, value): why its first run was refused
+    ran: set[Any] = set()  # the policies, and the (option, value) pairs, that run somewhere
+
     def add(name: str, budget: int, combo: tuple[Any, ...]) -> None:
         spec = SPECS[name]
         given = dict(zip((o.name for o in spec.options), combo))
+        asked = [(o, v) for o, v in given.items() if _hashable(v) and v in (values.get(o) or ())]
         window_spec = given["recent_window"] if isinstance(given.get("recent_window"), str) else None
         try:
             if window_spec is not None:
@@ -712,9 +828,14 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
         except ScissorhandsError as exc:
             if strict:
                 where = f"{name} ({setting(name, given)}) at budget {budget}"
+                if isinstance(exc, DefaultRefusedError):
+                    raise DefaultRefusedError(f"{where}: {exc}", f"{where}: {exc.cli_message}") from None
                 raise type(exc)(f"{where}: {exc}") from None
             notes.append(f"skipped {name} budget {budget} ({config_label(name, given, window_spec)}): {exc}")
+            for key in (name, *asked):
+                refusals.setdefault(key, (f"{name} at budget {budget}: " if key != name else "") + flag_text(exc))
             return
+        ran.update((name, *asked))
         key = (name, budget, tuple(resolved.items()))
         if key in seen:
             if not strict:
@@ -748,4 +869,42 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
                     add(name, budget, combo)
     else:
         raise InvalidInputError(f"by must be 'budget' or 'policy', got {by!r}")
+    _check_ran(names, budgets, values, ran, refusals)
     return runs, notes
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_ran(names: Sequence[str], budgets: Sequence[int], values: Mapping[str, Sequence[Any] | None],
+               ran: set[Any], refusals: Mapping[Any, str]) -> None:
+    """Refuse a sweep that would silently run nothing of what was asked: an option value
+    given for policies none of which takes the option, a value that runs with no policy
+    at any budget, or an evicting policy that runs at no budget (its every configuration
+    refused).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the flag and value, or the policy, and the first refusal.
+    """
+    shown = ", ".join(map(str, dict.fromkeys(budgets)))
+    for option in OPTIONS:
+        given = [v for v in values.get(option.name) or () if _hashable(v)]
+        takers = [n for n in names if SPECS[n].takes(option.name)]
+        if given and not takers:
+            owners = ", ".join(n for n, spec in SPECS.items() if spec.takes(option.name))
+            raise InvalidInputError(f"{option.flag}: none of the policies {', '.join(names)} takes it "
+                                    f"(it is an option of {owners})")
+        for value in dict.fromkeys(given):
+            if (option.name, value) not in ran and (option.name, value) in refusals:
+                raise InvalidInputError(f"{option.flag} {option.text(value)} would run with no policy at "
+                                        f"budgets {shown}: {refusals[(option.name, value)]}")
+    for name in names:
+        if SPECS[name].evicts and name not in ran and name in refusals:
+            raise InvalidInputError(f"{name} would run at none of the budgets {shown}: {refusals[name]}")
