@@ -797,7 +797,9 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
         policy's configurations in turn.  ``"policy"`` (replay): policy by policy as
         listed (the full cache where listed), each configuration at every budget.
     strict : bool
-        Raise the refusal (naming the policy, setting and budget) instead of noting it.
+        Raise the refusal (naming the policy, setting and budget) instead of noting it;
+        a default the budget cannot hold is refused in the flags' words
+        (:class:`DefaultRefusedError`).
 
     Raises
     ------
@@ -828,8 +830,8 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
         except ScissorhandsError as exc:
             if strict:
                 where = f"{name} ({setting(name, given)}) at budget {budget}"
-                if isinstance(exc, DefaultRefusedError):
-                    raise DefaultRefusedError(f"{where}: {exc}", f"{where}: {exc.cli_message}") from None
+                if isinstance(exc, DefaultRefusedError):  # what to pass, as the commands take it
+                    raise DefaultRefusedError(f"{where}: {exc.cli_message}", f"{where}: {exc.cli_message}") from None
                 raise type(exc)(f"{where}: {exc}") from None
             notes.append(f"skipped {name} budget {budget} ({config_label(name, given, window_spec)}): {exc}")
             for key in (name, *asked):
