@@ -849,7 +849,8 @@ def test_a_default_the_budget_cannot_hold_is_named_as_the_default(backend, make,
 
 def test_a_value_given_keeps_its_plain_message(backend):
     """A recent window given (not the default) is refused with the range as before, and
-    TOVA at budget 1 with the reason no window fits."""
+    TOVA (whose default window of 1 is also its least) with the reason no window fits or
+    the plain sum: no advice to pass a smaller window."""
     from scissorhands.options import DefaultRefusedError
 
     with pytest.raises(InvalidInputError, match=r"^recent_window must be in \[0, 15\], got 20$") as info:
@@ -857,6 +858,10 @@ def test_a_value_given_keeps_its_plain_message(backend):
     assert not isinstance(info.value, DefaultRefusedError)
     with pytest.raises(InvalidInputError, match=r"^tova needs recent_window >= 1 .*a budget above 1, got budget 1$"):
         backend.TOVA(budget=1)
+    with pytest.raises(InvalidInputError, match=r"^budget must be greater than recent_window \+ sinks \(1 \+ 2\), "
+                                                r"got 3$") as info:  # TOVA's window of 1 cannot be smaller
+        backend.TOVA(budget=3, sinks=2)
+    assert not isinstance(info.value, DefaultRefusedError)
 
 
 def test_the_default_refusal_in_the_command_lines_words():

@@ -373,8 +373,7 @@ class PolicySpec:
                 else:
                     out[option.name] = option.check(value, budget)
             except InvalidInputError:
-                least = self.min_recent_window if option is RECENT_WINDOW else 0
-                if option.protects and self.is_default(option.name, value) and budget > least:
+                if option.protects and self.is_default(option.name, value) and budget > self._least(option):
                     raise self._default_refused(f"{{name}} {value} (the {self.name} default) needs a "
                                                 f"budget above {value}, got budget {budget}", option) from None
                 raise
@@ -382,13 +381,17 @@ class PolicySpec:
                 protected = sum(out[o.name] for o in protecting)
                 if protected >= budget:
                     message = protected_message({o.name: out[o.name] for o in protecting}, budget)
-                    defaulted = next((o for o in protecting if out[o.name]
+                    defaulted = next((o for o in protecting if out[o.name] > self._least(o)
                                       and self.is_default(o.name, values.get(o.name, self.default(o.name)))), None)
                     if defaulted is None:
                         raise InvalidInputError(message)
                     raise self._default_refused(
                         f"{message}; {{name}} {out[defaulted.name]} is the {self.name} default", defaulted)
         return out
+
+    def _least(self, option: OptionSpec) -> int:
+        """The smallest value this policy allows for a protecting ``option``."""
+        return self.min_recent_window if option is RECENT_WINDOW else 0
 
     def is_default(self, option: str, value: Any) -> bool:
         """Whether ``value`` is this policy's default of ``option`` (the same value of the
