@@ -26,8 +26,8 @@ from scissorhands._shared import UINT32_MAX
 from scissorhands.errors import InvalidInputError, InvalidTypeError
 from scissorhands.options import SPECS
 
-HEAVY = ("scissorhands", "h2o", "tova")
-EVICTING = ("streaming-llm", "h2o", "tova", "scissorhands")
+HEAVY = tuple(name for name, spec in SPECS.items() if spec.reads_attention)
+EVICTING = tuple(name for name, spec in SPECS.items() if spec.evicts)
 
 
 # ---------------------------------------------------------------- helpers
