@@ -547,6 +547,50 @@ def run_serving_case(ctx: Context, case: Case) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- eviction
 
 
+def _prepare_evict_api(make: Callable[[], Any], bulk: bool, target: int, state: Any,
+                       pool: Any) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
+    """Set-up of an eviction for an object with the policy API (C, numpy, reference)."""
+    if bulk:
+        def prep() -> tuple[Any, tuple[Any, ...]]:
+            return make().evict, (target,)
+        return prep
+    obj = make()
+    positions = _Positions(state.last)
+    m = len(pool)
+
+    def prep_one() -> tuple[Any, tuple[Any, ...]]:
+        pos = positions.take(1)
+        obj.on_decode_step(pos, pool[pos % m])
+        return obj.evict, (target,)
+    return prep_one
+
+
+def _prepare_evict_raw(fn: Any, bulk: bool, target: int, state: Any, pool: Any, heads: int, held: int,
+                       budget: int) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
+    """Set-up of an eviction for the raw C call ``fn`` (``sh_policy_step`` or the no-op)."""
+    raw = RawPolicy(state)
+    vc, nv, cap = _output_buffers(held * heads)
+    args = (raw.ptr, _EVICT, 0, _NONE, ffi.NULL, heads, 0, target, vc, ffi.NULL, cap, nv)
+    if bulk:
+        def prep() -> tuple[Any, tuple[Any, ...]]:
+            raw.load(state)
+            return fn, args
+        return prep
+    positions = _Positions(state.last)
+    step = lib.sh_policy_step
+    m = len(pool)
+
+    def prep_one() -> tuple[Any, tuple[Any, ...]]:
+        if raw.count() == held:  # the no-op evicted nothing: evict for real, untimed
+            check(step(*args))
+        pos = positions.take(1)
+        a = pool[pos % m]
+        check(step(raw.ptr, _ADMIT, pos, _F32, ffi.from_buffer(a), heads, budget, budget, vc, ffi.NULL,
+                   cap, nv))
+        return fn, args
+    return prep_one
+
+
 def run_evict_case(ctx: Context, case: Case) -> dict[str, Any]:
     """``evict(b)`` alone, each call after an untimed set-up.
 
@@ -566,53 +610,14 @@ def run_evict_case(ctx: Context, case: Case) -> dict[str, Any]:
     state = steady_state(policy, budget, heads, budget, rng)
     pool = attention_pool(heads, budget, rng)
     sd = state.state_dict()
-    m = len(pool)
-
-    def prepare_api(make: Callable[[], Any]) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
-        """Set-up for an object with the policy API (C, numpy, reference)."""
-        if bulk:
-            def prep() -> tuple[Any, tuple[Any, ...]]:
-                return make().evict, (target,)
-            return prep
-        obj = make()
-        positions = _Positions(state.last)
-
-        def prep_one() -> tuple[Any, tuple[Any, ...]]:
-            pos = positions.take(1)
-            obj.on_decode_step(pos, pool[pos % m])
-            return obj.evict, (target,)
-        return prep_one
-
-    def prepare_raw(fn: Any) -> Callable[[], tuple[Any, tuple[Any, ...]]]:
-        raw = RawPolicy(state)
-        vc, nv, cap = _output_buffers(held * heads)
-        args = (raw.ptr, _EVICT, 0, _NONE, ffi.NULL, heads, 0, target, vc, ffi.NULL, cap, nv)
-        if bulk:
-            def prep() -> tuple[Any, tuple[Any, ...]]:
-                raw.load(state)
-                return fn, args
-            return prep
-        positions = _Positions(state.last)
-        step = lib.sh_policy_step
-
-        def prep_one() -> tuple[Any, tuple[Any, ...]]:
-            if raw.count() == held:  # the no-op evicted nothing: evict for real, untimed
-                check(step(*args))
-            pos = positions.take(1)
-            a = pool[pos % m]
-            check(step(raw.ptr, _ADMIT, pos, _F32, ffi.from_buffer(a), heads, budget, budget, vc, ffi.NULL,
-                       cap, nv))
-            return fn, args
-        return prep_one
-
     preps = {
-        "c": prepare_api(lambda: c_policy(state, sd)),
-        "c_raw": prepare_raw(lib.sh_policy_step),
-        "noop": prepare_raw(lib.sh_noop_step),
-        "numpy": prepare_api(lambda: numpy_policy(state)),
+        "c": _prepare_evict_api(lambda: c_policy(state, sd), bulk, target, state, pool),
+        "c_raw": _prepare_evict_raw(lib.sh_policy_step, bulk, target, state, pool, heads, held, budget),
+        "noop": _prepare_evict_raw(lib.sh_noop_step, bulk, target, state, pool, heads, held, budget),
+        "numpy": _prepare_evict_api(lambda: numpy_policy(state), bulk, target, state, pool),
     }
     if ctx.reference_allowed(heads * held):
-        preps["reference"] = prepare_api(lambda: reference_policy(ctx, state, sd))
+        preps["reference"] = _prepare_evict_api(lambda: reference_policy(ctx, state, sd), bulk, target, state, pool)
     stats: dict[str, Stat | None] = dict(time_eaches(preps, ctx.settings, ctx.timer_ns))
     stats.setdefault("reference", None)
 
@@ -777,20 +782,44 @@ class _Empty:
         return None
 
 
-def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
-    """Where the Python API's time per decode step goes.
+#: The pieces of a decode step through the Python API, each ``(label, statement)``.
+_OVERHEAD_PIECES = [
+    ("empty loop iteration", "pass"),
+    ("obj.step(next(counter), attn): the whole API call", "obj.step(next(api_pos), a)"),
+    ("sh_policy_step(12 arguments) with fb(attn) and next(counter): raw C",
+     "step(ptr, 3, next(raw_pos), 1, fb(a), 1, n, n, vc, NULL, 4, nv)"),
+    ("sh_noop_step(12 arguments) with fb(attn) and next(counter): the floor",
+     "noop(ptr, 3, next(dummy_pos), 1, fb(a), 1, n, n, vc, NULL, 4, nv)"),
+    ("next(counter) (part of the three above)", "next(dummy_pos)"),
+    ("sh_noop_step(12 arguments), buffer pre-built", "noop(ptr, 3, 1, 1, ca, 1, n, n, vc, NULL, 4, nv)"),
+    ("ffi.from_buffer(attn) (bound)", "fb(a)"),
+    ("sh_policy_count(ptr) (a trivial C call, 1 argument)", "count(ptr)"),
+    ("Python method call (2 arguments, returns None)", "m.f(1, a)"),
+    ("with lock: (acquire + release)", "with lock: pass"),
+    ("acquire(); release() (bound lock methods, as step() calls them)", "acq(); rel()"),
+    ("lib.SH_STEP_ADMIT (a cffi constant, looked up on lib)", "lib.SH_STEP_ADMIT"),
+    ("lib.sh_noop_step (a function, looked up on lib, not called)", "lib.sh_noop_step"),
+    ("type(attn) is np.ndarray", "type(a) is np.ndarray"),
+    ("attn.flags.c_contiguous", "a.flags.c_contiguous"),
+    ("attn.ndim == 1 and len(attn) (the short path's rank and length)", "a.ndim == 1 and len(a)"),
+    ("attn.shape == (h, n) or ... (shape check)", "a.shape == (1, n) or a.shape == (n,)"),
+    ("victims[:k].tolist() (k = 1)", "vic[:1].tolist()"),
+    ("ffi.unpack(victims_c, 1) (bound)", "unpack(vc, 1)"),
+    ("[victims_c[0]] (one victim, indexed)", "[vc[0]]"),
+    ("n_victims[0] (read a cffi size_t *)", "nv[0]"),
+]
+#: The pieces inside the policies' Python layer (timed when its internals import).
+_INTERNAL_PIECES = [
+    ("check_int('pos', pos, 0, 2**32 - 1)", "check_int('pos', n, 0, 4294967295)"),
+    ("as_weights(attn) (float32, contiguous)", "as_weights(a)"),
+    ("attn.dtype in _DTYPE_CODES", "a.dtype in codes"),
+    ("_DTYPE_CODES[attn.dtype]", "codes[a.dtype]"),
+    ("check(rc, name) with rc == 0", "check(0, 'Scissorhands')"),
+]
 
-    The whole ``step(pos, attn)``, the direct C call and the no-op floor, beside the
-    unit cost of each piece the API performs, all timed with ``timeit`` in interleaved
-    rounds (so the machine's slow spells touch them alike), per occurrence, the empty
-    loop subtracted. The call counts per step come from cProfile.
-    """
-    budget = case.budget
-    state = steady_state("scissorhands", budget, 1, budget, ctx.rng(case.name))
-    pool = attention_pool(1, budget, ctx.rng(case.name, "attn"))
-    obj = c_policy(state)
-    raw = RawPolicy(state)
-    a = pool[0]
+
+def _overhead_env(obj: Any, raw: RawPolicy, a: Any, budget: int, state: Any) -> tuple[dict[str, Any], bool]:
+    """The names the pieces' statements use, and whether the policies' internals are among them."""
     vic = np.empty(4, dtype=np.uint32)
     bound_lock = threading.Lock()
     env = {
@@ -811,41 +840,13 @@ def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
         internals = True
     except (ImportError, AttributeError):  # pragma: no cover - depends on the policies' internals
         internals = False
-    pieces = [
-        ("empty loop iteration", "pass"),
-        ("obj.step(next(counter), attn): the whole API call", "obj.step(next(api_pos), a)"),
-        ("sh_policy_step(12 arguments) with fb(attn) and next(counter): raw C",
-         "step(ptr, 3, next(raw_pos), 1, fb(a), 1, n, n, vc, NULL, 4, nv)"),
-        ("sh_noop_step(12 arguments) with fb(attn) and next(counter): the floor",
-         "noop(ptr, 3, next(dummy_pos), 1, fb(a), 1, n, n, vc, NULL, 4, nv)"),
-        ("next(counter) (part of the three above)", "next(dummy_pos)"),
-        ("sh_noop_step(12 arguments), buffer pre-built", "noop(ptr, 3, 1, 1, ca, 1, n, n, vc, NULL, 4, nv)"),
-        ("ffi.from_buffer(attn) (bound)", "fb(a)"),
-        ("sh_policy_count(ptr) (a trivial C call, 1 argument)", "count(ptr)"),
-        ("Python method call (2 arguments, returns None)", "m.f(1, a)"),
-        ("with lock: (acquire + release)", "with lock: pass"),
-        ("acquire(); release() (bound lock methods, as step() calls them)", "acq(); rel()"),
-        ("lib.SH_STEP_ADMIT (a cffi constant, looked up on lib)", "lib.SH_STEP_ADMIT"),
-        ("lib.sh_noop_step (a function, looked up on lib, not called)", "lib.sh_noop_step"),
-        ("type(attn) is np.ndarray", "type(a) is np.ndarray"),
-        ("attn.flags.c_contiguous", "a.flags.c_contiguous"),
-        ("attn.ndim == 1 and len(attn) (the short path's rank and length)", "a.ndim == 1 and len(a)"),
-        ("attn.shape == (h, n) or ... (shape check)", "a.shape == (1, n) or a.shape == (n,)"),
-        ("victims[:k].tolist() (k = 1)", "vic[:1].tolist()"),
-        ("ffi.unpack(victims_c, 1) (bound)", "unpack(vc, 1)"),
-        ("[victims_c[0]] (one victim, indexed)", "[vc[0]]"),
-        ("n_victims[0] (read a cffi size_t *)", "nv[0]"),
-    ]
-    if internals:
-        pieces += [
-            ("check_int('pos', pos, 0, 2**32 - 1)", "check_int('pos', n, 0, 4294967295)"),
-            ("as_weights(attn) (float32, contiguous)", "as_weights(a)"),
-            ("attn.dtype in _DTYPE_CODES", "a.dtype in codes"),
-            ("_DTYPE_CODES[attn.dtype]", "codes[a.dtype]"),
-            ("check(rc, name) with rc == 0", "check(0, 'Scissorhands')"),
-        ]
-    number = 2_000 if ctx.quick else 10_000
-    rounds = 3 if ctx.quick else 21
+    return env, internals
+
+
+def _time_pieces(pieces: list[tuple[str, str]], env: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
+    """Each piece timed with ``timeit`` in interleaved rounds, per occurrence, the empty loop subtracted."""
+    number = 2_000 if quick else 10_000
+    rounds = 3 if quick else 21
     setup = "; ".join(f"{k} = _env[{k!r}]" for k in env)
     timers = [timeit.Timer(stmt, setup=setup, globals={"_env": env}) for _, stmt in pieces]
     samples: list[list[float]] = [[] for _ in pieces]
@@ -860,8 +861,11 @@ def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
         sub = 0.0 if stmt == "pass" else empty
         rows.append({"piece": label, "stmt": stmt, "ns": round(statistics.median(ns) - sub, 1),
                      "min_ns": round(min(ns) - sub, 1)})
-    if obj.kept_count() != budget or raw.count() != budget:
-        raise RuntimeError(f"{case.name}: a policy left the steady state")
+    return rows
+
+
+def _calls_per_step(ctx: Context, obj: Any, pool: Any, first: int) -> dict[str, float]:
+    """The calls per decode step of the Python API, counted by cProfile over 2000 steps."""
     calls: dict[str, float] = {}
     try:
         import cProfile
@@ -869,10 +873,9 @@ def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
 
         prof = cProfile.Profile()
         steps = 2000
-        p0 = next(env["api_pos"])
         prof.enable()
         for i in range(steps):
-            obj.step(p0 + i, pool[i % len(pool)])
+            obj.step(first + i, pool[i % len(pool)])
         prof.disable()
         st = pstats.Stats(prof)
         for (file, line, fn), (_cc, nc, _tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
@@ -881,7 +884,28 @@ def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
                 calls[where] = round(nc / steps, 2)
     except Exception as exc:  # pragma: no cover - profiling is best effort
         ctx.note(f"overhead: cProfile call counts unavailable ({exc})")
-    calls = dict(sorted(calls.items(), key=lambda kv: (-kv[1], kv[0])))
+    return dict(sorted(calls.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def run_overhead_case(ctx: Context, case: Case) -> dict[str, Any]:
+    """Where the Python API's time per decode step goes.
+
+    The whole ``step(pos, attn)``, the direct C call and the no-op floor, beside the
+    unit cost of each piece the API performs, all timed with ``timeit`` in interleaved
+    rounds (so the machine's slow spells touch them alike), per occurrence, the empty
+    loop subtracted. The call counts per step come from cProfile.
+    """
+    budget = case.budget
+    state = steady_state("scissorhands", budget, 1, budget, ctx.rng(case.name))
+    pool = attention_pool(1, budget, ctx.rng(case.name, "attn"))
+    obj = c_policy(state)
+    raw = RawPolicy(state)
+    env, internals = _overhead_env(obj, raw, pool[0], budget, state)
+    pieces = _OVERHEAD_PIECES + (_INTERNAL_PIECES if internals else [])
+    rows = _time_pieces(pieces, env, ctx.quick)
+    if obj.kept_count() != budget or raw.count() != budget:
+        raise RuntimeError(f"{case.name}: a policy left the steady state")
+    calls = _calls_per_step(ctx, obj, pool, next(env["api_pos"]))
     by = {r["stmt"]: r["ns"] for r in rows}
     api, raw_ns, floor = by["obj.step(next(api_pos), a)"], by[pieces[2][1]], by[pieces[3][1]]
     return {

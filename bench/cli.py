@@ -14,6 +14,7 @@ from typing import Any
 from bench.cases import CASES, Case, Context
 from bench.report import evaluate_targets, format_report, machine_info
 from bench.timing import Settings, loop_overhead_ns, timer_overhead_ns
+from scissorhands.paths import output_problem
 
 __all__ = ["FULL", "QUICK", "main", "run", "select_cases"]
 
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         cases = select_cases(args.case)
     except ValueError as exc:
         parser.error(str(exc))
+    problem = output_problem("--json", args.json)
+    if problem:  # before the run, not after it
+        parser.error(problem)
     skipped = []
     if args.quick and not args.case:
         skipped = [c.name for c in cases if not c.quick]

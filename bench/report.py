@@ -79,10 +79,8 @@ def _target(text: str, measured: Any, met: bool | None, detail: str = "") -> dic
     return {"target": text, "measured": measured, "met": met, "detail": detail}
 
 
-def evaluate_targets(results: list[dict[str, Any]], machine: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The design's performance targets, as measured in this run (reported only);
-    ``machine`` (:func:`machine_info`) qualifies the thread target."""
-    by = {r["name"]: r for r in results}
+def _call_targets(results: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The decode step against numpy and the reference, and the call against the no-op."""
     out = []
     d = by.get("decode/scissorhands/512")
     if d is not None:
@@ -102,6 +100,12 @@ def evaluate_targets(results: list[dict[str, Any]], machine: dict[str, Any] | No
     if raw_small:
         out.append(_target("(the same, for the C call alone: lib.sh_policy_step without the Python API)", raw_small,
                            all(v <= 2 for v in raw_small.values()), "raw C/noop per decode case"))
+    return out
+
+
+def _bandwidth_targets(results: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The batched and serving shapes against the bandwidth floor and numpy."""
+    out = []
     big = {r["name"]: r["ratios"].get("c/bandwidth") for r in results
            if r["group"] == "batch" and r.get("weights", 0) >= 1 << 20 and "c/bandwidth" in r.get("ratios", {})}
     if big:
@@ -126,6 +130,12 @@ def evaluate_targets(results: list[dict[str, Any]], machine: dict[str, Any] | No
         raw_wide = {k: by[k]["ratios"].get("c_raw/bandwidth") for k in wide}
         out.append(_target("(the same, for the C call alone)", raw_wide,
                            all(v is not None and v <= 1.3 for v in raw_wide.values()), "raw C/bandwidth"))
+    return out
+
+
+def _lean_and_thread_targets(results: list[dict[str, Any]], machine: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The heavy-hitter policies' step against the no-op, and two threads against one."""
+    out = []
     lean = {r["name"]: r["ratios"].get("c/noop") for r in results
             if r["group"] == "decode" and r["budget"] == 512 and r["policy"] in _HEAVY
             and "c/noop" in r.get("ratios", {})}
@@ -140,6 +150,12 @@ def evaluate_targets(results: list[dict[str, Any]], machine: dict[str, Any] | No
         out.append(_target("256 x 32768 with 2 threads >= 1.6x faster than with 1 (only meaningful on a quiet "
                            f"machine: {m.get('usable_cores')} usable cores, load {m.get('load_average')} at the start)",
                            split, all(v >= 1.6 for v in split.values()), "1 thread / 2 threads"))
+    return out
+
+
+def _slot_targets(results: list[dict[str, Any]], by: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Evict time per kept slot across budgets, and bytes per slot."""
+    out = []
     flat = {}
     for group in ("evict-one", "evict-bulk"):
         for r in results:
@@ -160,6 +176,14 @@ def evaluate_targets(results: list[dict[str, Any]], machine: dict[str, Any] | No
         out.append(_target("9 / 13 / 4 bytes per slot (Scissorhands / H2O / StreamingLLM)", measured,
                            all(v == [promised[k]] for k, v in measured.items()), "(memory_bytes - 64) / capacity"))
     return out
+
+
+def evaluate_targets(results: list[dict[str, Any]], machine: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The design's performance targets, as measured in this run (reported only);
+    ``machine`` (:func:`machine_info`) qualifies the thread target."""
+    by = {r["name"]: r for r in results}
+    return (_call_targets(results, by) + _bandwidth_targets(results, by)
+            + _lean_and_thread_targets(results, machine) + _slot_targets(results, by))
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -238,11 +262,10 @@ def _step_rows(results: list[dict[str, Any]], group: str) -> list[list[str]]:
     return rows
 
 
-def format_report(report: dict[str, Any]) -> str:
-    """The human-readable tables of a report (as built by :func:`bench.cli.run`)."""
-    results = report["results"]
+def _header(report: dict[str, Any]) -> list[str]:
+    """The machine, how times are taken and what each column means."""
     m = report["machine"]
-    out = [
+    return [
         f"scissorhands bench — {m.get('cpu_model')}, {m.get('usable_cores')} usable cores, "
         f"Python {m.get('python')}, numpy {m.get('numpy')}, cffi {m.get('cffi')}, "
         f"load {m.get('load_average')}{' (--quick)' if report['quick'] else ''}",
@@ -253,96 +276,127 @@ def format_report(report: dict[str, Any]) -> str:
         "C = the Python API; raw C = lib.sh_policy_step with the same arguments; noop = lib.sh_noop_step "
         "(the call floor); API-raw = the Python API's own overhead; C work/slot = (raw C - noop) / held slots.",
     ]
+
+
+def _step_sections(results: list[dict[str, Any]]) -> list[str]:
+    """The decode and evict tables."""
+    out: list[str] = []
     step_headers = ["case", "C", "C IQR", "raw C", "noop", "numpy/C", "ref/C", "C/noop", "raw/noop", "API-raw",
                     "C work ns/slot", "C ns/slot"]
     for group, title in _SECTIONS:
         rows = _step_rows(results, group)
         if rows:
             out += ["", f"== {title} =="] + _table(step_headers, rows)
+    return out
 
+
+def _batch_section(results: list[dict[str, Any]]) -> list[str]:
+    """A layer's heads in one call against separate policies and the bandwidth floor."""
     batch = [r for r in results if r["group"] == "batch"]
-    if batch:
-        rows = []
-        for r in batch:
-            q = r.get("ratios", {})
-            rows.append([
-                r["name"], f"{r['weights']:,}", fmt_ns(_med(r, "c")), _iqr(r, "c"), fmt_ns(_med(r, "c_raw")),
-                fmt_ns(_med(r, "noop")),
-                fmt_ns(_med(r, "separate")), _fmt_ratio(q.get("separate/c")), _fmt_ratio(q.get("numpy/c")),
-                _fmt_ratio(q.get("reference/c")), _fmt_ratio(q.get("c/noop")), fmt_ns(_med(r, "bandwidth")),
-                _fmt_ratio(q.get("c/bandwidth")),
-                "-" if r.get("c_ns_per_slot") is None else f"{r['c_ns_per_slot']:.3f}",
-            ])
-        out += ["", "== A layer's heads in one call: step(pos, attn[H, n]) vs H single-head policies "
-                    "(separate); bandwidth = np.add.reduce(attn) + copy of the state bytes =="]
-        out += _table(["case", "weights", "C", "C IQR", "raw C", "noop", "separate", "separate/C", "numpy/C", "ref/C",
-                       "C/noop", "bandwidth", "C/bw", "C ns/slot"], rows)
+    if not batch:
+        return []
+    rows = []
+    for r in batch:
+        q = r.get("ratios", {})
+        rows.append([
+            r["name"], f"{r['weights']:,}", fmt_ns(_med(r, "c")), _iqr(r, "c"), fmt_ns(_med(r, "c_raw")),
+            fmt_ns(_med(r, "noop")),
+            fmt_ns(_med(r, "separate")), _fmt_ratio(q.get("separate/c")), _fmt_ratio(q.get("numpy/c")),
+            _fmt_ratio(q.get("reference/c")), _fmt_ratio(q.get("c/noop")), fmt_ns(_med(r, "bandwidth")),
+            _fmt_ratio(q.get("c/bandwidth")),
+            "-" if r.get("c_ns_per_slot") is None else f"{r['c_ns_per_slot']:.3f}",
+        ])
+    out = ["", "== A layer's heads in one call: step(pos, attn[H, n]) vs H single-head policies "
+               "(separate); bandwidth = np.add.reduce(attn) + copy of the state bytes =="]
+    return out + _table(["case", "weights", "C", "C IQR", "raw C", "noop", "separate", "separate/C", "numpy/C",
+                         "ref/C", "C/noop", "bandwidth", "C/bw", "C ns/slot"], rows)
 
+
+def _serving_section(results: list[dict[str, Any]]) -> list[str]:
+    """Serving shapes: a model's rows or one row, one victim per row."""
     serving = [r for r in results if r["group"] == "serving"]
-    if serving:
-        rows = []
-        for r in serving:
-            q = r.get("ratios", {})
-            rows.append([
-                r["name"], f"{r['weights']:,}", fmt_ns(_med(r, "c")), _iqr(r, "c"), fmt_ns(_med(r, "c_raw")),
-                fmt_ns(_med(r, "numpy")), _fmt_ratio(q.get("numpy/c")), fmt_ns(_med(r, "bandwidth")),
-                _fmt_ratio(q.get("c/bandwidth")), _fmt_ratio(q.get("c_raw/bandwidth")),
-                fmt_ns(_med(r, "c_threads")), _fmt_ratio(q.get("c/c_threads")),
-                "-" if r.get("c_ns_per_slot") is None else f"{r['c_ns_per_slot']:.3f}",
-                "yes" if r.get("impls_same_victims") else "NO",
-            ])
-        out += ["", "== Serving shapes: step(pos, attn) with one victim per row, a model's rows (256 = 32 layers "
-                    "x 8 KV heads) or one row; bandwidth = np.add.reduce(attn) + one copy of the state; "
-                    "2 thr = the same API call with threads = 2 =="]
-        out += _table(["case", "weights", "C", "C IQR", "raw C", "numpy", "numpy/C", "bandwidth", "C/bw", "raw/bw",
-                       "C 2 thr", "1/2 thr", "C ns/slot", "agree"], rows)
+    if not serving:
+        return []
+    rows = []
+    for r in serving:
+        q = r.get("ratios", {})
+        rows.append([
+            r["name"], f"{r['weights']:,}", fmt_ns(_med(r, "c")), _iqr(r, "c"), fmt_ns(_med(r, "c_raw")),
+            fmt_ns(_med(r, "numpy")), _fmt_ratio(q.get("numpy/c")), fmt_ns(_med(r, "bandwidth")),
+            _fmt_ratio(q.get("c/bandwidth")), _fmt_ratio(q.get("c_raw/bandwidth")),
+            fmt_ns(_med(r, "c_threads")), _fmt_ratio(q.get("c/c_threads")),
+            "-" if r.get("c_ns_per_slot") is None else f"{r['c_ns_per_slot']:.3f}",
+            "yes" if r.get("impls_same_victims") else "NO",
+        ])
+    out = ["", "== Serving shapes: step(pos, attn) with one victim per row, a model's rows (256 = 32 layers "
+               "x 8 KV heads) or one row; bandwidth = np.add.reduce(attn) + one copy of the state; "
+               "2 thr = the same API call with threads = 2 =="]
+    return out + _table(["case", "weights", "C", "C IQR", "raw C", "numpy", "numpy/C", "bandwidth", "C/bw",
+                         "raw/bw", "C 2 thr", "1/2 thr", "C ns/slot", "agree"], rows)
 
+
+def _replay_section(results: list[dict[str, Any]]) -> list[str]:
+    """The decode-4096 replay through the harness: the policy's share of each step."""
     replay = [r for r in results if r["group"] == "replay" and "impls" in r]
-    if replay:
-        rows = []
-        for r in replay:
-            c = r["impls"]["c"]
-            rows.append([
-                r["name"], fmt_ns(c["policy_ns_per_step"]["median_ns"]),
-                _fmt_ratio(r["ratios"].get("numpy/c")), _fmt_ratio(r["ratios"].get("reference/c")),
-                fmt_ns(c["replay_ns_per_step"]["median_ns"]), f"{100 * c['policy_share']:.1f}%",
-                f"{c['retained_mass']:.6f}", f"{c['heavy_hitter_recall']:.6f}",
-                "yes" if r.get("same_metrics") else "NO",
-            ])
-        out += ["", "== decode-4096 replay at budget 512 through scissorhands.harness (policy = "
-                    "on_decode_step + evict, per step; share = policy / whole replay step) =="]
-        out += _table(["case", "C policy/step", "numpy/C", "ref/C", "replay/step", "policy share",
-                       "retained mass", "HH recall", "impls agree"], rows)
+    if not replay:
+        return []
+    rows = []
+    for r in replay:
+        c = r["impls"]["c"]
+        rows.append([
+            r["name"], fmt_ns(c["policy_ns_per_step"]["median_ns"]),
+            _fmt_ratio(r["ratios"].get("numpy/c")), _fmt_ratio(r["ratios"].get("reference/c")),
+            fmt_ns(c["replay_ns_per_step"]["median_ns"]), f"{100 * c['policy_share']:.1f}%",
+            f"{c['retained_mass']:.6f}", f"{c['heavy_hitter_recall']:.6f}",
+            "yes" if r.get("same_metrics") else "NO",
+        ])
+    out = ["", "== decode-4096 replay at budget 512 through scissorhands.harness (policy = "
+               "on_decode_step + evict, per step; share = policy / whole replay step) =="]
+    return out + _table(["case", "C policy/step", "numpy/C", "ref/C", "replay/step", "policy share",
+                         "retained mass", "HH recall", "impls agree"], rows)
 
+
+def _memory_section(results: list[dict[str, Any]]) -> list[str]:
+    """Bytes per slot in the steady state, C against the reference and numpy."""
     mem = next((r for r in results if r["group"] == "memory"), None)
-    if mem is not None:
-        rows = []
-        for row in mem["rows"]:
-            rows.append([
-                row["policy"], str(row["budget"]), str(row["capacity"]), f"{row['c_memory_bytes']:,}",
-                f"{row['c_bytes_per_slot']:g}", str(row["promised_bytes_per_slot"]),
-                f"{row['c_bytes_per_held_slot']:.3f}",
-                f"{row['reference_formula_bytes_per_held_slot']:.3f}" if "reference_memory_bytes" in row else "-",
-                f"{row['reference_traced_bytes_per_held_slot']:.1f}" if "reference_traced_bytes" in row else "-",
-                f"{row['numpy_traced_bytes_per_held_slot']:.1f}",
-            ])
-        out += ["", "== Memory in the steady state: memory_bytes() = 64 + capacity x bytes/slot; "
-                    "traced = what tracemalloc sees Python allocate, per held slot =="]
-        out += _table(["policy", "budget", "capacity", "C bytes", "C B/slot", "promised", "C B/held",
-                       "ref formula B/held", "ref traced B/held", "numpy traced B/held"], rows)
+    if mem is None:
+        return []
+    rows = []
+    for row in mem["rows"]:
+        rows.append([
+            row["policy"], str(row["budget"]), str(row["capacity"]), f"{row['c_memory_bytes']:,}",
+            f"{row['c_bytes_per_slot']:g}", str(row["promised_bytes_per_slot"]),
+            f"{row['c_bytes_per_held_slot']:.3f}",
+            f"{row['reference_formula_bytes_per_held_slot']:.3f}" if "reference_memory_bytes" in row else "-",
+            f"{row['reference_traced_bytes_per_held_slot']:.1f}" if "reference_traced_bytes" in row else "-",
+            f"{row['numpy_traced_bytes_per_held_slot']:.1f}",
+        ])
+    out = ["", "== Memory in the steady state: memory_bytes() = 64 + capacity x bytes/slot; "
+               "traced = what tracemalloc sees Python allocate, per held slot =="]
+    return out + _table(["policy", "budget", "capacity", "C bytes", "C B/slot", "promised", "C B/held",
+                         "ref formula B/held", "ref traced B/held", "numpy traced B/held"], rows)
 
+
+def _overhead_section(results: list[dict[str, Any]]) -> list[str]:
+    """Where the Python API's time per step goes, piece by piece."""
     ov = next((r for r in results if r["group"] == "overhead"), None)
-    if ov is not None:
-        out += ["", f"== Where the Python API's time goes (Scissorhands, budget {ov['budget']}): step "
-                    f"{fmt_ns(ov['step_ns'])}, raw C {fmt_ns(ov['raw_ns'])}, floor {fmt_ns(ov['noop_ns'])}, "
-                    f"API overhead {fmt_ns(ov['api_overhead_ns'])}; each piece timed alone, interleaved, "
-                    f"per occurrence =="]
-        out += _table(["piece", "ns", "min ns"], [[p["piece"], f"{p['ns']:.1f}", f"{p['min_ns']:.1f}"]
-                                                   for p in ov["pieces"]])
-        calls = ov.get("calls_per_step") or {}
-        if calls:
-            out += ["calls per step (cProfile): " + ", ".join(f"{k} x{v:g}" for k, v in calls.items())]
+    if ov is None:
+        return []
+    out = ["", f"== Where the Python API's time goes (Scissorhands, budget {ov['budget']}): step "
+               f"{fmt_ns(ov['step_ns'])}, raw C {fmt_ns(ov['raw_ns'])}, floor {fmt_ns(ov['noop_ns'])}, "
+               f"API overhead {fmt_ns(ov['api_overhead_ns'])}; each piece timed alone, interleaved, "
+               f"per occurrence =="]
+    out += _table(["piece", "ns", "min ns"], [[p["piece"], f"{p['ns']:.1f}", f"{p['min_ns']:.1f}"]
+                                               for p in ov["pieces"]])
+    calls = ov.get("calls_per_step") or {}
+    if calls:
+        out += ["calls per step (cProfile): " + ", ".join(f"{k} x{v:g}" for k, v in calls.items())]
+    return out
 
+
+def _targets_section(report: dict[str, Any]) -> list[str]:
+    """Each target, met or not (reported, never asserted), then the notes."""
+    out: list[str] = []
     if report["targets"]:
         out += ["", "== Targets (reported, never asserted) =="]
         for t in report["targets"]:
@@ -353,6 +407,15 @@ def format_report(report: dict[str, Any]) -> str:
             out.append(f"[{verdict:7s}] {t['target']}: {t['detail']} = {measured}")
     if report["notes"]:
         out += ["", "Notes:"] + [f"- {n}" for n in report["notes"]]
+    return out
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The human-readable tables of a report (as built by :func:`bench.cli.run`)."""
+    results = report["results"]
+    out = _header(report) + _step_sections(results)
+    for section in (_batch_section, _serving_section, _replay_section, _memory_section, _overhead_section):
+        out += section(results)
+    out += _targets_section(report)
     out += ["", f"Total run time {report['elapsed_s']:.1f} s."]
     return "\n".join(out)
-

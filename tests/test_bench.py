@@ -87,6 +87,14 @@ def test_quick_run_prints_the_tables(quick_report: tuple[dict, str]) -> None:
     assert "Total run time" in out
 
 
+def test_json_into_a_missing_directory_fails_before_the_bench_runs(tmp_path: Path) -> None:
+    """python -m bench --json missing-dir/x.json exits 2 at once naming the path: no case runs."""
+    for path in (tmp_path / "missing-dir" / "x.json", tmp_path):
+        proc = _bench("--json", str(path), timeout=60)
+        assert proc.returncode == 2 and f"--json {path}: " in proc.stderr, proc.stderr
+        assert proc.stdout == "" and "[1/" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_list_and_case_selection() -> None:
     """--list names every case; --case with an unknown name is a usage error."""
     listed = _bench("--list")

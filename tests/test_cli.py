@@ -64,9 +64,9 @@ def test_plot_written(tmp_path, capsys):
 
 
 def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):
-    """Without matplotlib, --plot fails up front with exit 1 and says how to install it."""
+    """Without matplotlib, --plot fails up front with exit 2 and says how to install it."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert main(["--plot", str(tmp_path / "x.png"), *FAST]) == 1
+    assert main(["--plot", str(tmp_path / "x.png"), *FAST]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "scissorhands: error: --plot needs matplotlib: pip install 'scissorhands[plot]'"
 
@@ -85,18 +85,18 @@ def test_bad_arguments_exit_2(argv, capsys):
     assert "usage:" in capsys.readouterr().err
 
 
-def test_invalid_configuration_exits_1_on_one_line(capsys):
-    """A budget not above the recent window exits 1 with a one-line message, no traceback."""
-    assert main(["--policies", "scissorhands", "--budgets", "16", "--no-progress"]) == 1
+def test_invalid_configuration_exits_2_on_one_line(capsys):
+    """A budget not above the recent window exits 2 with a one-line message, no traceback."""
+    assert main(["--policies", "scissorhands", "--budgets", "16", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("scissorhands: error: scissorhands (recent window 32) at budget 16:")
 
 
-def test_missing_trace_file_exits_1(tmp_path, capsys):
-    """A --trace path that does not exist exits 1 with the OS's message."""
-    assert main(["--trace", str(tmp_path / "none.npz"), "--no-progress"]) == 1
-    assert "No such file" in capsys.readouterr().err
+def test_missing_trace_file_exits_2(tmp_path, capsys):
+    """A --trace path that does not exist exits 2 naming the flag and the path."""
+    assert main(["--trace", str(tmp_path / "none.npz"), "--no-progress"]) == 2
+    assert f"--trace {tmp_path / 'none.npz'}: no such file" in capsys.readouterr().err
 
 
 def test_recorded_trace_mean_and_worst(tmp_path, capsys):
@@ -158,7 +158,7 @@ def test_generate_takes_one_value_per_option_and_the_prompt_after_it(monkeypatch
     assert gen.prompt == "Name a planet."
     assert (gen.recent_window, gen.sinks, gen.history_window) == ("75%", 4, None)
     requests = []
-    monkeypatch.setattr(generate, "run_generate", lambda request: requests.append(request) or 0)
+    monkeypatch.setattr(generate, "run_generate", lambda request, usage=None: requests.append(request) or 0)
     assert main(["generate", "--recent-window", "75%", "--vote-rate", "on", "hello"]) == 0
     assert requests[0].values == {"recent_window": "75%", "vote_rate": True}
     assert requests[0].prompt == "hello"
@@ -285,7 +285,7 @@ def test_report_notes_a_configuration_measured_twice_differently(tmp_path, capsy
 def test_report_refuses_files_that_do_not_compare(tmp_path, capsys, change):
     """Other tokens or scored positions (or prompt, head mode, model), a file that is not
     an eval result or has a malformed field, or nothing but full-cache runs: one error
-    line and exit 1, never a traceback."""
+    line and exit 2, never a traceback."""
     run = _result("streaming-llm", 256, 13.0, sinks=4)
     first = _eval_doc("aa", "t.txt", [] if change == "only full" else [run])
     second = _eval_doc("bb", "u.txt", [dict(run)], tokens=512 if change == "tokens" else 2048)
@@ -319,7 +319,7 @@ def test_report_refuses_files_that_do_not_compare(tmp_path, capsys, change):
     if change == "not json":
         (tmp_path / "2.json").write_text("{")
     assert main(["report", _write(tmp_path, "1.json", first), path, "--plot",
-                 str(tmp_path / "p.png")]) == 1
+                 str(tmp_path / "p.png")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("scissorhands: error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "p.png").exists()
@@ -332,7 +332,7 @@ def test_report_refuses_eval_and_longctx_files_together(tmp_path, capsys):
     run = _result("streaming-llm", 256, 13.0, sinks=4)
     evaluated = _write(tmp_path, "e.json", _eval_doc("aa", "t.txt", [run]))
     long = _write(tmp_path, "l.json", {"format": "scissorhands.longctx", "version": 1})
-    assert main(["report", evaluated, long]) == 1
+    assert main(["report", evaluated, long]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and evaluated in err and long in err
 
@@ -382,3 +382,112 @@ def test_report_orders_pools_given_as_rows_and_as_scopes():
             "vote_rate": False}
     keys = [_report_order({**base, "pool": p}) for p in ("model", 1, "layer", 3)]
     assert sorted(range(4), key=lambda i: keys[i]) == [1, 3, 2, 0]
+
+
+# ----------------------------------------------------------------------------- paths before work
+
+
+def _path_cases(tmp):
+    """(argv, message) for every command and flag taking a path: each refused at once."""
+    empty, blank, latin, short = tmp / "empty.txt", tmp / "blank.txt", tmp / "latin.txt", tmp / "short.txt"
+    short.write_text("A few words of text.")
+    empty.write_text("")
+    blank.write_text(" \n\t\n")
+    latin.write_bytes("caf\xe9".encode("latin-1"))
+    pickled = tmp / "pickled.npz"
+    pickled.write_bytes(b"\x80\x04K\x01.")  # a pickle: np.load would offer allow_pickle=True
+    missing, folder = tmp / "missing-dir" / "x", tmp
+    cases = []
+    for command in ("eval", "longctx"):
+        cases += [([command, "--json", f"{missing}.json"], f"--json {missing}.json: the directory"),
+                  ([command, "--plot", f"{missing}.png"], f"--plot {missing}.png: the directory"),
+                  ([command, "--plot", str(tmp / "x.nosuchformat")], "not 'nosuchformat'")]
+    for command in ("eval", "record", "longctx"):
+        cases += [([command, "--text", str(empty)], f"--text {empty}: the file is empty"),
+                  ([command, "--text", str(blank)], f"--text {blank}: the file holds only whitespace"),
+                  ([command, "--text", str(latin)], f"--text {latin}: not UTF-8 text"),
+                  ([command, "--text", str(folder)], f"--text {folder}: a directory, not a file"),
+                  ([command, "--text", str(short)], f"--text {short}: 20 bytes cannot hold")]
+    cases += [
+        (["record", "--out", f"{missing}.npz"], f"--out {missing}.npz: the directory"),
+        (["record", "--out", str(folder)], f"--out {folder}: a directory, not a file"),
+        (["replay", "--json", f"{missing}.json"], f"--json {missing}.json: the directory"),
+        (["replay", "--plot", f"{missing}.png"], f"--plot {missing}.png: the directory"),
+        (["replay", "--trace", f"{missing}.npz"], f"--trace {missing}.npz: no such file"),
+        (["replay", "--trace", str(folder)], f"--trace {folder}: a directory, not a file"),
+        (["replay", "--trace", str(pickled)], f"{pickled}: not a recorded trace"),
+        (["report", f"{missing}.json"], f"{missing}.json: no such file"),
+        (["report", str(folder)], f"{folder}: a directory, not a file"),
+        (["report", str(latin)], f"cannot read {latin}"),
+        (["generate", "--file", f"{missing}.txt"], f"--file {missing}.txt: no such file"),
+        (["generate", "--file", str(folder)], f"--file {folder}: a directory, not a file"),
+        (["generate", "--file", str(latin)], f"--file {latin}: not UTF-8 text"),
+    ]
+    return cases
+
+
+def test_every_path_is_checked_before_any_work(tmp_path):
+    """Each command's input and output paths (--json, --plot, --out, --text, --trace,
+    --file, report's files) are refused at once: exit 2, one line naming the flag and
+    the path, nothing on stdout, no NumPy advice, and before torch (the model) is
+    imported."""
+    pytest.importorskip("matplotlib")
+    report = tmp_path / "ok.json"
+    cases = _path_cases(tmp_path)
+    code = ("import contextlib, io, json, sys; from scissorhands.cli import main\n"
+            "out = []\n"
+            f"for argv in {[argv for argv, _ in cases]!r}:\n"
+            "    err, std = io.StringIO(), io.StringIO()\n"
+            "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):\n"
+            "        rc = main([*argv, '--no-progress'] if argv[0] != 'report' else argv)\n"
+            "    out.append([rc, err.getvalue(), std.getvalue(), 'torch' in sys.modules])\n"
+            f"open({str(report)!r}, 'w').write(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    for (argv, message), (rc, err, out, torch_loaded) in zip(cases, json.loads(report.read_text())):
+        assert rc == 2 and message in err, (argv, err)
+        assert out == "" and "Traceback" not in err and "allow_pickle" not in err, (argv, err)
+        assert not torch_loaded, argv
+        if argv[0] == "generate":  # usage, then the message, under the subcommand's name
+            assert err.startswith("usage: scissorhands generate") and "\nscissorhands generate: error: " in err
+        else:
+            assert err.startswith("scissorhands: error: ") and err.count("\n") == 1, (argv, err)
+
+
+def test_a_trace_holding_object_arrays_is_refused_without_numpy_advice(tmp_path, capsys):
+    """A .npz whose arrays are pickled objects: one line saying so, exit 2, never
+    NumPy's advice to pass allow_pickle."""
+    steps = [np.full((1, t), 1.0 / t) for t in range(1, 20)]
+    good = tmp_path / "good.npz"
+    save_recorded_trace(good, steps, layers=[0], heads=[0], prompt_tokens=2, model="m")
+    with np.load(good) as data:
+        fields = dict(data)
+    fields["weights"] = np.array([{"a": 1}], dtype=object)
+    np.savez(tmp_path / "objects.npz", **fields)
+    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:200])
+    for name, reason in (("objects.npz", "pickled (object) data, which is never loaded"),
+                         ("cut.npz", "not a readable recorded trace")):
+        assert main(["replay", "--trace", str(tmp_path / name), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert reason in err and "allow_pickle" not in err and err.count("\n") == 1, err
+
+
+def test_replay_plot_in_a_missing_directory_is_refused_before_the_replay(tmp_path, capsys):
+    """--plot (and --json) into a missing directory stops before any replay is run."""
+    pytest.importorskip("matplotlib")
+    assert main(["--plot", str(tmp_path / "nowhere" / "r.png"), *FAST]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "the directory" in captured.err
+
+
+def test_generate_chat_flags():
+    """generate: the chat template by default (None: when the tokenizer has one),
+    --chat forces it, --no-chat and --raw send the prompt as written, not both."""
+    parse = build_parser().parse_args
+    assert parse(["generate", "x"]).chat is None
+    assert parse(["generate", "--chat", "x"]).chat is True
+    assert parse(["generate", "--no-chat", "x"]).chat is False
+    assert parse(["generate", "--raw", "x"]).chat is False
+    with pytest.raises(SystemExit) as exc:
+        parse(["generate", "--chat", "--no-chat", "x"])
+    assert exc.value.code == 2

@@ -76,7 +76,7 @@ def test_generate_streams_the_stock_caches_text_without_eviction(tiny_model, tmp
     if kwargs is None:
         (tmp_path / "prompt.txt").write_text(PROMPT, encoding="utf-8")
         kwargs = dict(file=str(tmp_path / "prompt.txt"))
-    status, text, err = _generate(capsys, model=tiny_model, budget=64, **kwargs)
+    status, text, err = _generate(capsys, model=tiny_model, budget=64, chat=False, **kwargs)
     assert status == 0
     assert text.rstrip("\n") == _stock_text(tiny_model, PROMPT)
     summary = SUMMARY.match(err.strip().splitlines()[-1])
@@ -86,9 +86,53 @@ def test_generate_streams_the_stock_caches_text_without_eviction(tiny_model, tmp
 
 
 def test_generate_with_the_chat_template_equals_the_stock_cache(tiny_model, capsys):
-    status, text, _ = _generate(capsys, model=tiny_model, budget=96, prompt=PROMPT, chat=True)
+    """--chat, and the default with a tokenizer that has a chat template: the prompt as a
+    user message, the stock cache's answer."""
+    for chat in (True, None):
+        status, text, _ = _generate(capsys, model=tiny_model, budget=96, prompt=PROMPT, chat=chat)
+        assert status == 0
+        assert text.rstrip("\n") == _stock_text(tiny_model, PROMPT, chat=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_model_without_template(tiny_model, tmp_path_factory):
+    """The tiny model with a tokenizer that has no chat template (a base model's)."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("tiny-base")
+    shutil.copytree(tiny_model, path, dirs_exist_ok=True)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def test_generate_without_a_chat_template_sends_the_prompt_as_written(tiny_model_without_template, capsys):
+    """A tokenizer without a chat template: the default is the prompt as written (the
+    stock cache's text); --chat is refused, under generate's name and usage."""
+    status, text, _ = _generate(capsys, model=tiny_model_without_template, budget=64, prompt=PROMPT)
     assert status == 0
-    assert text.rstrip("\n") == _stock_text(tiny_model, PROMPT, chat=True)
+    assert text.rstrip("\n") == _stock_text(tiny_model_without_template, PROMPT)
+    status = run_generate(GenerateRequest(prompt=PROMPT, model=tiny_model_without_template, chat=True,
+                                          progress=False), usage="usage: scissorhands generate [-h]\n")
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err == ("usage: scissorhands generate [-h]\n"
+                   "scissorhands generate: error: --chat: the tokenizer has no chat template\n")
+
+
+def test_generate_says_why_nothing_came(smollm2):
+    """When every generated token is special (an instruct model ending its turn at
+    once on a raw prompt), a note says so and what to pass; otherwise no note."""
+    from scissorhands.generate import _nothing_came
+
+    _, tokenizer = smollm2
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    raw = _nothing_came(tokenizer, [end], chat=False)
+    assert raw is not None and "<|im_end|>" in raw and "drop --no-chat" in raw
+    assert "--no-chat to continue" in (_nothing_came(tokenizer, [end], chat=True) or "")
+    assert _nothing_came(tokenizer, tokenizer("Once upon")["input_ids"], chat=False) is None
 
 
 def test_generate_holds_the_budget_through_a_long_prompt(tiny_model, capsys):
@@ -99,6 +143,23 @@ def test_generate_holds_the_budget_through_a_long_prompt(tiny_model, capsys):
     summary = SUMMARY.match(err.strip().splitlines()[-1])
     assert summary is not None, err
     assert int(summary.group(4)) == 20 and int(summary.group(5)) > 40
+
+
+def test_generate_progress_reaches_the_end_of_a_prompt_with_a_short_last_chunk(tiny_model, capsys):
+    """A prompt of five full chunks and a last one of a single token: the bar still
+    reaches the prompt's length (tqdm's adaptive redraw count skipped the short last
+    chunk, leaving the bar at 5/6 of it)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    words = 41
+    prompt = " ".join(["colour"] * words)
+    prompt_tokens = len(tokenizer(prompt)["input_ids"])
+    assert prompt_tokens % 8 == 1 and prompt_tokens > 5 * 8, prompt_tokens
+    status, _, err = _generate(capsys, model=tiny_model, budget=20, values={"recent_window": 0.75, "sinks": 4},
+                               prompt=prompt, chat=False, prefill_chunk=8, max_new_tokens=2, progress=True)
+    assert status == 0
+    assert f"{prompt_tokens - 1}/{prompt_tokens}" in err and f"{prompt_tokens}/{prompt_tokens}" in err, err
 
 
 def test_generate_shows_the_progress_of_a_long_prompt(tiny_model, capsys):
@@ -126,16 +187,45 @@ def test_generate_shows_the_progress_of_a_long_prompt(tiny_model, capsys):
     (dict(prompt="x", sample=True, top_p=2.0), "--top-p must be in (0, 1], got 2.0"),
     (dict(prompt="x", temperature=0.7), "--temperature needs --sample"),
     (dict(prompt="x", budget=64, recent_window=64), "--recent-window must be in [0, 63], got 64 (--budget 64)"),
+    (dict(prompt="x", policy="h2o", budget=16, recent_window=4, pool="layer", positions="cache"), "positions='cache'"),
 ])
 def test_generate_refuses_bad_arguments_before_loading(monkeypatch, capsys, kwargs, message):
     def refuse(*args, **kw):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(hf, "load_model", refuse)
-    values = {k: kwargs.pop(k) for k in ("recent_window",) if k in kwargs}
+    values = {k: kwargs.pop(k) for k in ("recent_window", "pool") if k in kwargs}
     status, text, err = _generate(capsys, values=values, **kwargs)
     assert status == 2 and text == ""
-    assert message in err
+    assert message in err and err.startswith("scissorhands generate: error: ") and err.count("\n") == 1, err
+
+
+def test_generate_takes_a_pool_by_scope_and_checks_a_pool_of_rows_before_loading(tiny_model, monkeypatch, capsys):
+    """--pool layer and model pass the pre-load check and run (the cache resolves them);
+    a pool of rows that does not divide a sequence's rows (2 layers x 2 KV heads) is
+    refused before the model loads, from the checkpoint's configuration."""
+    for pool in ("layer", "model", 2):
+        status, text, err = _generate(capsys, model=tiny_model, policy="h2o", budget=20, prompt=PROMPT,
+                                      values={"recent_window": 4, "pool": pool}, chat=False)
+        assert status == 0 and text, (pool, err)
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    status, _, err = _generate(capsys, model=tiny_model, policy="h2o", budget=20, prompt=PROMPT,
+                               values={"recent_window": 4, "pool": 3})
+    assert status == 2 and "--pool must divide the rows of a sequence (2 layers x 2 KV heads = 4), got --pool=3" in err
+
+
+def test_every_generate_error_prints_usage_under_one_name(tiny_model, capsys):
+    """An argparse error and the command's own checks both print the usage, then one
+    line under 'scissorhands generate:'."""
+    from scissorhands.cli import main
+
+    for argv in (["--top-k", "0", "x"], ["--model", "missing-model-dir", "x"], ["--temperature", "0.5", "x"],
+                 ["--model", tiny_model, "--policy", "h2o", "--pool", "3", "--budget", "20", "x"]):
+        assert main(["generate", "--no-progress", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        lines = err.splitlines()
+        assert lines[0].startswith("usage: scissorhands generate ") and err.count("scissorhands generate: error: ") == 1
+        assert lines[-1].startswith("scissorhands generate: error: ") and "scissorhands: error" not in err, err
 
 
 def test_longctx_measures_every_length_and_report_merges_its_parts(tiny_model, tmp_path, capsys):
@@ -290,3 +380,57 @@ def test_eval_hindsight_adds_a_row_per_budget_and_report_merges_it(tiny_model, t
     table = capsys.readouterr().out.splitlines()
     assert table[0] == "| configuration | text.txt @12 | gap @12 | text.txt @20 | gap @20 |"
     assert any(line.startswith("| hindsight W=4 | ") for line in table)
+
+
+def test_eval_refuses_a_pool_and_a_huge_hindsight_before_loading(tiny_model, monkeypatch, capsys):
+    """--pool 7 (which does not divide the checkpoint's 2 layers x 2 KV heads) and a
+    --hindsight above the scheduler's limit stop before the model loads, naming the
+    flag, never an internal name."""
+    from scissorhands.cli import main
+
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    common = ["eval", "--model", tiny_model, "--tokens", "64", "--prompt-tokens", "8", "--budgets", "16",
+              "--no-progress"]
+    assert main([*common, "--policies", "h2o", "--recent-window", "4", "--pool", "7"]) == 2
+    assert "--pool must divide the rows of a sequence (2 layers x 2 KV heads = 4), got --pool=7" in \
+        capsys.readouterr().err
+    assert main([*common, "--hindsight", str(2**31 + 1)]) == 2
+    err = capsys.readouterr().err
+    assert f"--hindsight must be at most {2**31} decode steps, got {2**31 + 1}" in err and "window" not in err
+
+
+def test_eval_checks_the_pool_right_after_loading_a_model_without_a_config_file(tiny_model, monkeypatch, capsys):
+    """A model whose configuration comes only with it (a GGUF file): the pool is checked
+    after it loads, before the full-cache run."""
+    from scissorhands import evaluate
+    from scissorhands.cli import main
+
+    monkeypatch.setattr(evaluate, "_checkpoint_config", lambda model: None)
+    monkeypatch.setattr(hf, "evaluate_batch", lambda *a, **k: pytest.fail("a run started"))
+    assert main(["eval", "--model", tiny_model, "--tokens", "64", "--prompt-tokens", "8", "--budgets", "16",
+                 "--policies", "h2o", "--recent-window", "4", "--pool", "3", "--no-progress"]) == 2
+    assert "got --pool=3" in capsys.readouterr().err
+
+
+def test_longctx_and_record_check_the_model_before_loading_and_before_any_part(tiny_model, monkeypatch, capsys):
+    """longctx: a pool that does not divide the rows, or a pool with --positions cache,
+    stops before the model loads (a checkpoint directory) or right after it, before the
+    full cache's part; record: --layers beyond the checkpoint's layers before it loads."""
+    from scissorhands import longctx
+    from scissorhands.cli import main
+
+    long = ["longctx", "--model", tiny_model, "--lengths", "48", "--window", "8", "--budgets", "24",
+            "--policies", "full,h2o", "--recent-window", "4", "--no-progress"]
+    real_load = hf.load_model
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main([*long, "--pool", "3"]) == 2
+    assert "got --pool=3" in capsys.readouterr().err
+    assert main([*long, "--pool", "layer", "--positions", "cache"]) == 2
+    assert "positions='cache'" in capsys.readouterr().err
+    assert main(["record", "--model", tiny_model, "--layers", "2", "--no-progress"]) == 2
+    assert "--layers must be in [0, 1], got [2]" in capsys.readouterr().err
+    monkeypatch.setattr(hf, "load_model", real_load)
+    monkeypatch.setattr(longctx, "_checkpoint_config", lambda model: None)
+    monkeypatch.setattr(hf, "long_context_run", lambda *a, **k: pytest.fail("a part ran"))
+    assert main([*long, "--pool", "3"]) == 2
+    assert "got --pool=3" in capsys.readouterr().err

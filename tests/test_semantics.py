@@ -1107,5 +1107,12 @@ def test_pooled_state_round_trips_and_select_rows_keeps_whole_pools(backend):
     with pytest.raises(InvalidInputError, match="multiple of pool=2"):
         p.select_rows([0, 1, 2])
     assert p.state_dict() == state
+    for split in ([1, 2], [1, 0], [0, 0], [2, 3, 3, 2], [0, 1, 0, 2]):  # a pool cut, reordered or mixed
+        with pytest.raises(InvalidInputError, match=r"each pool of 2 rows whole and in order"):
+            p.select_rows(split)
+        assert p.state_dict() == state
+    p.select_rows([2, 3, 0, 1, 2, 3])
+    assert p.heads == 6
+    p = type(p).from_state_dict(state)
     p.select_rows([2, 3])
     assert p.heads == 2

@@ -18,8 +18,12 @@ The option flags (``--recent-window``, ``--sinks``, ``--history-window``,
 ``--vote-rate``) come from the option declarations of :mod:`scissorhands.options`;
 each takes several values, and every combination a policy takes is run.
 
-Exit status: 0 on success, 2 on a usage error (argparse), 1 on any other error, reported
-as one line on stderr (``scissorhands: error: ...``) without a traceback.
+Exit status: 0 on success; 2 on a user error, a usage error (argparse) or an input the
+library refuses (a path, a file, a configuration), each checked before the work it would
+waste; 1 when the system fails during a run (an ``OSError``, such as a full disk). An
+error is one line on stderr (``scissorhands: error: ...``; ``generate``'s under
+``scissorhands generate:`` after its usage, as argparse prints its own) without a
+traceback.
 """
 
 from __future__ import annotations
@@ -104,11 +108,15 @@ def _option_flags(group: Any, several: bool = True) -> None:
                            help=option.help_text(several))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``python -m scissorhands``."""
+def _common_parser() -> argparse.ArgumentParser:
+    """The flags of every subcommand: ``--no-progress``."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return common
 
+
+def _policy_parser() -> argparse.ArgumentParser:
+    """The sweeping commands' policy flags: policies, budgets, options, backend, JSON and plot."""
     policy_opts = argparse.ArgumentParser(add_help=False)
     group = policy_opts.add_argument_group("policies")
     group.add_argument(
@@ -126,7 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     group.add_argument("--plot", metavar="PATH",
                        help="also draw the results to an image (needs matplotlib)")
+    return policy_opts
 
+
+def _model_parser() -> argparse.ArgumentParser:
+    """The real-model flags of ``eval`` and ``record``: tokens, prompt, text, model,
+    attention, threads."""
     model_opts = argparse.ArgumentParser(add_help=False)
     group = model_opts.add_argument_group("model")
     group.add_argument("--tokens", type=_positive_int, default=512, metavar="N",
@@ -143,17 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--threads", type=_positive_int, default=1, metavar="T",
                        help="torch threads (default: 1, which holds up when other jobs share "
                        "the cores)")
+    return model_opts
 
-    parser = argparse.ArgumentParser(
-        prog=_PROG,
-        description="KV-cache eviction policies (Scissorhands, H2O, TOVA, StreamingLLM): replay "
-        "attention traces, evaluate on a real model.",
-        epilog="Without a subcommand the arguments are replay's ('python -m scissorhands "
-        "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own "
-        "with --help.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
 
+def _add_replay(sub: Any, common: Any, policy_opts: Any) -> None:
     replay = sub.add_parser(
         "replay", parents=[common, policy_opts],
         help="replay decode-4096 or a recorded trace through the policies (default)",
@@ -163,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="recorded .npz trace (from 'record'); default: the canonical "
                         "decode-4096, seed 7")
 
+
+def _add_eval(sub: Any, common: Any, policy_opts: Any, model_opts: Any) -> None:
     evaluate = sub.add_parser(
         "eval", parents=[common, policy_opts, model_opts],
         help="perplexity of a real model under each policy and budget",
@@ -180,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
         "decode steps of the full run attend to least (greedy, not a bound), and add a gap-closed "
         "column against streaming-llm (default: off; 256 was the best of 16-1024 measured in docs/eval.md)")
 
+
+def _add_record(sub: Any, common: Any, model_opts: Any) -> None:
     record = sub.add_parser(
         "record", parents=[common, model_opts],
         help="record a real model's attention as a trace for 'replay --trace'",
@@ -189,12 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--out", default="trace.npz", metavar="PATH",
                         help="output file (default: trace.npz)")
 
+
+def _add_generate(sub: Any, common: Any) -> None:
     gen = sub.add_parser(
         "generate", parents=[common],
         help="generate text from a real model with a bounded KV cache, streamed to stdout",
         description="Generate with the model's own generate() and an evicting cache; the text "
         "streams to stdout, one summary line (tokens/s, KV held against a full cache, peak RSS) "
-        "goes to stderr.")
+        "goes to stderr. With a tokenizer that has a chat template (an instruct model, such as the "
+        "default), the prompt is sent as one user message through it, as transformers' chat command "
+        "and llama.cpp's conversation mode do; --no-chat sends it as written.")
     gen.add_argument("prompt", nargs="?", default=None,
                      help="the prompt (default: --file, or stdin)")
     gen.add_argument("--file", metavar="PATH", help="read the prompt from a UTF-8 file ('-': stdin)")
@@ -211,7 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k likeliest")
     gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
     gen.add_argument("--seed", type=_nonnegative_int, default=None, help="torch seed (reproducible sampling)")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    chat = gen.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
+                      help="wrap the prompt in the model's chat template (default when the tokenizer has one)")
+    chat.add_argument("--no-chat", "--raw", dest="chat", action="store_const", const=False,
+                      help="send the prompt as written, without the chat template (text continuation)")
     gen.add_argument("--prefill-chunk", type=_positive_int, default=256, metavar="N",
                      help="prompt tokens per forward; the cache evicts after each (default: 256)")
     gen.add_argument("--positions", choices=("original", "cache"), default="original",
@@ -224,7 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the model's attention implementation (default: sdpa)")
     gen.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
     gen.add_argument("--backend", choices=BACKENDS, default="native", help="policy backend (default: native)")
+    gen.set_defaults(usage=gen.format_usage())  # printed before each of the command's own errors
 
+
+def _add_longctx(sub: Any, common: Any, policy_opts: Any) -> None:
     long = sub.add_parser(
         "longctx", parents=[common, policy_opts],
         help="step time, KV memory and perplexity of a real model as the context grows",
@@ -246,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the model's attention implementation (default: sdpa)")
     long.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
 
+
+def _add_report(sub: Any) -> None:
     report = sub.add_parser(
         "report", help="combine 'eval --json' (or 'longctx --json') files into one table and plot",
         description="One row per configuration, one column per (text, budget): perplexity "
@@ -259,6 +282,26 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--plot", metavar="PATH",
                         help="also draw the grid (eval) or step time, KV memory and window "
                         "perplexity against context length (longctx) to an image (needs matplotlib)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m scissorhands``."""
+    common, policy_opts, model_opts = _common_parser(), _policy_parser(), _model_parser()
+    parser = argparse.ArgumentParser(
+        prog=_PROG,
+        description="KV-cache eviction policies (Scissorhands, H2O, TOVA, StreamingLLM): replay "
+        "attention traces, evaluate on a real model.",
+        epilog="Without a subcommand the arguments are replay's ('python -m scissorhands "
+        "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own "
+        "with --help.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
+    _add_replay(sub, common, policy_opts)
+    _add_eval(sub, common, policy_opts, model_opts)
+    _add_record(sub, common, model_opts)
+    _add_generate(sub, common)
+    _add_longctx(sub, common, policy_opts)
+    _add_report(sub)
     return parser
 
 
@@ -292,59 +335,80 @@ def _require_matplotlib() -> None:
 # Dispatch
 
 
-def _run(args: argparse.Namespace) -> int:
-    if getattr(args, "plot", None):
-        _require_matplotlib()
-    if args.command == "replay":
-        from .replay import run_replay
+def _run_replay(args: argparse.Namespace) -> int:
+    from .replay import run_replay
 
-        return run_replay(args.policies or list(POLICY_NAMES), args.budgets, option_values(args), backend=args.backend,
-                          trace=args.trace, json_path=args.json, plot=args.plot,
-                          progress=not args.no_progress)
-    if args.command == "report":
-        from .report import run_report
+    return run_replay(args.policies or list(POLICY_NAMES), args.budgets, option_values(args), backend=args.backend,
+                      trace=args.trace, json_path=args.json, plot=args.plot,
+                      progress=not args.no_progress)
 
-        return run_report(args.files, markdown=args.markdown, plot=args.plot)
-    if args.command == "generate":
-        from .generate import GenerateRequest, run_generate
 
-        one_each = {name: value for name, value in option_values(args).items() if value is not None}
+def _run_report(args: argparse.Namespace) -> int:
+    from .report import run_report
 
-        return run_generate(GenerateRequest(
-            prompt=args.prompt, file=args.file, policy=args.policy, budget=args.budget,
-            values=one_each, max_new_tokens=args.max_new_tokens, sample=args.sample,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-            chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions, model=args.model,
-            attention=args.attention, threads=args.threads, backend=args.backend,
-            progress=not args.no_progress))
-    if args.command == "longctx":
-        from .longctx import DEFAULT_LENGTHS, LongContextRequest, run_longctx
+    return run_report(args.files, markdown=args.markdown, plot=args.plot)
 
-        return run_longctx(LongContextRequest(
-            lengths=args.lengths or DEFAULT_LENGTHS, window=args.window,
-            budgets=args.budgets or (1024, 2048), policies=args.policies or list(MODEL_POLICIES),
-            values=option_values(args),
-            positions=args.positions, chunk=args.prefill_chunk, text=args.text, model=args.model,
-            attention=args.attention, threads=args.threads, backend=args.backend, json_path=args.json,
-            plot=args.plot, progress=not args.no_progress))
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from .generate import GenerateRequest, run_generate
+
+    one_each = {name: value for name, value in option_values(args).items() if value is not None}
+    return run_generate(GenerateRequest(
+        prompt=args.prompt, file=args.file, policy=args.policy, budget=args.budget,
+        values=one_each, max_new_tokens=args.max_new_tokens, sample=args.sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions, model=args.model,
+        attention=args.attention, threads=args.threads, backend=args.backend,
+        progress=not args.no_progress), usage=args.usage)
+
+
+def _run_longctx(args: argparse.Namespace) -> int:
+    from .longctx import DEFAULT_LENGTHS, LongContextRequest, run_longctx
+
+    return run_longctx(LongContextRequest(
+        lengths=args.lengths or DEFAULT_LENGTHS, window=args.window,
+        budgets=args.budgets or (1024, 2048), policies=args.policies or list(MODEL_POLICIES),
+        values=option_values(args),
+        positions=args.positions, chunk=args.prefill_chunk, text=args.text, model=args.model,
+        attention=args.attention, threads=args.threads, backend=args.backend, json_path=args.json,
+        plot=args.plot, progress=not args.no_progress))
+
+
+def _run_eval(args: argparse.Namespace) -> int:
     from . import evaluate
 
-    if args.command == "eval":
-        policies = args.policies or list(MODEL_POLICIES)
-        for name in policies:
-            policy_spec(name)
-        request = evaluate.EvalRequest(
-            tokens=args.tokens, prompt_tokens=args.prompt_tokens, budgets=args.budgets,
-            policies=policies, values=option_values(args), head_mode=args.head_mode,
-            cache_mode=args.cache_mode, backend=args.backend, text=args.text, model=args.model,
-            json_path=args.json, plot=args.plot, progress=not args.no_progress,
-            attention=args.attention, threads=args.threads, hindsight=args.hindsight)
-        return evaluate.run_eval(request)
+    policies = args.policies or list(MODEL_POLICIES)
+    for name in policies:
+        policy_spec(name)
+    request = evaluate.EvalRequest(
+        tokens=args.tokens, prompt_tokens=args.prompt_tokens, budgets=args.budgets,
+        policies=policies, values=option_values(args), head_mode=args.head_mode,
+        cache_mode=args.cache_mode, backend=args.backend, text=args.text, model=args.model,
+        json_path=args.json, plot=args.plot, progress=not args.no_progress,
+        attention=args.attention, threads=args.threads, hindsight=args.hindsight)
+    return evaluate.run_eval(request)
+
+
+def _run_record(args: argparse.Namespace) -> int:
+    from . import evaluate
+
     request_record = evaluate.RecordRequest(
         tokens=args.tokens, prompt_tokens=args.prompt_tokens, layers=args.layers, out=args.out,
         text=args.text, model=args.model, progress=not args.no_progress,
         attention=args.attention, threads=args.threads)
     return evaluate.run_record(request_record)
+
+
+_RUNNERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "replay": _run_replay, "eval": _run_eval, "record": _run_record, "report": _run_report,
+    "generate": _run_generate, "longctx": _run_longctx,
+}
+
+
+def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "plot", None):
+        _require_matplotlib()
+    return _RUNNERS[args.command](args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -358,7 +422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        0 on success, 2 on a usage error, 1 on any other error (one line on stderr).
+        0 on success; 2 on a user error: a usage error (argparse) or an input the
+        library refuses (a :class:`~scissorhands.errors.ScissorhandsError`: a path, a
+        file, a configuration), each reported before the work it would waste; 1 when
+        the system fails during a run (an ``OSError``, such as a full disk); 130 on an
+        interrupt.  Errors are one line on stderr, without a traceback.
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -371,7 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return _run(args)
-    except (ScissorhandsError, OSError) as exc:
+    except ScissorhandsError as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -38,6 +38,7 @@ import json
 import math
 import numbers
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -49,6 +50,7 @@ import numpy as np
 from .errors import ScissorhandsError
 from .hindsight import gap_closed_percent
 from .options import MODEL_POLICIES, OPTIONS, SPECS, config_label, policy_classes, series_label, sweep
+from .paths import input_problem, output_problem, plot_problem
 
 __all__ = [
     "EvalRequest",
@@ -367,10 +369,11 @@ def _import_hf() -> Any:
     return hf
 
 
-def _paths_then_hf(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]]) -> Any:
+def _paths_then_hf(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]],
+                   plots: Sequence[tuple[str, str | None]] = (), tokens: int | None = None) -> Any:
     """The user's paths checked (:func:`check_paths`), then :mod:`scissorhands.hf`
     imported: the module, or the message of the first problem (a ``str``)."""
-    problem = check_paths(text, model, outputs)
+    problem = check_paths(text, model, outputs, plots, tokens)
     if problem:
         return problem
     try:
@@ -385,7 +388,7 @@ def _load_inputs(hf: Any, text_path: str | None, model_path: str | None, tokens:
     ``(source, model, tokenizer, load_seconds, ids)``, or the message of what failed."""
     try:
         text, source = read_text(text_path)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         return f"cannot read --text: {exc}"
     try:
         start = time.perf_counter()
@@ -397,25 +400,41 @@ def _load_inputs(hf: Any, text_path: str | None, model_path: str | None, tokens:
     return source, model, tokenizer, load_seconds, ids
 
 
-def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]]) -> str | None:
+def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]],
+                plots: Sequence[tuple[str, str | None]] = (), tokens: int | None = None) -> str | None:
     """Why the user's paths cannot work (before any model loads), or None: ``--text``
-    must be a readable file, ``--model`` must exist, and each output (flag, path) must
-    go into an existing directory."""
-    if text is not None:
-        if not os.path.isfile(text):
-            return f"--text {text}: no such file"
-        if not os.access(text, os.R_OK):
-            return f"--text {text}: not readable"
+    must be a readable UTF-8 file holding more than whitespace (and, with ``tokens``,
+    not too short for them: :func:`text_too_short`), ``--model`` must exist, each output
+    (flag, path) must go into an existing, writable directory, and each plot also needs
+    matplotlib and a format it writes (:mod:`scissorhands.paths`)."""
+    problem = input_problem("--text", text, text=True) or (
+        None if tokens is None else text_too_short("--text", text, tokens))
+    if problem:
+        return problem
     if model is not None and not os.path.exists(model):
         return f"--model {model}: no such file or directory"
     for flag, path in outputs:
-        if path is None:
-            continue
-        directory = os.path.dirname(os.path.abspath(path)) or "."
-        if not os.path.isdir(directory):
-            return f"{flag} {path}: the directory {directory} does not exist"
-        if not os.access(directory, os.W_OK):
-            return f"{flag} {path}: cannot write in {directory}"
+        problem = output_problem(flag, path)
+        if problem:
+            return problem
+    for flag, path in plots:
+        problem = plot_problem(flag, path)
+        if problem:
+            return problem
+    return None
+
+
+def text_too_short(flag: str, path: str | None, tokens: int) -> str | None:
+    """Why the text file ``path`` cannot hold ``tokens`` tokens whatever the tokenizer,
+    or None: a tokenizer gives at most about one token per byte (a byte-level BPE one
+    byte per token at worst, SentencePiece's byte fallback the same) and a few special
+    ones, so fewer than ``tokens / 2 - 8`` bytes is refused before the model loads
+    (and its tokenizer with it); a text between that and ``tokens`` is counted after."""
+    if path is None or not os.path.isfile(path):
+        return None
+    size = os.path.getsize(path)
+    if 2 * size + 16 < tokens:
+        return f"{flag} {path}: {size} bytes cannot hold {tokens} tokens"
     return None
 
 
@@ -446,80 +465,142 @@ def _config_values(request: EvalRequest) -> dict[str, Any]:
     return out
 
 
-def run_eval(request: EvalRequest) -> int:
-    """``python -m scissorhands eval``: perplexity and agreement per policy and budget.
+#: The largest ``--hindsight`` window (the scheduler's limit, in decode steps).
+MAX_HINDSIGHT = 2**31
 
-    Every argument (counts, budgets, policies and options, paths, matplotlib for a plot)
-    is checked before the model loads.  The full cache runs alone (it is the reference
-    for agreement, and the only run holding every position); every other configuration
-    runs in one batch, each sequence with its own policy.  With ``hindsight``, the full
-    run also computes every budget's hindsight schedule from its attention, and the
-    batch replays them (one more sequence per budget).  Prints the table (and the
-    notes).
 
-    Returns the process exit status: 0, or 2 on a bad argument (message on stderr).
-    """
-    from tqdm import tqdm
+@dataclass
+class _EvalPlan:
+    """An ``eval`` run, its arguments checked: the counts, budgets and configurations,
+    and the batch after the full cache (each budget's runs, then its hindsight one as the
+    budget itself)."""
 
+    hf: Any
+    tokens: int
+    prompt_tokens: int
+    window: int | None
+    budgets: list[int]
+    names: list[str]
+    runs: list[Any]
+    notes: list[str]
+    batch: list[Any]
+
+
+def _check_hindsight(window: Any, tokens: int, prompt_tokens: int) -> str | None:
+    """Why ``--hindsight`` cannot work, or None (None is off)."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        return f"--hindsight must be a whole number of decode steps, at least 1, got {window!r}"
+    if int(window) > MAX_HINDSIGHT:
+        return f"--hindsight must be at most {MAX_HINDSIGHT} decode steps, got {window}"
+    if tokens - 1 - prompt_tokens < 1:
+        return (f"--hindsight {window} reads the decode steps, and --tokens {tokens} leaves none after the "
+                f"prompt of {prompt_tokens} (the last token is only a target): give more tokens")
+    return None
+
+
+def _check_modes(hf: Any, request: EvalRequest) -> str | None:
+    """Why ``--head-mode``, ``--cache-mode`` or ``--attention`` cannot work, or None."""
+    if request.head_mode not in hf.HEAD_MODES:
+        return f"--head-mode must be one of {', '.join(hf.HEAD_MODES)}, got {request.head_mode!r}"
+    if request.cache_mode not in hf.CACHE_MODES:
+        return f"--cache-mode must be one of {', '.join(hf.CACHE_MODES)}, got {request.cache_mode!r}"
+    if request.attention not in hf.WRAPPED:
+        return f"--attention must be one of {', '.join(hf.WRAPPED)}, got {request.attention!r}"
+    return None
+
+
+def _plan_eval(request: EvalRequest) -> _EvalPlan | str:
+    """Every argument of ``eval`` checked, in the order the flags are explained: the
+    plan, or the message of the first problem."""
     tokens = int(request.tokens)
     prompt_given = request.prompt_tokens is not None
     prompt_tokens = DEFAULT_PROMPT_TOKENS if request.prompt_tokens is None else int(request.prompt_tokens)
-    problem = _check_counts(tokens, prompt_tokens, prompt_given, 3)
-    if problem:
-        return _fail(problem)
     window = request.hindsight
-    if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
-        return _fail(f"--hindsight must be a whole number of decode steps, at least 1, got {window!r}")
-    if window is not None and tokens - 1 - prompt_tokens < 1:
-        return _fail(f"--hindsight {window} reads the decode steps, and --tokens {tokens} leaves none after the "
-                     f"prompt of {prompt_tokens} (the last token is only a target): give more tokens")
+    problem = _check_counts(tokens, prompt_tokens, prompt_given, 3) or _check_hindsight(window, tokens, prompt_tokens)
+    if problem:
+        return problem
     budgets = sorted(set(request.budgets)) if request.budgets else default_budgets(tokens)
-    head_mode, cache_mode, backend = request.head_mode, request.cache_mode, request.backend
     if min(budgets) < 1 or max(budgets) > tokens - 1:
         given = "--budgets" if request.budgets else f"the default budgets (N/8, N/5 of --tokens {tokens})"
-        return _fail(f"{given} must be in [1, {tokens - 1}] (targets are max(budgets)..N-1), got {budgets}")
-    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
+        return f"{given} must be in [1, {tokens - 1}] (targets are max(budgets)..N-1), got {budgets}"
+    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path)], [("--plot", request.plot)],
+                        tokens)
     if isinstance(hf, str):
-        return _fail(hf)
-    if head_mode not in hf.HEAD_MODES:
-        return _fail(f"--head-mode must be one of {', '.join(hf.HEAD_MODES)}, got {head_mode!r}")
-    if cache_mode not in hf.CACHE_MODES:
-        return _fail(f"--cache-mode must be one of {', '.join(hf.CACHE_MODES)}, got {cache_mode!r}")
-    if request.attention not in hf.WRAPPED:
-        return _fail(f"--attention must be one of {', '.join(hf.WRAPPED)}, got {request.attention!r}")
+        return hf
+    problem = _check_modes(hf, request)
+    if problem:
+        return problem
     names = list(dict.fromkeys(request.policies))
     try:
         runs, notes = sweep(names, budgets, request.values)
-        policy_classes(backend)
+        policy_classes(request.backend)
     except ScissorhandsError as exc:
-        return _fail(str(exc))
-    if request.plot and not _has_matplotlib():
-        return _fail("--plot needs matplotlib: pip install 'scissorhands[plot]'")
-    hf.set_threads(request.threads)
+        return str(exc)
+    # The batch: each budget's configurations, then (with --hindsight) its hindsight one, by budget.
+    batch: list[Any] = []
+    for budget in budgets:
+        batch += [run for run in runs[1:] if run.budget == budget]
+        if window is not None:
+            batch.append(budget)
+    plan = _EvalPlan(hf, tokens, prompt_tokens, window, budgets, names, runs, notes, batch)
+    config = _checkpoint_config(request.model)
+    return plan if config is None else (_check_batch(plan, config, request) or plan)
 
-    progress = request.progress
-    loaded = _load_inputs(hf, request.text, request.model, tokens, progress, request.attention)
-    if isinstance(loaded, str):
-        return _fail(loaded)
-    source, model, _tokenizer, load_seconds, ids = loaded
-    first_target = max(budgets)
-    target_ids = np.array(ids[1:], dtype=np.int64)
 
-    steps = tokens - 1 - prompt_tokens + 1
+def _checkpoint_config(model: str | None) -> Any:
+    """The model's configuration when reading it costs nothing (a checkpoint
+    directory's ``config.json``), else None (a GGUF file: its configuration comes with
+    the model)."""
+    if model is None or not os.path.isfile(os.path.join(model, "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model)
+    except (OSError, ValueError):
+        return None  # the model load reports it
+
+
+def in_flag_names(message: str) -> str:
+    """A library message in the command line's terms: each option's name
+    (``recent_window``, ``pool``) as its flag (``--recent-window``, ``--pool``)."""
+    for option in OPTIONS:
+        message = re.sub(rf"\b{option.name}\b", option.flag, message)
+    return message
+
+
+def _check_batch(plan: _EvalPlan, config: Any, request: EvalRequest) -> str | None:
+    """Why the evicting configurations cannot run on a model of ``config`` (a pool that
+    does not divide a sequence's rows, ...), or None: the cache the batch will run is
+    built, holding nothing."""
+    configs = [plan.hf.PolicyConfig(run.policy, run.budget, run.options, request.backend)
+               for run in plan.batch if not isinstance(run, int)]
+    if not configs:
+        return None
+    try:
+        plan.hf.EvictingCache(config, configs=configs, head_mode=request.head_mode, cache_mode=request.cache_mode)
+    except ScissorhandsError as exc:
+        return in_flag_names(str(exc))
+    return None
+
+
+def _measure(plan: _EvalPlan, model: Any, ids: list[int], request: EvalRequest) -> tuple[list[dict[str, Any]], float]:
+    """The full cache alone, then the batch: each sequence's measurements (the full
+    cache's first) and the seconds the hindsight schedules took."""
+    from tqdm import tqdm
+
+    hf, window, prompt_tokens, backend = plan.hf, plan.window, plan.prompt_tokens, request.backend
+    steps = plan.tokens - 1 - prompt_tokens + 1
     scheduler = None
     if window is not None:
         from .hindsight import HindsightScheduler
 
         # The decode steps are positions prompt_tokens .. tokens - 2 (the last token is only a target).
-        scheduler = HindsightScheduler(budgets, int(window), prompt_tokens, tokens - 2)
-    # The batch: each budget's configurations, then (with --hindsight) its hindsight one, by budget.
-    plan: list[Any] = []
-    for budget in budgets:
-        plan += [run for run in runs[1:] if run.budget == budget]
-        if window is not None:
-            plan.append(budget)
-    batches = [runs[:1], plan] if plan else [runs[:1]]
-    bar = tqdm(total=steps * len(batches), disable=not progress, unit="step", file=sys.stderr)
+        scheduler = HindsightScheduler(plan.budgets, int(window), prompt_tokens, plan.tokens - 2)
+    batches = [plan.runs[:1], plan.batch] if plan.batch else [plan.runs[:1]]
+    bar = tqdm(total=steps * len(batches), disable=not request.progress, unit="step", file=sys.stderr)
     measured: list[dict[str, Any]] = []
     schedule_seconds = 0.0
     for index, batch in enumerate(batches):
@@ -536,8 +617,8 @@ def run_eval(request: EvalRequest) -> int:
             configs = [hf.HindsightConfig.of(schedules[item], backend) if isinstance(item, int)
                        else hf.PolicyConfig(item.policy, item.budget, item.options, backend) for item in batch]
             sink = {}
-        out = hf.evaluate_batch(model, ids, configs, prompt_tokens=prompt_tokens, head_mode=head_mode,
-                                cache_mode=cache_mode, progress=bar.update, **sink)
+        out = hf.evaluate_batch(model, ids, configs, prompt_tokens=prompt_tokens, head_mode=request.head_mode,
+                                cache_mode=request.cache_mode, progress=bar.update, **sink)
         wall = time.perf_counter() - start
         if index == 0 and scheduler is not None:
             schedule_seconds += out[0].get("tap_seconds", 0.0)
@@ -545,8 +626,18 @@ def run_eval(request: EvalRequest) -> int:
             one["wall_seconds"] = wall
         measured.extend(out)
     bar.close()
+    return measured, schedule_seconds
+
+
+def _eval_results(plan: _EvalPlan, measured: list[dict[str, Any]], schedule_seconds: float,
+                  ids: list[int]) -> list[dict[str, Any]]:
+    """One result row per configuration (the full cache's first), summarised over the
+    scored positions, with the perplexity ratio and the gap closed."""
+    first_target = max(plan.budgets)
+    target_ids = np.array(ids[1:], dtype=np.int64)
+    window = plan.window
     results: list[dict[str, Any]] = []
-    for item, result_measured in zip([runs[0], *plan], measured):
+    for item, result_measured in zip([plan.runs[0], *plan.batch], measured):
         if isinstance(item, int):
             result = {"policy": "hindsight", "budget": item, "hindsight_window": int(window or 0),
                       "label": f"W={window}"}
@@ -564,85 +655,148 @@ def run_eval(request: EvalRequest) -> int:
         result["perplexity_ratio_to_full"] = result["perplexity"] / full_ppl
         if result["policy"] != "full":
             result["gap_closed_percent"] = gap
+    return results
 
-    model_info = hf.model_info(model, request.model)
-    scored = tokens - first_target
+
+#: What the columns of the eval table mean (printed under it).
+_COLUMNS_EXPLANATION = (
+    "perplexity/agree/top-1 over the scored positions; KV held per layer and head after "
+    "each step; ms per decode step and sequence: policy calls (its own), cache bookkeeping "
+    "(GQA mean, reordering, slots) and model forward (the batch's, per sequence); ovh %: "
+    "policy + cache as a share of the forward; config: rw recent window in positions (and "
+    "the fraction of the budget it came from, when given as one), sinks, hw history "
+    "window, rate: evicting by votes per step held"
+)
+
+
+def _print_eval(plan: _EvalPlan, request: EvalRequest, results: list[dict[str, Any]], model_info: dict[str, Any],
+                load_seconds: float, notes: list[str]) -> None:
+    """The summary line, the table, what its columns mean and the notes, on stdout."""
+    tokens, window, first_target = plan.tokens, plan.window, max(plan.budgets)
     summary = (
-        f"{os.path.basename(model_info['path'])}: N={tokens} tokens (prompt {prompt_tokens}), "
-        f"scored on positions {first_target}..{tokens - 1} ({scored} tokens); "
-        f"head mode {head_mode}; cache mode {cache_mode}; backend {backend}; attention "
-        f"{request.attention}; {len(plan)} configurations in one batch; "
+        f"{os.path.basename(model_info['path'])}: N={tokens} tokens (prompt {plan.prompt_tokens}), "
+        f"scored on positions {first_target}..{tokens - 1} ({tokens - first_target} tokens); "
+        f"head mode {request.head_mode}; cache mode {request.cache_mode}; backend {request.backend}; attention "
+        f"{request.attention}; {len(plan.batch)} configurations in one batch; "
         + ("" if window is None else f"hindsight W={window}; ")
-        + f"torch threads {hf.environment()['torch_threads']}; model load {load_seconds:.1f} s"
+        + f"torch threads {plan.hf.environment()['torch_threads']}; model load {load_seconds:.1f} s"
     )
     print(summary)
     print(format_table(results))
-    print(
-        "perplexity/agree/top-1 over the scored positions; KV held per layer and head after "
-        "each step; ms per decode step and sequence: policy calls (its own), cache bookkeeping "
-        "(GQA mean, reordering, slots) and model forward (the batch's, per sequence); ovh %: "
-        "policy + cache as a share of the forward; config: rw recent window in positions (and "
-        "the fraction of the budget it came from, when given as one), sinks, hw history "
-        "window, rate: evicting by votes per step held"
-        + ("" if window is None else HINDSIGHT_EXPLANATION.format(window=window))
-    )
-    if window is not None:
-        notes = [*notes, (
-            f"hindsight W={window}: its schedule (every budget's) was computed from the full run's attention "
-            f"during and right after the full run, {1e3 * schedule_seconds / max(measured[0]['decode_steps'], 1):.3f} "
-            "ms per decode step, "
-            "left out of the full row's model ms; its policy ms is only the replay of the schedule")]
+    print(_COLUMNS_EXPLANATION + ("" if window is None else HINDSIGHT_EXPLANATION.format(window=window)))
     for note in notes:
         print(f"note: {note}")
 
-    if request.json_path:
-        document = {
-            "format": "scissorhands.eval",
-            "version": 1,
-            "config": {
-                "tokens": tokens,
-                "prompt_tokens": prompt_tokens,
-                "budgets": budgets,
-                "policies": names,
-                **_config_values(request),
-                "head_mode": head_mode,
-                "cache_mode": cache_mode,
-                "backend": backend,
-                "attention": request.attention,
-                "hindsight": window,
-                "scored_positions": [first_target, tokens - 1],
-                "scored_tokens": scored,
-                "text": {
-                    "source": source,
-                    "token_ids_sha256": hashlib.sha256(
-                        np.asarray(ids, dtype="<i8").tobytes()
-                    ).hexdigest(),
-                },
-                "model": model_info,
-                "environment": hf.environment(),
+
+def _eval_document(plan: _EvalPlan, request: EvalRequest, results: list[dict[str, Any]], model_info: dict[str, Any],
+                   source: str, ids: list[int], load_seconds: float, notes: list[str]) -> dict[str, Any]:
+    """The ``eval --json`` document (format ``scissorhands.eval``, version 1)."""
+    tokens, first_target = plan.tokens, max(plan.budgets)
+    return {
+        "format": "scissorhands.eval",
+        "version": 1,
+        "config": {
+            "tokens": tokens,
+            "prompt_tokens": plan.prompt_tokens,
+            "budgets": plan.budgets,
+            "policies": plan.names,
+            **_config_values(request),
+            "head_mode": request.head_mode,
+            "cache_mode": request.cache_mode,
+            "backend": request.backend,
+            "attention": request.attention,
+            "hindsight": plan.window,
+            "scored_positions": [first_target, tokens - 1],
+            "scored_tokens": tokens - first_target,
+            "text": {
+                "source": source,
+                "token_ids_sha256": hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest(),
             },
-            "model_load_seconds": load_seconds,
-            "notes": notes,
-            "results": results,
-        }
-        with open(request.json_path, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=2)
-            handle.write("\n")
+            "model": model_info,
+            "environment": plan.hf.environment(),
+        },
+        "model_load_seconds": load_seconds,
+        "notes": notes,
+        "results": results,
+    }
+
+
+def _write_json(path: str | os.PathLike[str], document: Mapping[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2)
+        handle.write("\n")
+
+
+def run_eval(request: EvalRequest) -> int:
+    """``python -m scissorhands eval``: perplexity and agreement per policy and budget.
+
+    Every argument (counts, budgets, policies and options, paths, matplotlib and the
+    format of a plot) is checked before the model loads; the configurations' fit to
+    the model (a ``pool`` dividing a sequence's rows) before it loads when the model is
+    a checkpoint directory, else right after, before any run.  The full cache runs
+    alone (it is the reference for agreement, and the only run holding every position);
+    every other configuration runs in one batch, each sequence with its own policy.
+    With ``hindsight``, the full run also computes every budget's hindsight schedule
+    from its attention, and the batch replays them (one more sequence per budget).
+    Prints the table (and the notes).
+
+    Returns the process exit status: 0, or 2 on a bad argument (message on stderr).
+    """
+    plan = _plan_eval(request)
+    if isinstance(plan, str):
+        return _fail(plan)
+    plan.hf.set_threads(request.threads)
+    loaded = _load_inputs(plan.hf, request.text, request.model, plan.tokens, request.progress, request.attention)
+    if isinstance(loaded, str):
+        return _fail(loaded)
+    source, model, _tokenizer, load_seconds, ids = loaded
+    problem = _check_batch(plan, model.config, request)
+    if problem:
+        return _fail(problem)
+    measured, schedule_seconds = _measure(plan, model, ids, request)
+    results = _eval_results(plan, measured, schedule_seconds, ids)
+    model_info = plan.hf.model_info(model, request.model)
+    notes = plan.notes
+    if plan.window is not None:
+        notes = [*notes, (
+            f"hindsight W={plan.window}: its schedule (every budget's) was computed from the full run's attention "
+            f"during and right after the full run, {1e3 * schedule_seconds / max(measured[0]['decode_steps'], 1):.3f} "
+            "ms per decode step, "
+            "left out of the full row's model ms; its policy ms is only the replay of the schedule")]
+    _print_eval(plan, request, results, model_info, load_seconds, notes)
+    if request.json_path:
+        _write_json(request.json_path,
+                    _eval_document(plan, request, results, model_info, source, ids, load_seconds, notes))
     if request.plot:
-        plot_results(
-            results,
-            request.plot,
-            title=f"N={tokens}, head mode {head_mode}, scored {first_target}..{tokens - 1}",
-        )
+        plot_results(results, request.plot, title=f"N={plan.tokens}, head mode {request.head_mode}, scored "
+                     f"{max(plan.budgets)}..{plan.tokens - 1}")
     return 0
 
 
-def _has_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _check_layers(layers: Sequence[int], count: int) -> str | None:
+    """Why ``--layers`` cannot be recorded from a model of ``count`` layers, or None."""
+    layers = [int(i) for i in layers]
+    if not layers or any(not 0 <= i < count for i in layers):
+        return f"--layers must be in [0, {count - 1}], got {layers}"
+    return None
+
+
+def _save_trace(out: str, weights: Any, layers: list[int], prompt_tokens: int, model_info: dict[str, Any],
+                source: str, ids: list[int], environment: dict[str, Any]) -> None:
+    """Write ``record``'s trace with its metadata (:func:`scissorhands.traces.save_recorded_trace`)."""
+    from .traces import save_recorded_trace
+
+    metadata = {
+        "model": model_info,
+        "text_source": source,
+        "token_ids": [int(i) for i in ids],
+        "head_reduction": "mean over the GQA group's query heads; the token's weight on itself "
+        "excluded; not renormalised",
+        "environment": environment,
+    }
+    # weights: float16 (len(layers), kv_heads, N (N - 1) / 2), step t at offset t (t - 1) / 2.
+    save_recorded_trace(out, weights, layers, prompt_tokens=prompt_tokens,
+                        model=os.path.basename(model_info["path"]), metadata=metadata)
 
 
 def run_record(request: RecordRequest) -> int:
@@ -656,17 +810,20 @@ def run_record(request: RecordRequest) -> int:
     """
     from tqdm import tqdm
 
-    from .traces import save_recorded_trace
-
     tokens = int(request.tokens)
     prompt_tokens = DEFAULT_PROMPT_TOKENS if request.prompt_tokens is None else int(request.prompt_tokens)
     if tokens < 2:
         return _fail(f"--tokens must be at least 2, got {tokens}")
     if prompt_tokens < 1:
         return _fail(f"--prompt-tokens must be at least 1, got {prompt_tokens}")
-    hf = _paths_then_hf(request.text, request.model, [("--out", request.out)])
+    hf = _paths_then_hf(request.text, request.model, [("--out", request.out)], tokens=tokens)
     if isinstance(hf, str):
         return _fail(hf)
+    config = _checkpoint_config(request.model)
+    if config is not None and request.layers is not None:  # the model's layers known before it loads
+        problem = _check_layers(request.layers, int(config.get_text_config(decoder=True).num_hidden_layers))
+        if problem:
+            return _fail(problem)
     hf.set_threads(request.threads)
     progress = request.progress
     loaded = _load_inputs(hf, request.text, request.model, tokens, progress, request.attention)
@@ -676,8 +833,9 @@ def run_record(request: RecordRequest) -> int:
     model_info = hf.model_info(model, request.model)
     layers = (list(range(model_info["layers"])) if request.layers is None
               else [int(i) for i in request.layers])
-    if not layers or any(not 0 <= i < model_info["layers"] for i in layers):
-        return _fail(f"--layers must be in [0, {model_info['layers'] - 1}], got {layers}")
+    problem = _check_layers(layers, model_info["layers"])
+    if problem:
+        return _fail(problem)
     bar = tqdm(total=tokens, disable=not progress, unit="token", desc="record", file=sys.stderr)
     start = time.perf_counter()
     weights = hf.record_attention(
@@ -685,23 +843,7 @@ def run_record(request: RecordRequest) -> int:
     )
     bar.close()
     seconds = time.perf_counter() - start
-    metadata = {
-        "model": model_info,
-        "text_source": source,
-        "token_ids": [int(i) for i in ids],
-        "head_reduction": "mean over the GQA group's query heads; the token's weight on itself "
-        "excluded; not renormalised",
-        "environment": hf.environment(),
-    }
-    # weights: float16 (len(layers), kv_heads, N (N - 1) / 2), step t at offset t (t - 1) / 2.
-    save_recorded_trace(
-        request.out,
-        weights,
-        layers,
-        prompt_tokens=min(prompt_tokens, tokens),
-        model=os.path.basename(model_info["path"]),
-        metadata=metadata,
-    )
+    _save_trace(request.out, weights, layers, min(prompt_tokens, tokens), model_info, source, ids, hf.environment())
     print(
         f"recorded {tokens} tokens x {len(layers)} layers x {model_info['kv_heads']} KV heads "
         f"in {seconds:.1f} s (model load {load_seconds:.1f} s) -> {request.out}"

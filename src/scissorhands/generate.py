@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .errors import ScissorhandsError
+from .evaluate import _checkpoint_config
 from .options import PolicyOptions, flag_text, make_policy, policy_spec
+from .paths import input_problem
 
 __all__ = ["GenerateRequest", "run_generate"]
 
@@ -45,8 +47,11 @@ class GenerateRequest:
     max_new_tokens : int
     sample : bool
         Sample (with ``temperature``, ``top_k``, ``top_p``, ``seed``) instead of greedy.
-    chat : bool
-        Wrap the prompt in the tokenizer's chat template as a user message.
+    chat : bool or None
+        Wrap the prompt in the tokenizer's chat template as a user message: True
+        (refused when the tokenizer has none), False (the prompt as written), or None,
+        the default: when the tokenizer has a chat template (an instruct model), as
+        transformers' ``chat`` command and llama.cpp's conversation mode do.
     prefill_chunk : int
         Prompt tokens per forward (transformers' ``prefill_chunk_size``).
     positions : {"original", "cache"}
@@ -66,7 +71,7 @@ class GenerateRequest:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
-    chat: bool = False
+    chat: bool | None = None
     prefill_chunk: int = 256
     positions: str = "original"
     model: str | None = None
@@ -76,8 +81,18 @@ class GenerateRequest:
     progress: bool = False
 
 
-def _fail(message: str) -> int:
-    print(f"scissorhands: error: {message}", file=sys.stderr)
+#: The program name every ``generate`` error is printed under (argparse's for the subcommand).
+PROG = "scissorhands generate"
+
+
+class _Refused(Exception):
+    """An argument ``generate`` cannot run with (its message names the flag)."""
+
+
+def _fail(message: str, usage: str | None = None) -> int:
+    if usage:
+        sys.stderr.write(usage if usage.endswith("\n") else usage + "\n")
+    print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -88,10 +103,16 @@ def _read_prompt(request: GenerateRequest, stdin: TextIO) -> str:
         return request.prompt
     if request.file is None or request.file == "-":
         return stdin.read()
-    if not os.path.isfile(request.file):
-        raise ScissorhandsError(f"--file {request.file}: no such file")
-    with open(request.file, encoding="utf-8") as handle:
-        return handle.read()
+    problem = input_problem("--file", request.file)
+    if problem:
+        raise ScissorhandsError(problem)
+    try:
+        with open(request.file, encoding="utf-8") as handle:
+            return handle.read()
+    except UnicodeDecodeError as exc:
+        raise ScissorhandsError(f"--file {request.file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ScissorhandsError(f"--file {request.file}: cannot be read ({exc.strerror or exc})") from None
 
 
 def _bytes(n: float) -> str:
@@ -108,68 +129,116 @@ def peak_rss_bytes() -> int:
     return int(peak) * (1 if sys.platform == "darwin" else 1024)
 
 
-def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    """``python -m scissorhands generate``. Every argument is checked before the model
-    loads. Returns the process exit status: 0, or 2 on a bad argument."""
-    stdin = sys.stdin if stdin is None else stdin
-    stream = sys.stdout if stdout is None else stdout
+def _check_options(request: GenerateRequest) -> PolicyOptions:
+    """The policy's options, checked by building the policy (a pool named by scope as
+    one row, since the model's rows are not known yet), in the flags' names."""
+    spec = policy_spec(request.policy)
+    values = {k: v for k, v in request.values.items() if v is not None}
+    unknown = [k for k in values if not spec.takes(k)]
+    if unknown:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        raise ScissorhandsError(f"{request.policy} takes no {flags}")
+    options = PolicyOptions(**values)
+    pool = options.pool
     try:
-        spec = policy_spec(request.policy)
-        values = {k: v for k, v in request.values.items() if v is not None}
-        unknown = [k for k in values if not spec.takes(k)]
-        if unknown:
-            flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
-            raise ScissorhandsError(f"{request.policy} takes no {flags}")
-        options = PolicyOptions(**values)
-        try:
-            make_policy(request.policy, request.budget, options, backend=request.backend)
-        except ScissorhandsError as exc:  # the constructor's message, in the flags' names
-            raise ScissorhandsError(f"{flag_text(exc)} (--budget {request.budget})") from None
-        prompt = _read_prompt(request, stdin)
-    except ScissorhandsError as exc:
-        return _fail(str(exc))
-    if not prompt.strip():
-        return _fail("the prompt is empty")
+        make_policy(request.policy, request.budget, options, backend=request.backend,
+                    heads=pool if isinstance(pool, int) and pool > 1 else 1, pools={"layer": 1, "model": 1})
+    except ScissorhandsError as exc:  # the constructor's message, in the flags' names
+        raise ScissorhandsError(f"{flag_text(exc)} (--budget {request.budget})") from None
+    return options
+
+
+def _check_sampling(request: GenerateRequest) -> str | None:
+    """Why the decoding flags cannot work, or None."""
     if request.max_new_tokens < 1:
-        return _fail(f"--max-new-tokens must be at least 1, got {request.max_new_tokens}")
+        return f"--max-new-tokens must be at least 1, got {request.max_new_tokens}"
     if request.prefill_chunk < 1:
-        return _fail(f"--prefill-chunk must be at least 1, got {request.prefill_chunk}")
+        return f"--prefill-chunk must be at least 1, got {request.prefill_chunk}"
     sampling = {"--temperature": request.temperature, "--top-k": request.top_k, "--top-p": request.top_p}
     given = [flag for flag, value in sampling.items() if value is not None]
     if given and not request.sample:
-        return _fail(f"{', '.join(given)} needs --sample (without it decoding is greedy)")
+        return f"{', '.join(given)} needs --sample (without it decoding is greedy)"
     if request.temperature is not None and not (math.isfinite(request.temperature) and request.temperature > 0):
-        return _fail(f"--temperature must be a positive number, got {request.temperature}")
+        return f"--temperature must be a positive number, got {request.temperature}"
     if request.top_k is not None and request.top_k < 1:
-        return _fail(f"--top-k must be at least 1, got {request.top_k}")
+        return f"--top-k must be at least 1, got {request.top_k}"
     if request.top_p is not None and not 0 < request.top_p <= 1:
-        return _fail(f"--top-p must be in (0, 1], got {request.top_p}")
+        return f"--top-p must be in (0, 1], got {request.top_p}"
+    return None
+
+
+def _check_request(request: GenerateRequest, stdin: TextIO) -> tuple[Any, PolicyOptions, str]:
+    """Every argument checked before the model loads: ``(hf, options, prompt)``.
+
+    Raises
+    ------
+    _Refused
+        The first problem, naming its flag.
+    """
+    try:
+        options = _check_options(request)
+        prompt = _read_prompt(request, stdin)
+    except ScissorhandsError as exc:
+        raise _Refused(str(exc)) from None
+    if not prompt.strip():
+        raise _Refused("the prompt is empty")
+    problem = _check_sampling(request)
+    if problem:
+        raise _Refused(problem)
     if request.model is not None and not os.path.exists(request.model):
-        return _fail(f"--model {request.model}: no such file or directory")
+        raise _Refused(f"--model {request.model}: no such file or directory")
     try:
         from . import hf
     except ImportError as exc:
-        return _fail(f"generate needs torch and the [hf] extra (see the README): {exc}")
+        raise _Refused(f"generate needs torch and the [hf] extra (see the README): {exc}") from None
     if request.positions not in hf.POSITION_MODES:
-        return _fail(f"--positions must be one of {', '.join(hf.POSITION_MODES)}, got {request.positions!r}")
-    import torch
-    from transformers import TextStreamer
+        raise _Refused(f"--positions must be one of {', '.join(hf.POSITION_MODES)}, got {request.positions!r}")
+    config = _checkpoint_config(request.model)
+    if config is not None:  # the model's rows known before it loads: the cache checked whole
+        _build_cache(hf, config, request, options)
+    elif request.positions == "cache" and hf.PolicyConfig(request.policy, request.budget, options).pooled:
+        _build_cache(hf, None, request, options)  # refused before the model is read
+    return hf, options, prompt
 
-    hf.set_threads(request.threads)
+
+def _build_cache(hf: Any, target: Any, request: GenerateRequest, options: PolicyOptions) -> Any:
+    """The evicting cache for ``target`` (a model, or a model's configuration).
+
+    Raises
+    ------
+    _Refused
+        The cache refuses the configuration for this model (a pool that does not divide
+        its rows, ``--positions cache`` with a pool, ...).
+    """
+    kwargs = dict(backend=request.backend, positions=request.positions)
     try:
-        model, tokenizer = hf.load_model(request.model, progress=request.progress,
-                                         attn_implementation=request.attention)
-    except (ScissorhandsError, OSError) as exc:
-        return _fail(str(exc))
-    if request.chat:
-        if getattr(tokenizer, "chat_template", None) is None:
-            return _fail("--chat: the tokenizer has no chat template")
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)
-    else:
-        inputs = tokenizer(prompt, return_tensors="pt")
-    cache = hf.EvictingCache.from_model(model, request.policy, request.budget, options, backend=request.backend,
-                                        positions=request.positions)
+        if hasattr(target, "generate"):
+            return hf.EvictingCache.from_model(target, request.policy, request.budget, options, **kwargs)
+        return hf.EvictingCache(target, request.policy, request.budget, options, **kwargs)
+    except ScissorhandsError as exc:
+        raise _Refused(flag_text(exc)) from None
+
+
+def _uses_chat(request: GenerateRequest, tokenizer: Any) -> bool:
+    """Whether the prompt goes through the chat template: ``chat`` True (refused
+    without a template), False, or None: when the tokenizer has one, as an instruct
+    model's command line does (transformers' ``chat`` command, llama.cpp's conversation
+    mode)."""
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if request.chat and not has_template:
+        raise _Refused("--chat: the tokenizer has no chat template")
+    return has_template if request.chat is None else bool(request.chat)
+
+
+def _inputs(tokenizer: Any, prompt: str, chat: bool) -> Any:
+    if chat:
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             return_tensors="pt", return_dict=True)
+    return tokenizer(prompt, return_tensors="pt")
+
+
+def _generate_kwargs(request: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
+    """The keywords of ``model.generate`` besides the inputs, the cache and the streamer."""
     kwargs: dict[str, Any] = {"max_new_tokens": request.max_new_tokens, "do_sample": request.sample,
                               "prefill_chunk_size": request.prefill_chunk,
                               "pad_token_id": tokenizer.pad_token_id or tokenizer.eos_token_id}
@@ -177,10 +246,13 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
         for name in ("temperature", "top_k", "top_p"):
             if getattr(request, name) is not None:
                 kwargs[name] = getattr(request, name)
-    if request.seed is not None:
-        torch.manual_seed(request.seed)
+    return kwargs
 
-    first_token: list[float] = []
+
+def _streamer(tokenizer: Any, stream: TextIO, first_token: list[float]) -> Any:
+    """A ``TextStreamer`` writing to ``stream`` as text arrives, noting in
+    ``first_token`` when the first generated token came."""
+    from transformers import TextStreamer
 
     class _Streamer(TextStreamer):  # to the stream given, flushed as text arrives
         def put(self, value: Any) -> None:
@@ -192,27 +264,99 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
             stream.write(text + ("\n" if stream_end else ""))
             stream.flush()
 
+    return _Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+
+
+def _prompt_progress(model: Any, prompt_tokens: int, chunk: int, show: bool) -> tuple[Any, Any]:
+    """A progress bar over the prompt's chunks, counted as the model's forwards receive
+    them (a forward pre-hook, PyTorch's own extension point): ``(bar, hook)``, both
+    None when the prompt fits one chunk or ``show`` is off.  The bar redraws at every
+    chunk (``miniters=1``: tqdm's adaptive count would skip a last, shorter chunk and
+    leave the bar short of the prompt's length)."""
+    if not show or prompt_tokens <= chunk:
+        return None, None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=prompt_tokens, desc="prompt", unit="tok", leave=False, file=sys.stderr, mininterval=0,
+               miniters=1)
+
+    def _count(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and bar.n < prompt_tokens:
+            bar.update(min(int(ids.shape[-1]), prompt_tokens - bar.n))
+            if bar.n >= prompt_tokens:
+                bar.close()
+
+    return bar, model.register_forward_pre_hook(_count, with_kwargs=True)
+
+
+def _summary(cache: Any, new: int, prompt_tokens: int, start: float, end: float, first_token: list[float]) -> str:
+    """The summary line: tokens, time to the first and rate after it, KV held, peak RSS."""
+    first = (first_token[0] if first_token else end) - start
+    rate = f"{(new - 1) / (end - start - first):.1f} tokens/s" if new > 1 and end - start > first else "-"
+    seen = cache.get_seq_length()
+    held = int(cache.held_counts().max(initial=0))
+    held_bytes, full_bytes = cache.kv_bytes(held), cache.kv_bytes(seen)
+    return (f"{new} tokens in {end - start:.1f} s: the first after {first:.2f} s (prompt of {prompt_tokens} "
+            f"tokens), then {rate}; KV held: {held} of {seen} positions per layer and KV head, "
+            f"{_bytes(held_bytes)} against a full cache's {_bytes(full_bytes)}; peak RSS "
+            f"{_bytes(peak_rss_bytes())}")
+
+
+def _nothing_came(tokenizer: Any, generated: Any, chat: bool) -> str | None:
+    """Why the streamed text is empty, when it is (every token generated a special
+    one, such as the end of a turn), with what to pass; else None."""
+    ids = [int(i) for i in generated]
+    if tokenizer.decode(ids, skip_special_tokens=True).strip():
+        return None
+    shown = tokenizer.decode(ids[:3], skip_special_tokens=False)
+    advice = ("the model ended its chat turn at once; try another prompt, or --no-chat to continue the text "
+              "as written" if chat else "a raw prompt to an instruct model is often answered by an end of "
+              "turn; drop --no-chat (or pass --chat) to send it as a chat message")
+    return f"note: no text came: the model generated only special tokens ({shown!r}): {advice}"
+
+
+def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: TextIO | None = None,
+                 usage: str | None = None) -> int:
+    """``python -m scissorhands generate``. Every argument is checked before the model
+    loads (and, for a checkpoint directory, the cache against its configuration).
+    Every error is one line under :data:`PROG` (after ``usage``, the command's usage,
+    when given). Returns the process exit status: 0, or 2 on a bad argument."""
+    stdin = sys.stdin if stdin is None else stdin
+    stream = sys.stdout if stdout is None else stdout
+    try:
+        hf, options, prompt = _check_request(request, stdin)
+        hf.set_threads(request.threads)
+        try:
+            model, tokenizer = hf.load_model(request.model, progress=request.progress,
+                                             attn_implementation=request.attention)
+        except (ScissorhandsError, OSError) as exc:
+            raise _Refused(str(exc)) from None
+        chat = _uses_chat(request, tokenizer)
+        cache = _build_cache(hf, model, request, options)
+        return _generate(request, model, tokenizer, cache, _inputs(tokenizer, prompt, chat), chat, stream)
+    except _Refused as exc:
+        return _fail(str(exc), usage)
+    except ScissorhandsError as exc:  # refused by the cache while generating
+        return _fail(str(exc), usage)
+
+
+def _generate(request: GenerateRequest, model: Any, tokenizer: Any, cache: Any, inputs: Any, chat: bool,
+              stream: TextIO) -> int:
+    """Stream the answer to ``stream``, then the summary line (and why nothing came,
+    when nothing did) to stderr."""
+    import torch
+
+    kwargs = _generate_kwargs(request, tokenizer)
+    if request.seed is not None:
+        torch.manual_seed(request.seed)
+    first_token: list[float] = []
     prompt_tokens = int(inputs["input_ids"].shape[1])
-    bar, hook = None, None
-    if request.progress and prompt_tokens > request.prefill_chunk:
-        # The prompt's chunks, counted as the model's forwards receive them (a forward
-        # pre-hook, PyTorch's own extension point), so that a long prompt shows progress.
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=prompt_tokens, desc="prompt", unit="tok", leave=False, file=sys.stderr, mininterval=0)
-
-        def _count(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if bar is not None and ids is not None and bar.n < prompt_tokens:
-                bar.update(min(int(ids.shape[-1]), prompt_tokens - bar.n))
-                if bar.n >= prompt_tokens:
-                    bar.close()
-
-        hook = model.register_forward_pre_hook(_count, with_kwargs=True)
+    bar, hook = _prompt_progress(model, prompt_tokens, request.prefill_chunk, request.progress)
     start = time.perf_counter()
     try:
         with torch.no_grad():
-            streamer = _Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+            streamer = _streamer(tokenizer, stream, first_token)
             out = model.generate(**inputs, cache=cache, streamer=streamer, **kwargs)
     finally:
         if hook is not None:
@@ -221,13 +365,8 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
             bar.close()
     end = time.perf_counter()
     new = int(out.shape[1]) - prompt_tokens
-    first = (first_token[0] if first_token else end) - start
-    rate = f"{(new - 1) / (end - start - first):.1f} tokens/s" if new > 1 and end - start > first else "-"
-    seen = cache.get_seq_length()
-    held = int(cache.held_counts().max(initial=0))
-    held_bytes, full_bytes = cache.kv_bytes(held), cache.kv_bytes(seen)
-    print(f"{new} tokens in {end - start:.1f} s: the first after {first:.2f} s (prompt of {prompt_tokens} "
-          f"tokens), then {rate}; KV held: {held} of {seen} positions per layer and KV head, "
-          f"{_bytes(held_bytes)} against a full cache's {_bytes(full_bytes)}; peak RSS "
-          f"{_bytes(peak_rss_bytes())}", file=sys.stderr)
+    print(_summary(cache, new, prompt_tokens, start, end, first_token), file=sys.stderr)
+    note = _nothing_came(tokenizer, out[0, prompt_tokens:], chat) if new >= 1 else None
+    if note:
+        print(note, file=sys.stderr)
     return 0

@@ -239,13 +239,46 @@ def replay(
         raise HarnessError(f"budget must be a positive integer or None, got {budget!r}")
     prepared = prepare(trace)
     label = name if name is not None else _policy_name(policy)
-    n_pos = prepared.num_positions
-    steps = prepared.steps
 
     kept_count = getattr(policy, "kept_count", None)
     if callable(kept_count) and kept_count() != 1:
         raise HarnessError(f"{label}: the policy must start fresh, holding position 0 only")
 
+    tally, order = _replay_steps(policy, prepared, budget, label, progress)
+    mass_total, heavy_hits, heavy_possible, policy_seconds, eviction_calls = tally
+    n = len(order)
+    kept = getattr(policy, "kept", None)
+    if kept is not None and not callable(kept) and not np.array_equal(np.asarray(kept).ravel(), order):
+        raise HarnessError(
+            f"{label}: after the replay the policy holds {np.asarray(kept).size} positions "
+            f"that differ from the {n} its evictions leave"
+        )
+
+    steps = prepared.steps
+    return ReplayResult(
+        policy=label,
+        budget=None if budget is None else int(budget),
+        retained_mass=round6(mass_total / steps),
+        heavy_hitter_recall=round6(heavy_hits / heavy_possible),
+        eviction_calls=eviction_calls,
+        steps=steps,
+        policy_seconds=policy_seconds,
+        trace=prepared.name,
+    )
+
+
+def _replay_steps(
+    policy: Any,
+    prepared: PreparedTrace,
+    budget: int | None,
+    label: str,
+    progress: Callable[[int], object] | None,
+) -> tuple[tuple[float, int, int, float, int], npt.NDArray[np.intp]]:
+    """Every decode step of ``prepared`` through ``policy``, measured before the policy
+    acts: ``((mass, heavy hits, heavy possible, policy seconds, eviction calls), held
+    positions ascending)``."""
+    n_pos = prepared.num_positions
+    steps = prepared.steps
     held = bytearray(n_pos)  # held[p] == 1: position p is in the cache
     held_np = np.frombuffer(held, dtype=np.bool_)  # the same memory, for fancy indexing
     order = np.empty(n_pos, dtype=np.intp)  # order[:n]: held positions, ascending
@@ -291,24 +324,7 @@ def replay(
             reported = t
     if progress is not None and steps > reported:
         progress(steps - reported)
-
-    kept = getattr(policy, "kept", None)
-    if kept is not None and not callable(kept) and not np.array_equal(np.asarray(kept).ravel(), order[:n]):
-        raise HarnessError(
-            f"{label}: after the replay the policy holds {np.asarray(kept).size} positions "
-            f"that differ from the {n} its evictions leave"
-        )
-
-    return ReplayResult(
-        policy=label,
-        budget=None if budget is None else int(budget),
-        retained_mass=round6(mass_total / steps),
-        heavy_hitter_recall=round6(heavy_hits / heavy_possible),
-        eviction_calls=eviction_calls,
-        steps=steps,
-        policy_seconds=policy_seconds,
-        trace=prepared.name,
-    )
+    return (mass_total, heavy_hits, heavy_possible, policy_seconds, eviction_calls), order[:n]
 
 
 def _remove_victims(

@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from .errors import ScissorhandsError
-from .evaluate import _fail, _paths_then_hf, read_text, tokenize_prefix
+from .evaluate import (
+    _checkpoint_config,
+    _fail,
+    _paths_then_hf,
+    in_flag_names,
+    read_text,
+    tokenize_prefix,
+)
 from .generate import peak_rss_bytes
 from .options import config_label, sweep
 
@@ -67,40 +74,51 @@ def _trained_context(model: Any) -> int:
     return int(getattr(config, "max_position_embeddings", 0) or 0)
 
 
-def run_longctx(request: LongContextRequest) -> int:
-    """Run the configurations, print the table, write the JSON/plot. Every argument is
-    checked before the model loads. Returns 0, or 2 on a bad argument."""
-    from tqdm import tqdm
-
+def _check_longctx(request: LongContextRequest) -> tuple[Any, list[int], list[Any], list[str]] | str:
+    """Every argument checked before the model loads: ``(hf, lengths, runs, notes)``,
+    or the message of the first problem."""
     lengths = sorted({int(n) for n in request.lengths})
-    window, chunk = int(request.window), int(request.chunk)
+    window = int(request.window)
     if window < 2:
-        return _fail(f"--window must be at least 2, got {window}")
+        return f"--window must be at least 2, got {window}"
     if not lengths or lengths[0] <= window:
-        return _fail(f"--lengths must exceed the window ({window}), got {lengths}")
+        return f"--lengths must exceed the window ({window}), got {lengths}"
     try:
         runs, notes = sweep(request.policies, request.budgets, request.values, by="policy")
     except ScissorhandsError as exc:
-        return _fail(str(exc))
+        return str(exc)
     if not runs:
-        return _fail("no configuration to run: " + "; ".join(notes))
-    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path), ("--plot", request.plot)])
+        return "no configuration to run: " + "; ".join(notes)
+    hf = _paths_then_hf(request.text, request.model, [("--json", request.json_path)], [("--plot", request.plot)],
+                        lengths[-1])
     if isinstance(hf, str):
-        return _fail(hf)
+        return hf
     for mode in request.positions:
         if mode not in hf.POSITION_MODES:
-            return _fail(f"--positions must be among {', '.join(hf.POSITION_MODES)}, got {mode!r}")
-    hf.set_threads(request.threads)
-    try:
-        text, source = read_text(request.text)
-        start = time.perf_counter()
-        model, tokenizer = hf.load_model(request.model, progress=request.progress,
-                                         attn_implementation=request.attention)
-        load_seconds = time.perf_counter() - start
-        ids = tokenize_prefix(tokenizer, text, lengths[-1])
-    except (ScissorhandsError, OSError) as exc:
-        return _fail(str(exc))
-    trained = _trained_context(model)
+            return f"--positions must be among {', '.join(hf.POSITION_MODES)}, got {mode!r}"
+    config = _checkpoint_config(request.model)
+    problem = None if config is None else _check_caches(hf, config, runs, request)
+    return problem or (hf, lengths, runs, notes)
+
+
+def _check_caches(hf: Any, config: Any, runs: list[Any], request: LongContextRequest) -> str | None:
+    """Why an evicting configuration cannot run on a model of ``config`` in one of the
+    position modes (a pool that does not divide its rows, a pool with ``cache``
+    positions), or None: each cache is built, holding nothing."""
+    for run in runs:
+        for mode in ([] if run.policy == "full" else dict.fromkeys(request.positions)):
+            try:
+                hf.EvictingCache(config, run.policy, run.budget, run.options, backend=request.backend,
+                                 positions=mode)
+            except ScissorhandsError as exc:
+                return in_flag_names(str(exc))
+    return None
+
+
+def _plan_lengths(runs: list[Any], request: LongContextRequest, lengths: list[int], trained: int,
+                  notes: list[str]) -> list[tuple[Any, str, list[int]]]:
+    """``(run, position mode, lengths)`` per run: the full cache once, at the lengths
+    within the trained context (a note when none is), each policy in every mode."""
     plan = []
     for run in runs:
         for mode in (["original"] if run.policy == "full" else list(dict.fromkeys(request.positions))):
@@ -109,6 +127,15 @@ def run_longctx(request: LongContextRequest) -> int:
                 plan.append((run, mode, usable))
             else:
                 notes.append(f"skipped the full cache: every length exceeds the trained context ({trained})")
+    return plan
+
+
+def _measure_lengths(hf: Any, model: Any, ids: list[int], plan: list[tuple[Any, str, list[int]]],
+                     request: LongContextRequest) -> list[dict[str, Any]]:
+    """Each planned run's rows (:func:`scissorhands.hf.long_context_run`), with its
+    label, position mode, seconds and the peak resident memory after it."""
+    from tqdm import tqdm
+
     total = sum(usable[-1] for _, _, usable in plan)
     bar = tqdm(total=total, disable=not request.progress, unit="token", file=sys.stderr)
     results = []
@@ -117,11 +144,38 @@ def run_longctx(request: LongContextRequest) -> int:
         bar.set_description(f"{run.policy}@{run.budget} {mode}" if run.budget else run.policy)
         started = time.perf_counter()
         rows = hf.long_context_run(model, ids, usable, policy=run.policy, budget=run.budget, options=run.options,
-                                   positions=mode, window=window, chunk=chunk, backend=request.backend,
-                                   progress=bar.update)
+                                   positions=mode, window=int(request.window), chunk=int(request.chunk),
+                                   backend=request.backend, progress=bar.update)
         results.append({**run.as_dict(), "label": label, "positions": mode, "rows": rows,
                         "seconds": time.perf_counter() - started, "peak_rss_bytes": peak_rss_bytes()})
     bar.close()
+    return results
+
+
+def run_longctx(request: LongContextRequest) -> int:
+    """Run the configurations, print the table, write the JSON/plot. Every argument is
+    checked before the model loads. Returns 0, or 2 on a bad argument."""
+    checked = _check_longctx(request)
+    if isinstance(checked, str):
+        return _fail(checked)
+    hf, lengths, runs, notes = checked
+    window, chunk = int(request.window), int(request.chunk)
+    hf.set_threads(request.threads)
+    try:
+        text, source = read_text(request.text)
+        start = time.perf_counter()
+        model, tokenizer = hf.load_model(request.model, progress=request.progress,
+                                         attn_implementation=request.attention)
+        load_seconds = time.perf_counter() - start
+        ids = tokenize_prefix(tokenizer, text, lengths[-1])
+    except (ScissorhandsError, OSError, ValueError) as exc:
+        return _fail(str(exc))
+    problem = _check_caches(hf, model.config, runs, request)
+    if problem:  # before any part runs
+        return _fail(problem)
+    trained = _trained_context(model)
+    plan = _plan_lengths(runs, request, lengths, trained, notes)
+    results = _measure_lengths(hf, model, ids, plan, request)
     document: dict[str, Any] = {
         "format": "scissorhands.longctx",
         "version": 1,
@@ -136,18 +190,26 @@ def run_longctx(request: LongContextRequest) -> int:
         "notes": notes,
         "results": results,
     }
-    from .report import format_longctx, plot_longctx
-
-    print(f"{os.path.basename(document['config']['model']['path'])}: windows of {window} decoded tokens "
-          f"ending at each length, prompt chunks of {chunk}; attention {request.attention}; trained "
-          f"context {trained}; torch threads {document['config']['environment']['torch_threads']}")
-    print(format_longctx([document]))
-    for note in notes:
-        print(f"note: {note}")
+    _print_longctx(document, request)
     if request.json_path:
         with open(request.json_path, "w", encoding="utf-8") as handle:
             json.dump(document, handle, indent=2)
             handle.write("\n")
     if request.plot:
+        from .report import plot_longctx
+
         plot_longctx([document], request.plot)
     return 0
+
+
+def _print_longctx(document: dict[str, Any], request: LongContextRequest) -> None:
+    """The setup line, the table and the notes, on stdout."""
+    from .report import format_longctx
+
+    config = document["config"]
+    print(f"{os.path.basename(config['model']['path'])}: windows of {config['window']} decoded tokens "
+          f"ending at each length, prompt chunks of {config['chunk']}; attention {request.attention}; trained "
+          f"context {config['trained_context']}; torch threads {config['environment']['torch_threads']}")
+    print(format_longctx([document]))
+    for note in document["notes"]:
+        print(f"note: {note}")

@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import itertools
 import numbers
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -452,9 +453,9 @@ class DefaultRefusedError(InvalidInputError):
 
 
 def _flags(message: str) -> str:
-    """``message`` with each option named by its flag."""
+    """``message`` with each option named by its flag (whole words only)."""
     for option in OPTIONS:
-        message = message.replace(option.name, option.flag)
+        message = re.sub(rf"\b{option.name}\b", option.flag, message)
     return message
 
 

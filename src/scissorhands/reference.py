@@ -629,6 +629,11 @@ class _Policy:
         if len(rows) % self.pool:
             raise InvalidInputError(f"index must hold a multiple of pool={self.pool} rows (pools are "
                                     f"consecutive rows), got {len(rows)}")
+        p = self.pool
+        for at in range(0, len(rows), p):
+            if rows[at] % p or rows[at:at + p] != list(range(rows[at], rows[at] + p)):
+                raise InvalidInputError(f"index must take each pool of {p} rows whole and in order (rows "
+                                        f"p*{p} .. p*{p}+{p - 1}), got {rows[at:at + p]} at {at}")
         kept = [list(self._kept[r]) for r in rows]
         scores = [list(self._scores[r]) for r in rows] if self._score_key is not None else []
         history = None if self._history is None else [list(self._history[r]) for r in rows]

@@ -19,6 +19,7 @@ from typing import Any
 
 from .harness import ReplayResult, prepare, replay, round6
 from .options import POLICY_NAMES, SPECS, Run, policy_classes, setting, shown_values, sweep
+from .paths import check_inputs_and_outputs
 from .traces import decode_trace, load_recorded_trace
 
 __all__ = ["DEFAULT_BUDGETS", "run_replay"]
@@ -46,6 +47,59 @@ class _Config:
     def params(self) -> dict[str, Any]:
         """The values the table names (the first option, then those set)."""
         return shown_values(self.run.policy, self.run.values) if self.run.values else {}
+
+
+def _load_streams(trace: str | os.PathLike[str] | None,
+                  budgets: Sequence[int] | None) -> tuple[list[Any], list[int], str, dict[str, Any]]:
+    """The trace's streams, the budgets (the given ones, or the trace's defaults), the
+    table's header and the JSON's description of the trace."""
+    if not trace:
+        canonical = decode_trace()
+        header = f"{canonical.name} (seed {canonical.seed}): {canonical.steps} decode steps"
+        trace_info: dict[str, Any] = {
+            "name": canonical.name, "kind": "synthetic", "seed": canonical.seed,
+            "num_positions": canonical.num_positions, "steps": canonical.steps, "streams": 1,
+        }
+        return [canonical], list(budgets or DEFAULT_BUDGETS), header, trace_info
+    recorded_trace = load_recorded_trace(trace)
+    streams = list(recorded_trace)
+    n = recorded_trace.num_positions
+    layers = sorted({int(x) for x in recorded_trace.layers})
+    heads = sorted({int(x) for x in recorded_trace.heads})
+    header = (
+        f"{recorded_trace.name}: {len(streams)} streams (layers {_ranges(layers)}, KV heads "
+        f"{_ranges(heads)}), {recorded_trace.steps} decode steps, "
+        f"model {recorded_trace.model or '?'}"
+    )
+    trace_info = {
+        "name": recorded_trace.name, "kind": "recorded", "path": str(trace),
+        "model": recorded_trace.model, "num_positions": n, "steps": recorded_trace.steps,
+        "prompt_tokens": recorded_trace.prompt_tokens, "streams": len(streams),
+    }
+    return streams, list(budgets or sorted({max(1, n // 8), max(1, n // 4), max(1, n // 2)})), header, trace_info
+
+
+def _replay_all(configs: list[_Config], streams: list[Any], registry: Mapping[str, type], steps: int,
+                progress: bool) -> float:
+    """Every configuration over every stream (each stream prepared once), the results
+    appended to each configuration; returns the seconds it took."""
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    total = len(configs) * len(streams) * steps
+    with tqdm(
+        total=total, unit="step", unit_scale=True, desc="replay", file=sys.stderr,
+        disable=True if not progress else None, leave=False,
+    ) as bar:
+        for stream in streams:
+            prepared = prepare(stream)
+            for config in configs:
+                policy = registry[config.policy](budget=config.budget, **config.run.values)
+                result = replay(policy, prepared, config.budget, name=config.policy,
+                                progress=bar.update)
+                config.results.append(result)
+            del prepared
+    return time.perf_counter() - started
 
 
 def run_replay(
@@ -88,62 +142,20 @@ def run_replay(
     Raises
     ------
     ScissorhandsError
-        A configuration a policy refuses (naming it) or a trace that cannot be read;
+        A path that cannot be read or written (the trace, the JSON, the plot), a
+        configuration a policy refuses (naming it) or a trace that cannot be read;
         raised before any replay.
     """
+    check_inputs_and_outputs(inputs=[("--trace", trace)], outputs=[("--json", json_path)], plots=[("--plot", plot)])
     registry = policy_classes(backend)
-
-    streams: list[Any]
-    if trace:
-        recorded_trace = load_recorded_trace(trace)
-        streams = list(recorded_trace)
-        n = recorded_trace.num_positions
-        budgets = budgets or sorted({max(1, n // 8), max(1, n // 4), max(1, n // 2)})
-        layers = sorted({int(x) for x in recorded_trace.layers})
-        heads = sorted({int(x) for x in recorded_trace.heads})
-        header = (
-            f"{recorded_trace.name}: {len(streams)} streams (layers {_ranges(layers)}, KV heads "
-            f"{_ranges(heads)}), {recorded_trace.steps} decode steps, "
-            f"model {recorded_trace.model or '?'}"
-        )
-        trace_info: dict[str, Any] = {
-            "name": recorded_trace.name, "kind": "recorded", "path": str(trace),
-            "model": recorded_trace.model, "num_positions": n, "steps": recorded_trace.steps,
-            "prompt_tokens": recorded_trace.prompt_tokens, "streams": len(streams),
-        }
-    else:
-        canonical = decode_trace()
-        streams = [canonical]
-        budgets = budgets or list(DEFAULT_BUDGETS)
-        header = f"{canonical.name} (seed {canonical.seed}): {canonical.steps} decode steps"
-        trace_info = {
-            "name": canonical.name, "kind": "synthetic", "seed": canonical.seed,
-            "num_positions": canonical.num_positions, "steps": canonical.steps, "streams": 1,
-        }
+    streams, budgets, header, trace_info = _load_streams(trace, budgets)
     budgets = list(dict.fromkeys(budgets))
     header += f", {backend} backend"
 
     # Every configuration is checked (strict) before any replay.
     runs, _ = sweep(policies, budgets, values or {}, by="policy", strict=True)
     configs = [_Config(run) for run in runs]
-
-    from tqdm import tqdm
-
-    started = time.perf_counter()
-    total = len(configs) * len(streams) * trace_info["steps"]
-    with tqdm(
-        total=total, unit="step", unit_scale=True, desc="replay", file=sys.stderr,
-        disable=True if not progress else None, leave=False,
-    ) as bar:
-        for stream in streams:
-            prepared = prepare(stream)
-            for config in configs:
-                policy = registry[config.policy](budget=config.budget, **config.run.values)
-                result = replay(policy, prepared, config.budget, name=config.policy,
-                                progress=bar.update)
-                config.results.append(result)
-            del prepared
-    elapsed = time.perf_counter() - started
+    elapsed = _replay_all(configs, streams, registry, trace_info["steps"], progress)
 
     recorded = trace is not None
     rows = [_summarise(c, streams if recorded else None) for c in configs]

@@ -22,6 +22,7 @@ from typing import Any
 from .errors import ScissorhandsError
 from .hindsight import gap_closed_percent
 from .options import POLICY_NAMES, SPECS, series_label, spec_fraction
+from .paths import check_inputs_and_outputs
 
 __all__ = ["combine_reports", "format_longctx", "format_report", "plot_longctx", "plot_report", "run_report"]
 
@@ -103,6 +104,31 @@ def _text_name(config: dict[str, Any]) -> str:
     return source.split(" ", 1)[0] if " (" in source else os.path.basename(source)
 
 
+def _eval_document(doc: Any, where: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(config, results)`` of an ``eval --json`` document, each result row checked
+    (:func:`_check_result`)."""
+    if not isinstance(doc, dict) or doc.get("format") != "scissorhands.eval":
+        raise ScissorhandsError(f"{where} is not a 'scissorhands eval --json' result")
+    if doc.get("version") != 1:
+        raise ScissorhandsError(f"{where}: eval result version {doc.get('version')!r} is not 1")
+    config, results = doc.get("config"), doc.get("results")
+    if (not isinstance(config, dict) or not isinstance(config.get("text"), dict)
+            or not isinstance(config["text"].get("token_ids_sha256"), str)
+            or not isinstance(results, list)):
+        raise ScissorhandsError(f"{where}: no config, text hash or results")
+    for result in results:
+        _check_result(result, where)
+    return config, results
+
+
+def _setup(config: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What must agree for perplexities to compare: tokens, prompt, head mode, scored
+    positions and the model's file name."""
+    model = config.get("model")
+    return tuple(config.get(k) for k in ("tokens", "prompt_tokens", "head_mode", "scored_positions")) + (
+        os.path.basename(str(model.get("path") if isinstance(model, dict) else model)),)
+
+
 def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Merge ``eval --json`` documents into one grid of perplexities.
 
@@ -131,7 +157,6 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
         full-cache run, holds no other run, or was measured with other tokens, prompt,
         scored positions, head mode or model than the first.
     """
-    setup_keys = ("tokens", "prompt_tokens", "head_mode", "scored_positions")
     setup = None
     names: dict[str, str] = {}
     full: dict[str, float] = {}
@@ -143,20 +168,8 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     notes: list[str] = []
     for index, doc in enumerate(documents):
         where = f"file {index + 1}"
-        if not isinstance(doc, dict) or doc.get("format") != "scissorhands.eval":
-            raise ScissorhandsError(f"{where} is not a 'scissorhands eval --json' result")
-        if doc.get("version") != 1:
-            raise ScissorhandsError(f"{where}: eval result version {doc.get('version')!r} is not 1")
-        config, results = doc.get("config"), doc.get("results")
-        if (not isinstance(config, dict) or not isinstance(config.get("text"), dict)
-                or not isinstance(config["text"].get("token_ids_sha256"), str)
-                or not isinstance(results, list)):
-            raise ScissorhandsError(f"{where}: no config, text hash or results")
-        for result in results:
-            _check_result(result, where)
-        model = config.get("model")
-        this = tuple(config.get(k) for k in setup_keys) + (
-            os.path.basename(str(model.get("path") if isinstance(model, dict) else model)),)
+        config, results = _eval_document(doc, where)
+        this = _setup(config)
         if setup is None:
             setup = this
         elif this != setup:
@@ -302,8 +315,10 @@ def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
     ------
     ScissorhandsError
         A file cannot be read, is not an eval result, or does not compare with the
-        others (the CLI prints it on one line and exits 1).
+        others, or the plot cannot be written there (the CLI prints it on one line and
+        exits 2); every file and the plot's path are checked before any is combined.
     """
+    check_inputs_and_outputs(inputs=[("", path) for path in files], plots=[("--plot", plot)])
     documents = []
     for path in files:
         try:

@@ -66,6 +66,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any, Protocol, cast, runtime_checkable
@@ -530,6 +532,47 @@ def _positions_for_total(total: int) -> int:
     return n
 
 
+def _packed(weights: npt.ArrayLike | Iterable[npt.ArrayLike]) -> npt.NDArray[np.float16]:
+    """``save_recorded_trace``'s weights as one float16 array: a 2-D or 3-D array as it
+    is, the steps of an iterable concatenated after checking each one's shape."""
+    if isinstance(weights, np.ndarray) and weights.ndim in (2, 3):
+        return weights.astype(np.float16, copy=False)
+    rows: list[npt.NDArray[np.float16]] = []
+    for expected_t, step in enumerate(cast(Iterable[Any], weights), start=1):
+        a = np.asarray(step)
+        if a.ndim == 1:
+            a = a[None, :]
+        if a.shape[-1] != expected_t or (rows and a.shape[:-1] != rows[0].shape[:-1]):
+            lead = rows[0].shape[:-1] if rows else a.shape[:-1]
+            raise TraceFormatError(
+                f"step {expected_t} must have shape {(*lead, expected_t)}, got {a.shape}"
+            )
+        rows.append(a.astype(np.float16))
+    if not rows:
+        raise TraceFormatError("a recorded trace needs at least one step")
+    return np.concatenate(rows, axis=-1)
+
+
+def _streams(packed: npt.NDArray[np.float16], layers: list[int],
+             heads: Sequence[int] | None) -> tuple[npt.NDArray[np.float16], list[int], Sequence[int]]:
+    """``(S, T)`` weights with the layer and KV head of each stream: ``(L, H, T)``
+    weights flattened layer-major, heads defaulting to ``0 .. H-1``."""
+    if packed.ndim == 3:
+        n_layers, n_heads, total = packed.shape
+        if len(layers) != n_layers:
+            raise TraceFormatError(f"{n_layers} layers of weights but {len(layers)} layer ids")
+        head_ids = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+        if len(head_ids) != n_heads:
+            raise TraceFormatError(f"{n_heads} KV heads of weights but {len(head_ids)} head ids")
+        return (packed.reshape(n_layers * n_heads, total), [layer for layer in layers for _ in head_ids],
+                head_ids * n_layers)
+    if packed.ndim != 2:
+        raise TraceFormatError(f"weights must be (S, T) or (L, H, T), got shape {packed.shape}")
+    if heads is None:
+        raise TraceFormatError("heads (the KV head of each stream) is required with 2-D weights")
+    return packed, layers, heads
+
+
 def save_recorded_trace(
     path: str | os.PathLike[str],
     weights: npt.ArrayLike | Iterable[npt.ArrayLike],
@@ -574,38 +617,7 @@ def save_recorded_trace(
     TraceFormatError
         Shapes inconsistent, a step of the wrong length, weights negative or not finite.
     """
-    layers = [int(i) for i in layers]
-    if isinstance(weights, np.ndarray) and weights.ndim in (2, 3):
-        packed = weights.astype(np.float16, copy=False)
-    else:
-        rows: list[npt.NDArray[np.float16]] = []
-        for expected_t, step in enumerate(cast(Iterable[Any], weights), start=1):
-            a = np.asarray(step)
-            if a.ndim == 1:
-                a = a[None, :]
-            if a.shape[-1] != expected_t or (rows and a.shape[:-1] != rows[0].shape[:-1]):
-                lead = rows[0].shape[:-1] if rows else a.shape[:-1]
-                raise TraceFormatError(
-                    f"step {expected_t} must have shape {(*lead, expected_t)}, got {a.shape}"
-                )
-            rows.append(a.astype(np.float16))
-        if not rows:
-            raise TraceFormatError("a recorded trace needs at least one step")
-        packed = np.concatenate(rows, axis=-1)
-    if packed.ndim == 3:
-        n_layers, n_heads, total = packed.shape
-        if len(layers) != n_layers:
-            raise TraceFormatError(f"{n_layers} layers of weights but {len(layers)} layer ids")
-        head_ids = list(range(n_heads)) if heads is None else [int(h) for h in heads]
-        if len(head_ids) != n_heads:
-            raise TraceFormatError(f"{n_heads} KV heads of weights but {len(head_ids)} head ids")
-        packed = packed.reshape(n_layers * n_heads, total)
-        layers = [layer for layer in layers for _ in head_ids]
-        heads = head_ids * n_layers
-    elif packed.ndim != 2:
-        raise TraceFormatError(f"weights must be (S, T) or (L, H, T), got shape {packed.shape}")
-    elif heads is None:
-        raise TraceFormatError("heads (the KV head of each stream) is required with 2-D weights")
+    packed, layers, heads = _streams(_packed(weights), [int(i) for i in layers], heads)
     metadata_json = json.dumps(dict(metadata or {}), sort_keys=True)
     trace = RecordedTrace(packed, layers, heads, prompt_tokens, model, json.loads(metadata_json))
     np.savez_compressed(
@@ -623,8 +635,20 @@ def save_recorded_trace(
     )
 
 
+#: The keys of a recorded trace file.
+_TRACE_KEYS = {"format", "version", "weights", "offsets", "layers", "heads", "num_positions", "prompt_tokens",
+               "model", "metadata"}
+#: What ``np.load`` and the zip and zlib layers beneath it raise on a file that is not a
+#: readable ``.npz`` (a pickled array included, which is never loaded).
+_UNREADABLE = (ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
+
+
 def load_recorded_trace(path: str | os.PathLike[str]) -> RecordedTrace:
     """Read a recorded trace written by :func:`save_recorded_trace`.
+
+    Nothing in the file is unpickled: a file that is not a ``.npz`` of plain arrays (a
+    pickle, an archive holding object arrays, a truncated or foreign file) is refused
+    as not a recorded trace.
 
     Raises
     ------
@@ -633,38 +657,44 @@ def load_recorded_trace(path: str | os.PathLike[str]) -> RecordedTrace:
     TraceFormatError
         The file is not a scissorhands trace of a known version, or is inconsistent.
     """
+    where = os.fspath(path)
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != b"PK\x03\x04":  # a zip archive: every .npz, compressed or not, starts so
+        raise TraceFormatError(f"{where}: not a recorded trace (a .npz archive written by 'record')")
     try:
-        archive = np.load(path, allow_pickle=False)
-    except ValueError as exc:  # not an npz / pickled content
-        raise TraceFormatError(f"{os.fspath(path)}: not a recorded trace ({exc})") from None
-    with archive as data:
-        keys = set(data.files)
-        required = {"format", "version", "weights", "offsets", "layers", "heads",
-                    "num_positions", "prompt_tokens", "model", "metadata"}
-        missing = sorted(required - keys)
-        if missing:
-            raise TraceFormatError(f"{os.fspath(path)}: missing keys {', '.join(missing)}")
-        if str(data["format"]) != TRACE_FORMAT:
-            raise TraceFormatError(f"{os.fspath(path)}: format is {str(data['format'])!r}")
-        if int(data["version"]) != TRACE_VERSION:
-            raise TraceFormatError(
-                f"{os.fspath(path)}: trace version {int(data['version'])} is not supported"
-            )
-        try:
-            metadata = json.loads(str(data["metadata"]))
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(f"{os.fspath(path)}: metadata is not JSON ({exc})") from None
-        trace = RecordedTrace(
-            data["weights"],
-            data["layers"],
-            data["heads"],
-            prompt_tokens=int(data["prompt_tokens"]),
-            model=str(data["model"]),
-            metadata=metadata,
-            name=os.path.basename(os.fspath(path)),
-        )
-        if int(data["num_positions"]) != trace.num_positions or not np.array_equal(
-            data["offsets"], trace.offsets
-        ):
-            raise TraceFormatError(f"{os.fspath(path)}: offsets do not match the weights")
+        with np.load(path, allow_pickle=False) as data:
+            return _read_trace(data, where)
+    except _UNREADABLE as exc:
+        if isinstance(exc, TraceFormatError):
+            raise
+        reason = ("it holds pickled (object) data, which is never loaded" if "pickle" in str(exc)
+                  else f"{type(exc).__name__}: {exc}")
+        raise TraceFormatError(f"{where}: not a readable recorded trace ({reason})") from None
+
+
+def _read_trace(data: Any, where: str) -> RecordedTrace:
+    """The trace in an open ``.npz`` archive ``data`` (a file named ``where``), checked."""
+    missing = sorted(_TRACE_KEYS - set(data.files))
+    if missing:
+        raise TraceFormatError(f"{where}: missing keys {', '.join(missing)}")
+    if str(data["format"]) != TRACE_FORMAT:
+        raise TraceFormatError(f"{where}: format is {str(data['format'])!r}")
+    if int(data["version"]) != TRACE_VERSION:
+        raise TraceFormatError(f"{where}: trace version {int(data['version'])} is not supported")
+    try:
+        metadata = json.loads(str(data["metadata"]))
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{where}: metadata is not JSON ({exc})") from None
+    trace = RecordedTrace(
+        data["weights"],
+        data["layers"],
+        data["heads"],
+        prompt_tokens=int(data["prompt_tokens"]),
+        model=str(data["model"]),
+        metadata=metadata,
+        name=os.path.basename(where),
+    )
+    if int(data["num_positions"]) != trace.num_positions or not np.array_equal(data["offsets"], trace.offsets):
+        raise TraceFormatError(f"{where}: offsets do not match the weights")
     return trace

@@ -546,6 +546,13 @@ class NativePolicy:
             if rows.size % self._pool:
                 raise InvalidInputError(f"index must hold a multiple of pool={self._pool} rows (pools are "
                                         f"consecutive rows), got {rows.size}")
+            pool = self._pool
+            groups = rows.reshape(-1, pool).astype(np.int64)
+            broken = (groups[:, 0] % pool != 0) | np.any(groups - groups[:, :1] != np.arange(pool), axis=1)
+            if broken.any():
+                at = int(np.argmax(broken)) * pool
+                raise InvalidInputError(f"index must take each pool of {pool} rows whole and in order (rows "
+                                        f"p*{pool} .. p*{pool}+{pool - 1}), got {rows[at:at + pool].tolist()} at {at}")
             check(lib.sh_policy_select_rows(self._ptr, ffi.from_buffer("uint32_t[]", rows), rows.size),
                   type(self).__name__)
             self._heads = int(rows.size)
