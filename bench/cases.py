@@ -52,7 +52,7 @@ import scissorhands
 from bench.numpy_policy import NUMPY_POLICIES
 from bench.timing import Settings, Stat, time_batches, time_eaches
 from scissorhands._native import check, ffi, lib
-from scissorhands._shared import PARALLEL_MIN_SLOTS, SLOT_BYTES
+from scissorhands._shared import PARALLEL_MIN_SLOTS
 from scissorhands.options import SPECS, shown_values
 
 __all__ = ["BATCH_SHAPES", "CASES", "DECODE_BUDGETS", "POLICY_NAMES", "SERVING_SHAPES", "Case", "Context"]
@@ -753,7 +753,7 @@ def run_memory_case(ctx: Context, case: Case) -> dict[str, Any]:
                 "raw_memory_bytes_agree": raw.memory_bytes() == mb,
                 "c_bytes_per_slot": (mb - int(lib.SH_HEADER_BYTES)) / cap,
                 "c_bytes_per_held_slot": round(mb / c.kept_count(), 3),
-                "promised_bytes_per_slot": SLOT_BYTES[policy],
+                "promised_bytes_per_slot": SPECS[policy].slot_bytes,
             }
             npo, npo_bytes = _traced_bytes(lambda state=state: settle(numpy_policy(state)))
             row["numpy_memory_bytes"] = npo.memory_bytes()

@@ -21,12 +21,17 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from scissorhands.options import BACKENDS, SPECS
+
+#: The registry names, in table order: every generic test iterates them.
+POLICY_NAMES: tuple[str, ...] = tuple(SPECS)
+
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS_DIR = ROOT / "vectors"
 SHARED_CONFORMANCE = ROOT.parent / "shared" / "conformance"
 
-BACKENDS = ("native", "reference")
-POLICY_NAMES = ("full", "streaming-llm", "h2o", "tova", "scissorhands")
+#: The attention-driven policies (their ranking reads the weights), by class name.
+HEAVY_CLASSES = tuple(s.class_name for s in SPECS.values() if s.reads_attention)
 
 _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("default", max_examples=40, **_common)
@@ -36,7 +41,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def load_backend(name: str) -> SimpleNamespace:
-    """The module-like object of one backend: the five classes, ``POLICIES``, ``name``.
+    """The module-like object of one backend: each registry policy's class by its class
+    name, ``POLICIES``, ``module``, ``name``.
 
     The native backend is the top-level ``scissorhands`` package.  If it cannot be
     imported, the test fails (never skips): a missing build is a defect.
@@ -47,16 +53,8 @@ def load_backend(name: str) -> SimpleNamespace:
     except ImportError as exc:
         pytest.fail(f"the {name} backend cannot be imported ({exc}); build it with "
                     "`pip install -e . --no-build-isolation --no-deps`")
-    return SimpleNamespace(
-        name=name,
-        module=module,
-        Scissorhands=module.Scissorhands,
-        H2O=module.H2O,
-        TOVA=module.TOVA,
-        StreamingLLM=module.StreamingLLM,
-        Full=module.Full,
-        POLICIES=module.POLICIES,
-    )
+    classes = {spec.class_name: getattr(module, spec.class_name) for spec in SPECS.values()}
+    return SimpleNamespace(name=name, module=module, POLICIES=module.POLICIES, **classes)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -120,9 +118,9 @@ def load_generator() -> ModuleType:
 # ---------------------------------------------------------------- shared test helpers
 
 
-@pytest.fixture(params=("Scissorhands", "H2O", "TOVA"))
+@pytest.fixture(params=HEAVY_CLASSES)
 def heavy(request, backend):
-    """The attention-driven policy classes (Scissorhands, H2O, TOVA) of each backend."""
+    """The attention-driven policy classes (H2O, TOVA, Scissorhands) of each backend."""
     return getattr(backend, request.param)
 
 
@@ -136,13 +134,13 @@ def unchanged(p, exc, fn, *args, **kwargs):
 
 
 def make_policy(backend: Any, name: str, budget: int = 6, protected: int = 2, heads: int = 1) -> Any:
-    """A policy of registry ``name``; ``protected`` is its recent window or sink count."""
+    """A policy of registry ``name``; ``protected`` is its first protecting option (the
+    recent window, or StreamingLLM's sinks); a policy without one takes only the budget."""
     cls = backend.POLICIES[name]
-    if name == "full":
+    first = next((o.name for o in SPECS[name].options if o.protects), None)
+    if first is None:
         return cls(budget=budget, heads=heads)
-    if name == "streaming-llm":
-        return cls(budget=budget, sinks=protected, heads=heads)
-    return cls(budget=budget, recent_window=protected, heads=heads)
+    return cls(budget=budget, heads=heads, **{first: protected})
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from scissorhands._shared import UINT32_MAX, RowVictims
 from scissorhands.errors import ScissorhandsError
+from scissorhands.options import SPECS
 
 #: Examples (sequences) of the bounded run; about a minute on this 2-core machine.
 FUZZ_EXAMPLES = int(os.environ.get("SCISSORHANDS_FUZZ_EXAMPLES", "1200"))
@@ -624,10 +625,8 @@ class PolicyPair(RuleBasedStateMachine):
             label="pos")
         head = data.draw(st.one_of(st.integers(0, self.heads - 1), st.sampled_from(
             [-1, self.heads, True, 0.0, np.int64(0), 2**32])), label="head")
-        if self.policy == "scissorhands":
-            self.apply("votes_of", pos, head)
-        elif self.policy in ("h2o", "tova"):
-            self.apply("score_of", pos, head)
+        if SPECS[self.policy].score_key:
+            self.apply({"votes": "votes_of", "scores": "score_of"}[SPECS[self.policy].score_key], pos, head)
         elif self.policy == "streaming-llm":
             self.apply("sink_count")
         self.apply("kept_count")

@@ -37,7 +37,9 @@ from scissorhands._shared import UINT32_MAX
 from scissorhands.options import SPECS
 
 GRID = [i / 8 for i in range(9)]
-HEAVY_NAMES = ("scissorhands", "h2o", "tova")
+HEAVY_NAMES = tuple(name for name, spec in SPECS.items() if spec.reads_attention)
+#: Each per-slot score's lookup by position.
+ACCESSORS = {"votes": "votes_of", "scores": "score_of"}
 
 
 def plain(value: Any) -> Any:
@@ -275,10 +277,8 @@ def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30)
             head = data.draw(st.integers(-1, heads) if valid_pos else st.integers(0, heads - 1))
             if policy in HEAVY_NAMES and data.draw(st.integers(0, 3)) == 0:
                 pair.call("sink_count")
-            elif policy == "scissorhands":
-                pair.call("votes_of", pos, head)
-            elif policy in ("h2o", "tova"):
-                pair.call("score_of", pos, head)
+            elif SPECS[policy].score_key:
+                pair.call(ACCESSORS[SPECS[policy].score_key], pos, head)
             elif policy == "streaming-llm":
                 pair.call("sink_count")
             else:

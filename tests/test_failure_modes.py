@@ -24,9 +24,10 @@ from conftest import make_policy as make
 
 from scissorhands._shared import UINT32_MAX
 from scissorhands.errors import InvalidInputError, InvalidTypeError
+from scissorhands.options import SPECS
 
-HEAVY = ("scissorhands", "h2o", "tova")
-EVICTING = ("streaming-llm", "h2o", "tova", "scissorhands")
+HEAVY = tuple(name for name, spec in SPECS.items() if spec.reads_attention)
+EVICTING = tuple(name for name, spec in SPECS.items() if spec.evicts)
 
 
 # ---------------------------------------------------------------- helpers
@@ -448,7 +449,7 @@ def test_backends_agree_bit_for_bit(name):
         a, b = native.step(t, w, budget, return_indices=True), ref.step(t, w, budget, return_indices=True)
         assert [x.tolist() for x in a] == [x.tolist() for x in b], f"step {t}"
     sa, sb = native.state_dict(), ref.state_dict()
-    key = "votes" if name == "scissorhands" else "scores"
+    key = SPECS[name].score_key
     assert sa["kept"] == sb["kept"]
     assert [[float(v).hex() for v in r] for r in sa[key]] == [[float(v).hex() for v in r] for r in sb[key]]
 
@@ -620,7 +621,7 @@ def test_counts_disagreeing_with_the_data_are_refused(backend, heavy):
         with pytest.raises(InvalidInputError):
             q.prefill(prompt)
         assert q.kept_count() == 1
-    key = "votes" if heavy == "scissorhands" else "scores"
+    key = SPECS[heavy].score_key
     for field, value in ((key, [state[key][0], state[key][1][:-1]]), (key, state[key][:1]),
                          ("kept", state["kept"][:1]), ("kept", [state["kept"][0], state["kept"][1][:-1]])):
         bad = dict(state, **{field: value})

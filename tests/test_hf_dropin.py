@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
-from scissorhands.options import PolicyOptions  # noqa: E402
+from scissorhands.options import SPECS, PolicyOptions  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -166,7 +166,7 @@ def test_with_eviction_generate_equals_a_forward_loop_and_stays_within_budget(fa
     model = _model(family, impl)
     ids, mask = _prompts()
     budget = 6
-    options = PolicyOptions(recent_window=2, sinks=1)
+    options = PolicyOptions(recent_window=2 if SPECS[policy].takes("recent_window") else None, sinks=1)
     cache = hf.EvictingCache.from_model(model, policy, budget, options)
     watch = _Watch(cache, budget)
     handle = model.register_forward_hook(watch, with_kwargs=True)
@@ -333,7 +333,8 @@ def test_positions_cache_logits_equal_keys_rotated_at_their_ranks(policy, impl, 
     monkeypatch.setattr(hf.attention, "grouped_attention", capturing_grouped)
     batch, total, kv, group = 2, 22, 2, 2
     ids, mask = _prompts(batch=batch, length=total, seed=4)  # the second sequence left-padded
-    cache = hf.EvictingCache.from_model(model, policy, 6, PolicyOptions(recent_window=2, sinks=1), positions="cache")
+    options = PolicyOptions(recent_window=2 if SPECS[policy].takes("recent_window") else None, sinks=1)
+    cache = hf.EvictingCache.from_model(model, policy, 6, options, positions="cache")
     hf.prefill(model, cache, ids[:, :7], attention_mask=mask[:, :7])
     for t in range(7, total - 1):
         hf.decode_step(model, cache, ids[:, t])

@@ -687,3 +687,227 @@ def test_c_core_tova(native):
     assert lib.sh_policy_export(p, kept, ffi.NULL, scores, 3) == lib.SH_OK
     assert list(kept) == [0, 1, 2] and list(scores) == [0.25, 0.75, 0.0]
     assert lib.sh_policy_import_state(p, 1, 2, kept, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 2) == lib.SH_ERR_ARG
+
+
+# ---------------------------------------------------------------- options a policy does not take
+
+#: A value that is not "off" for each option, to give a policy that does not take it.
+SET_VALUES = {"recent_window": 4, "sinks": 1, "history_window": 4, "vote_rate": True, "pool": 2}
+
+
+def _not_taken():
+    from scissorhands.options import OPTIONS, SPECS
+
+    return [(name, o.name) for name, spec in SPECS.items() for o in OPTIONS if not spec.takes(o.name)]
+
+
+@pytest.mark.parametrize(("policy", "option"), _not_taken())
+def test_make_policy_refuses_every_option_the_policy_does_not_take(backend, policy, option):
+    """Each (policy, option it does not take) pair of the registry, set: InvalidTypeError
+    naming both, on either backend, as the constructor refuses the keyword."""
+    from scissorhands.options import PolicyOptions, make_policy
+
+    options = PolicyOptions(**{option: SET_VALUES[option]})
+    with pytest.raises(InvalidTypeError, match=rf"^{policy} takes no {option} \(it takes .*\), got {option}="):
+        make_policy(policy, 8, options, backend=backend.name)
+
+
+@pytest.mark.parametrize(("policy", "values", "named"), [
+    ("h2o", {"recent_window": 4, "history_window": -5}, "history_window=-5"),
+    ("streaming-llm", {"recent_window": 0.75}, "recent_window=0.75"),
+    ("full", {"recent_window": True, "vote_rate": "x"}, "recent_window=True"),
+    ("full", {"sinks": 0}, "sinks=0"),
+    ("streaming-llm", {"pool": 2, "sinks": 1}, "pool=2"),
+])
+def test_the_issue_cases_are_refused_naming_the_option(policy, values, named):
+    """The reported silent acceptances (and an explicit 0 sinks for full, a pool for
+    streaming-llm) are refused, the message naming the policy and the first option not
+    taken."""
+    from scissorhands.options import PolicyOptions, make_policy
+
+    with pytest.raises(InvalidTypeError, match=rf"^{policy} takes no .*got {named}$"):
+        make_policy(policy, 64 if policy != "full" else None, PolicyOptions(**values), backend="reference")
+
+
+def test_options_at_their_off_values_are_not_given(backend):
+    """pool 1 (a NumPy 1 too) or "head", vote_rate False, and the None defaults count as
+    not given: full and streaming-llm build with them; vote_rate 0 and pool True do not
+    count as off."""
+    from scissorhands.options import PolicyOptions, make_policy
+
+    off = PolicyOptions(recent_window=None, sinks=None, history_window=None, vote_rate=False, pool=1)
+    assert off.given() == {} and PolicyOptions(pool="head").given() == {}
+    assert make_policy("full", None, off, backend=backend.name).kept_count() == 1
+    assert make_policy("streaming-llm", 8, PolicyOptions(pool="head"), backend=backend.name).sinks == 4
+    assert make_policy("full", None, PolicyOptions(pool=np.int64(1)), backend=backend.name).kept_count() == 1
+    assert PolicyOptions(vote_rate=0, pool=True).given() == {"vote_rate": 0, "pool": True}
+
+
+def test_the_transformers_cache_refuses_an_option_its_policy_does_not_take():
+    """EvictingCache (and so from_model) refuses, before building anything, what
+    make_policy refuses: h2o with a history window, streaming-llm with a recent window."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from scissorhands import hf
+    from scissorhands.options import PolicyOptions
+
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1)
+    with pytest.raises(InvalidTypeError, match="h2o takes no history_window"):
+        hf.EvictingCache(config, "h2o", budget=64, recent_window=4, history_window=-5)
+    with pytest.raises(InvalidTypeError, match="streaming-llm takes no recent_window"):
+        hf.EvictingCache(config, "streaming-llm", budget=64, recent_window=0.75)
+    with pytest.raises(InvalidTypeError, match="full takes no recent_window"):
+        hf.EvictingCache(config, "full", budget=64, recent_window=True, vote_rate="x")
+    with pytest.raises(InvalidTypeError, match="streaming-llm takes no pool"):
+        hf.EvictingCache(config, configs=[hf.PolicyConfig("streaming-llm", 8, PolicyOptions(pool=2))])
+
+
+# ---------------------------------------------------------------- sweeps that would run nothing asked
+
+
+def test_a_sweep_refuses_a_value_that_runs_nowhere():
+    """--recent-window 64 at budget 64 runs no policy: refused, naming the flag, the value
+    and why, instead of a run of the full cache and streaming-llm alone."""
+    from scissorhands.options import POLICY_NAMES, sweep
+
+    with pytest.raises(InvalidInputError, match=r"^--recent-window 64 would run with no policy at budgets 64: "
+                                                r"h2o at budget 64: --recent-window must be in \[0, 63\], got 64$"):
+        sweep(POLICY_NAMES, [64], {"recent_window": [64]})
+
+
+def test_a_sweep_refuses_an_option_no_named_policy_takes():
+    """A value given for an option none of the named policies takes is refused."""
+    from scissorhands.options import sweep
+
+    with pytest.raises(InvalidInputError, match=r"^--recent-window: none of the policies streaming-llm takes it"):
+        sweep(["streaming-llm"], [16], {"recent_window": [8]})
+    with pytest.raises(InvalidInputError, match=r"^--history-window: none of the policies h2o, tova takes it"):
+        sweep(["h2o", "tova"], [16], {"history_window": [4]}, by="policy")
+
+
+def test_a_sweep_refuses_a_policy_that_runs_at_no_budget():
+    """h2o at budget 16 with its default window of 32 runs nowhere: refused, saying the
+    window is the default and how to pass another."""
+    from scissorhands.options import sweep
+
+    with pytest.raises(InvalidInputError, match=r"^h2o would run at none of the budgets 12, 16: --recent-window 32 "
+                                                r"\(the h2o default\) needs a budget above 32, got budget 12"):
+        sweep(["full", "h2o"], [12, 16], {})
+
+
+def test_a_sweep_still_skips_what_runs_at_some_budget():
+    """A value refused at one budget and run at another, and duplicates, are still notes."""
+    from scissorhands.options import sweep
+
+    runs, notes = sweep(["h2o"], [16, 64], {"recent_window": [8, 40, "50%", "0.5x"]})
+    assert [(r.budget, r.values["recent_window"]) for r in runs[1:]] == [(16, 8), (64, 8), (64, 40), (64, 32)]
+    assert any("skipped h2o budget 16 (rw=40 sinks=0)" in n for n in notes)
+    assert any("the same run as an earlier configuration" in n for n in notes)
+
+
+def test_eval_refuses_a_value_that_runs_nowhere_before_loading(monkeypatch, capsys):
+    """eval --budgets 64 --recent-window 64 exits 2 at once, naming the flag, where it ran
+    the full cache alone and exited 0."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from scissorhands import hf
+    from scissorhands.cli import main
+
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["eval", "--no-progress", "--budgets", "64", "--recent-window", "64"]) == 2
+    assert "--recent-window 64 would run with no policy at budgets 64" in capsys.readouterr().err
+    assert main(["eval", "--no-progress", "--policies", "streaming-llm", "--recent-window", "8"]) == 2
+    assert "--recent-window: none of the policies streaming-llm takes it" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- defaults a small budget cannot hold
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda b: b.H2O(budget=16),
+     "recent_window 32 (the h2o default) needs a budget above 32, got budget 16: pass a smaller "
+     "recent_window=... (or a fraction of the budget such as 0.75)"),
+    (lambda b: b.Scissorhands(budget=32, heads=2),
+     "recent_window 32 (the scissorhands default) needs a budget above 32, got budget 32: pass a smaller "
+     "recent_window=... (or a fraction of the budget such as 0.75)"),
+    (lambda b: b.StreamingLLM(budget=4),
+     "sinks 4 (the streaming-llm default) needs a budget above 4, got budget 4: pass a smaller sinks=..."),
+    (lambda b: b.H2O(budget=34, sinks=4),
+     "budget must be greater than recent_window + sinks (32 + 4), got 34; recent_window 32 is the h2o default: "
+     "pass a smaller recent_window=... (or a fraction of the budget such as 0.75)"),
+])
+def test_a_default_the_budget_cannot_hold_is_named_as_the_default(backend, make, message):
+    """Both backends: a budget too small for the policy's default says the value is the
+    default and how to pass a smaller one (not a bare range for a value nobody passed)."""
+    from scissorhands.options import DefaultRefusedError
+
+    with pytest.raises(DefaultRefusedError) as info:
+        make(backend)
+    assert str(info.value) == message and isinstance(info.value, InvalidInputError)
+
+
+def test_a_value_given_keeps_its_plain_message(backend):
+    """A recent window given (not the default) is refused with the range as before, and
+    TOVA (whose default window of 1 is also its least) with the reason no window fits or
+    the plain sum: no advice to pass a smaller window."""
+    from scissorhands.options import DefaultRefusedError
+
+    with pytest.raises(InvalidInputError, match=r"^recent_window must be in \[0, 15\], got 20$") as info:
+        backend.H2O(budget=16, recent_window=20)
+    assert not isinstance(info.value, DefaultRefusedError)
+    with pytest.raises(InvalidInputError, match=r"^tova needs recent_window >= 1 .*a budget above 1, got budget 1$"):
+        backend.TOVA(budget=1)
+    with pytest.raises(InvalidInputError, match=r"^budget must be greater than recent_window \+ sinks \(1 \+ 2\), "
+                                                r"got 3$") as info:  # TOVA's window of 1 cannot be smaller
+        backend.TOVA(budget=3, sinks=2)
+    assert not isinstance(info.value, DefaultRefusedError)
+
+
+def test_the_default_refusal_in_the_command_lines_words():
+    """flag_text gives the refusal with the flags and the command line's fraction syntax;
+    the error pickles with both messages."""
+    from scissorhands.options import flag_text, make_policy
+
+    with pytest.raises(InvalidInputError) as info:
+        make_policy("h2o", 16, backend="reference")
+    assert flag_text(info.value) == (
+        "--recent-window 32 (the h2o default) needs a budget above 32, got budget 16: pass a smaller "
+        "--recent-window (a count, or a fraction of the budget such as 75%)")
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (str(again), flag_text(again)) == (str(info.value), flag_text(info.value))
+
+
+def test_the_cache_and_generate_say_the_window_is_the_default(monkeypatch, capsys):
+    """EvictingCache(…, "h2o", budget=16) and generate --budget 32 name the default and
+    how to change it; generate exits 2 before the model loads."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import io
+
+    from scissorhands import hf
+    from scissorhands.generate import GenerateRequest, run_generate
+
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1)
+    with pytest.raises(InvalidInputError, match=r"^recent_window 32 \(the h2o default\) needs a budget above 32"):
+        hf.EvictingCache(config, "h2o", budget=16)
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    status = run_generate(GenerateRequest(prompt="x", budget=32, progress=False), stdin=io.StringIO(),
+                          stdout=io.StringIO())
+    assert status == 2
+    err = capsys.readouterr().err
+    assert ("--recent-window 32 (the scissorhands default) needs a budget above 32, got budget 32: pass a smaller "
+            "--recent-window (a count, or a fraction of the budget such as 75%) (--budget 32)") in err
+
+
+def test_replay_says_the_window_is_the_default_in_flags(capsys):
+    """replay --budgets 16 (scissorhands' default window of 32): exits 2 on one line naming
+    the default and the flag to pass, as the command line writes fractions."""
+    from scissorhands.cli import main
+
+    assert main(["--policies", "scissorhands", "--budgets", "16", "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        "scissorhands: error: scissorhands (recent window 32) at budget 16: --recent-window 32 (the scissorhands "
+        "default) needs a budget above 32, got budget 16: pass a smaller --recent-window (a count, or a fraction "
+        "of the budget such as 75%)\n")

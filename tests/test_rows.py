@@ -22,6 +22,7 @@ import scissorhands
 from scissorhands import _shared
 from scissorhands._native import ffi, lib
 from scissorhands.errors import InvalidInputError, InvalidTypeError
+from scissorhands.options import SPECS
 
 NAN, INF = float("nan"), float("inf")
 
@@ -89,7 +90,8 @@ def test_equal_count_accessors_name_the_alternatives(backend, name):
     """kept_count, kept and the per-slot properties raise, naming counts, kept_row and state_dict."""
     p = ragged(backend, name)
     reads = [p.kept_count, lambda: p.kept]
-    reads += [lambda: p.votes] if name == "scissorhands" else [lambda: p.scores] if name in ("h2o", "tova") else []
+    key = SPECS[name].score_key
+    reads += [lambda: getattr(p, key)] if key else []
     for read in reads:
         with pytest.raises(InvalidInputError, match=r"counts.*kept_row\(head\).*state_dict\(\)"):
             read()
@@ -105,7 +107,7 @@ def test_steps_held_refuses_rows_of_different_counts(backend):
         _ = p.steps_held
 
 
-@pytest.mark.parametrize("name", ["scissorhands", "h2o", "tova", "streaming-llm"])
+@pytest.mark.parametrize("name", [n for n in POLICY_NAMES if SPECS[n].evicts])
 def test_step_and_evict_name_the_row_calls(backend, name):
     """Rows that would evict different numbers: step/evict raise naming step_rows/evict_rows."""
     p = ragged(backend, name)

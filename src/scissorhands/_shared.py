@@ -43,7 +43,6 @@ __all__ = [
     "MAX_HISTORY_WINDOW",
     "MAX_THREADS",
     "PARALLEL_MIN_SLOTS",
-    "SLOT_BYTES",
     "STATE_FORMAT",
     "STATE_VERSION",
     "UINT32_MAX",
@@ -87,9 +86,6 @@ PARALLEL_MIN_SLOTS = 262144
 INITIAL_CAPACITY_LIMIT = 4096
 #: A row's first capacity for :class:`Full`, which has no budget to size it.
 FULL_INITIAL_CAPACITY = 64
-#: Bytes of state per slot, by registry name: the uint32 position, then the score
-#: (uint32 votes, float64 H2O or TOVA score) and one byte of selection scratch.
-SLOT_BYTES = {"full": 4, "streaming-llm": 4, "h2o": 13, "tova": 13, "scissorhands": 9}
 #: Extra bytes per slot for a Scissorhands history window (a uint64 register of vote bits).
 HISTORY_BYTES = 8
 #: Extra bytes per slot for a Scissorhands vote rate (a uint32 count of steps held).

@@ -319,7 +319,7 @@ def plot_results(
     if full is not None:
         ax.axhline(full, color="black", linestyle="--", linewidth=1, label="full cache")
     colors = plt.get_cmap("tab10" if len(series) <= 10 else "tab20")
-    markers = {"streaming-llm": "s", "h2o": "^", "tova": "v", "scissorhands": "o", "hindsight": "*"}
+    markers = {**{name: spec.marker for name, spec in SPECS.items() if spec.marker}, "hindsight": "*"}
     for index, (label, points) in enumerate(series.items()):
         points.sort()
         ax.plot(

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .errors import ScissorhandsError
-from .evaluate import _checkpoint_config, in_flag_names
-from .options import PolicyOptions, make_policy, policy_spec
+from .evaluate import _checkpoint_config
+from .options import PolicyOptions, flag_text, make_policy, policy_spec
 from .paths import input_problem
 
 __all__ = ["GenerateRequest", "run_generate"]
@@ -144,7 +144,7 @@ def _check_options(request: GenerateRequest) -> PolicyOptions:
         make_policy(request.policy, request.budget, options, backend=request.backend,
                     heads=pool if isinstance(pool, int) and pool > 1 else 1, pools={"layer": 1, "model": 1})
     except ScissorhandsError as exc:  # the constructor's message, in the flags' names
-        raise ScissorhandsError(f"{in_flag_names(str(exc))} (--budget {request.budget})") from None
+        raise ScissorhandsError(f"{flag_text(exc)} (--budget {request.budget})") from None
     return options
 
 
@@ -216,7 +216,7 @@ def _build_cache(hf: Any, target: Any, request: GenerateRequest, options: Policy
             return hf.EvictingCache.from_model(target, request.policy, request.budget, options, **kwargs)
         return hf.EvictingCache(target, request.policy, request.budget, options, **kwargs)
     except ScissorhandsError as exc:
-        raise _Refused(in_flag_names(str(exc))) from None
+        raise _Refused(flag_text(exc)) from None
 
 
 def _uses_chat(request: GenerateRequest, tokenizer: Any) -> bool:

@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import ScissorhandsError
+from .options import SPECS
 from .traces import Trace
 
 __all__ = [
@@ -63,13 +64,7 @@ HEAVY_HITTERS = 32
 
 _PROGRESS_EVERY = 256
 
-_REGISTRY_NAMES = {
-    "Full": "full",
-    "StreamingLLM": "streaming-llm",
-    "H2O": "h2o",
-    "TOVA": "tova",
-    "Scissorhands": "scissorhands",
-}
+_REGISTRY_NAMES = {spec.class_name: name for name, spec in SPECS.items()}
 
 
 class HarnessError(ScissorhandsError):

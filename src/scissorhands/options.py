@@ -22,13 +22,14 @@ import dataclasses
 import importlib
 import itertools
 import numbers
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from ._shared import MAX_HEADS, MAX_HISTORY_WINDOW, check_flag, check_int, check_recent_window
-from .errors import InvalidInputError, ScissorhandsError
+from .errors import InvalidInputError, InvalidTypeError, ScissorhandsError
 
 __all__ = [
     "BACKENDS",
@@ -36,9 +37,11 @@ __all__ = [
     "OPTIONS",
     "POLICY_NAMES",
     "SPECS",
+    "DefaultRefusedError",
     "OptionSpec",
     "PolicyOptions",
     "PolicySpec",
+    "flag_text",
     "make_policy",
     "parse_recent_window",
     "policy_classes",
@@ -169,7 +172,8 @@ class OptionSpec:
     parse : callable
         ``parse(text) -> value`` for one command-line value (``InvalidInputError`` if bad).
     help : str
-        The flag's help text; ``{sweep}`` marks where a sweeping command says so
+        The flag's help text; ``{sweep}`` marks where a sweeping command says so, and
+        ``{policies}``, ``{defaults}``, ``{least}`` what the registry says
         (:meth:`help_text`).
     sweep : str
         What several values of the flag do, in a sweeping command's help.
@@ -191,12 +195,28 @@ class OptionSpec:
     sweep: str = "several values run each"
 
     def help_text(self, several: bool) -> str:
-        """The flag's help: with what several values do when ``several``, else without."""
-        return self.help.replace("{sweep}", f"; {self.sweep}" if several else "")
+        """The flag's help: with what several values do when ``several``, else without;
+        ``{policies}`` (those taking the option), ``{defaults}`` (each one's default) and
+        ``{least}`` (a policy's least recent window) come from the registry."""
+        takers = [spec for spec in SPECS.values() if spec.takes(self.name)]
+        groups: dict[str, list[str]] = {}
+        for spec in takers:
+            groups.setdefault(self.text(spec.default(self.name)), []).append(spec.name)
+        least = "".join(f"; {spec.name} needs at least {spec.min_recent_window}"
+                        for spec in takers if self is RECENT_WINDOW and spec.min_recent_window)
+        return (self.help.replace("{sweep}", f"; {self.sweep}" if several else "")
+                .replace("{policies}", _listed([spec.name for spec in takers]))
+                .replace("{defaults}", ", ".join(f"{_listed(names)} {value}" for value, names in groups.items()))
+                .replace("{least}", least))
 
     def text(self, value: Any) -> str:
         """``value`` as labels write it: ``off`` for None, the value otherwise."""
         return "off" if value is None else str(value)
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(names[:-1]), names[-1] if names else "")))
 
 
 def _check_history_window(value: Any, budget: int) -> int | None:
@@ -206,25 +226,24 @@ def _check_history_window(value: Any, budget: int) -> int | None:
 RECENT_WINDOW = OptionSpec(
     name="recent_window", default=32, check=check_recent_window, short="rw", long="recent window",
     flag="--recent-window", parse=parse_recent_window, metavar="R", protects=True,
-    help="recent window of h2o, tova and scissorhands: the newest positions, never evicted; "
+    help="recent window of {policies}: the newest positions, never evicted; "
     "in positions or as a fraction of each budget (50%% or 0.5x, rounded down){sweep} "
-    "(default: each policy's own, h2o and scissorhands 32, tova 1; tova needs at least 1)")
+    "(default: each policy's own, {defaults}{least})")
 SINKS = OptionSpec(
     name="sinks", default=0, check=lambda v, b: check_int("sinks", v, 0, b - 1), short="sinks",
     long="sinks", flag="--sinks", parse=_parse_count, metavar="S", protects=True,
     help="attention sinks: the first positions held, never evicted, of every policy taking "
-    "them{sweep} (default: each policy's own, streaming-llm 4, h2o, tova and "
-    "scissorhands 0)")
+    "them{sweep} (default: each policy's own, {defaults})")
 HISTORY_WINDOW = OptionSpec(
     name="history_window", default=None, check=_check_history_window, short="hw",
     long="history window", flag="--history-window", parse=_parse_history_window, metavar="W",
-    help=f"scissorhands' history window in decode steps (1-{MAX_HISTORY_WINDOW}; 0 or none: "
+    help=f"{{policies}}' history window in decode steps (1-{MAX_HISTORY_WINDOW}; 0 or none: "
     "off){sweep} (default: none)")
 VOTE_RATE = OptionSpec(
     name="vote_rate", default=False, check=lambda v, b: check_flag("vote_rate", v), short="rate",
     long="vote rate", flag="--vote-rate", parse=_parse_on_off, metavar="ON|OFF", show_off=False,
     sweep="'off on' runs both",
-    help="scissorhands evicts by votes per decode step held (on) or by votes (off){sweep} "
+    help="{policies} evicts by votes per decode step held (on) or by votes (off){sweep} "
     "(default: off)")
 
 #: What ``pool`` may name instead of a number of rows: each row its own budget (1), a
@@ -255,7 +274,7 @@ def _parse_pool(text: str) -> int | str:
 POOL = OptionSpec(
     name="pool", default=1, check=_check_pool, short="pool", long="budget pool", flag="--pool",
     parse=_parse_pool, metavar="P", show_off=False, sweep="several values run each",
-    help="rows sharing one budget (Ada-KV), for h2o, tova and scissorhands: head (each KV head "
+    help="rows sharing one budget (Ada-KV), for {policies}: head (each KV head "
     "its own budget), layer (a layer's KV heads share theirs: the least-ranked evictable "
     "position among them goes), model (every layer and KV head of a sequence share "
     "theirs) or a number of consecutive rows{sweep} (default: head)")
@@ -290,6 +309,22 @@ class PolicySpec:
         Whether the policy reads the attention weights at all.
     paper : str
         Where the behaviour comes from.
+    module : str
+        The module of :mod:`scissorhands.policies` defining the C-backed class (named
+        here, not imported: the policies import this module).
+    kind : str
+        The policy's kind in the C core: the name of its ``sh_kind`` constant
+        (``SH_TOVA``), the ``kind`` of its ``sh_config``.
+    slot_bytes : int
+        Bytes of state per slot, options off (``memory_bytes()``): the uint32
+        position, then the per-slot score (uint32 votes, a float64 score) and one byte
+        of selection scratch.
+    score_key : str or None
+        The per-slot scores' property and ``state_dict()`` key (``"votes"``,
+        ``"scores"``), None for a policy that keeps none.
+    colour, marker : str
+        Plot style: the replay plot's colour and the eval plot's marker (matplotlib
+        names; empty for the full cache, drawn as a line of its own).
     """
 
     name: str
@@ -300,6 +335,12 @@ class PolicySpec:
     evicts: bool = True
     reads_attention: bool = True
     paper: str = ""
+    module: str = ""
+    kind: str = ""
+    slot_bytes: int = 4
+    score_key: str | None = None
+    colour: str = ""
+    marker: str = ""
 
     def default(self, option: str) -> Any:
         """This policy's default value of ``option``."""
@@ -319,22 +360,56 @@ class PolicySpec:
         InvalidTypeError, InvalidInputError
             An option of the wrong kind or out of range, a recent window below the
             policy's least (:attr:`min_recent_window`), or protected positions (recent
-            window plus sinks) not below the budget.
+            window plus sinks) not below the budget.  When the policy's default (H2O's
+            recent window of 32) is what the budget cannot hold, a
+            :class:`DefaultRefusedError` says so and how to pass a smaller value.
         """
         out: dict[str, Any] = {}
         protecting = [o for o in self.options if o.protects]
         for option in self.options:
             value = values.get(option.name, self.default(option.name))
-            if option is RECENT_WINDOW and self.min_recent_window:
-                out[option.name] = self._check_min_window(value, budget)
-            else:
-                out[option.name] = option.check(value, budget)
+            try:
+                if option is RECENT_WINDOW and self.min_recent_window:
+                    out[option.name] = self._check_min_window(value, budget)
+                else:
+                    out[option.name] = option.check(value, budget)
+            except InvalidInputError:
+                if option.protects and self.is_default(option.name, value) and budget > self._least(option):
+                    raise self._default_refused(f"{{name}} {value} (the {self.name} default) needs a "
+                                                f"budget above {value}, got budget {budget}", option) from None
+                raise
             if protecting and option is protecting[-1]:
                 protected = sum(out[o.name] for o in protecting)
                 if protected >= budget:
-                    raise InvalidInputError(protected_message(
-                        {o.name: out[o.name] for o in protecting}, budget))
+                    message = protected_message({o.name: out[o.name] for o in protecting}, budget)
+                    defaulted = next((o for o in protecting if out[o.name] > self._least(o)
+                                      and self.is_default(o.name, values.get(o.name, self.default(o.name)))), None)
+                    if defaulted is None:
+                        raise InvalidInputError(message)
+                    raise self._default_refused(
+                        f"{message}; {{name}} {out[defaulted.name]} is the {self.name} default", defaulted)
         return out
+
+    def _least(self, option: OptionSpec) -> int:
+        """The smallest value this policy allows for a protecting ``option``."""
+        return self.min_recent_window if option is RECENT_WINDOW else 0
+
+    def is_default(self, option: str, value: Any) -> bool:
+        """Whether ``value`` is this policy's default of ``option`` (the same value of the
+        same kind: ``32`` or ``np.int64(32)``, not ``32.0`` or ``True`` for ``1``)."""
+        return _same(value, self.default(option))
+
+    def _default_refused(self, template: str, option: OptionSpec) -> InvalidInputError:
+        """The refusal of a budget too small for the policy's default of ``option``:
+        ``template`` (``{name}`` where the option is named) and how to give a smaller
+        value, in the API's words, and in the command line's for :func:`flag_text`."""
+        base = template.replace("{name}", option.name)
+        fraction = option is RECENT_WINDOW
+        return DefaultRefusedError(
+            base + f": pass a smaller {option.name}=..." + (" (or a fraction of the budget such as 0.75)"
+                                                           if fraction else ""),
+            _flags(base) + f": pass a smaller {option.flag} " + ("(a count, or a fraction of the budget "
+                                                                "such as 75%)" if fraction else "count"))
 
     def _check_min_window(self, value: Any, budget: int) -> int:
         """The recent window of a policy that needs at least :attr:`min_recent_window`
@@ -354,6 +429,43 @@ class PolicySpec:
         return window
 
 
+def _same(value: Any, default: Any) -> bool:
+    """Whether ``value`` is ``default`` itself: None and flags by identity, an integer
+    default by any integer (not bool) equal to it, anything else by type and value."""
+    if default is None or isinstance(default, bool):
+        return value is default
+    if isinstance(default, numbers.Integral):
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == default
+    return type(value) is type(default) and value == default
+
+
+class DefaultRefusedError(InvalidInputError):
+    """A budget too small for a policy's default option value (the recent window of 32 at
+    a budget of 32 or less): the message says the value is the default and how to pass
+    another; ``cli_message`` says it in the command line's flags."""
+
+    def __init__(self, message: str, cli_message: str | None = None) -> None:
+        super().__init__(message)
+        self.cli_message = _flags(message) if cli_message is None else cli_message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.cli_message))
+
+
+def _flags(message: str) -> str:
+    """``message`` with each option named by its flag (whole words only)."""
+    for option in OPTIONS:
+        message = re.sub(rf"\b{option.name}\b", option.flag, message)
+    return message
+
+
+def flag_text(error: BaseException) -> str:
+    """``error``'s message in the command line's words: its ``cli_message`` when it has
+    one, else the message with each option named by its flag (``--recent-window``)."""
+    message = getattr(error, "cli_message", None)
+    return message if isinstance(message, str) else _flags(str(error))
+
+
 def protected_message(protected: Mapping[str, int], budget: int) -> str:
     """Why ``budget`` is refused for these protected counts (recent window, sinks): the
     counts that are set, named (``recent_window + sinks (32 + 4)``)."""
@@ -363,24 +475,31 @@ def protected_message(protected: Mapping[str, int], budget: int) -> str:
     return f"budget must be greater than {names} ({values}), got {budget}"
 
 
-#: Every policy, by registry name, in the order tables list them.
+#: Every policy, by registry name, in the order tables list them: the one place a
+#: policy is declared (see docs/adding-a-policy.md for what else a new one needs).
 SPECS: dict[str, PolicySpec] = {
     "full": PolicySpec(
         "full", "Full", (), evicts=False, reads_attention=False,
-        paper="the full cache (the baseline)"),
+        paper="the full cache (the baseline)",
+        module="full", kind="SH_FULL", slot_bytes=4),
     "streaming-llm": PolicySpec(
         "streaming-llm", "StreamingLLM", (SINKS,), defaults={"sinks": 4}, reads_attention=False,
-        paper="Xiao et al., ICLR 2024, arXiv 2309.17453"),
+        paper="Xiao et al., ICLR 2024, arXiv 2309.17453",
+        module="streaming_llm", kind="SH_STREAMING_LLM", slot_bytes=4, colour="tab:blue", marker="s"),
     "h2o": PolicySpec(
         "h2o", "H2O", (RECENT_WINDOW, SINKS, POOL),
-        paper="Zhang et al., NeurIPS 2023, arXiv 2306.14048"),
+        paper="Zhang et al., NeurIPS 2023, arXiv 2306.14048",
+        module="h2o", kind="SH_H2O", slot_bytes=13, score_key="scores", colour="tab:orange", marker="^"),
     "tova": PolicySpec(
         "tova", "TOVA", (RECENT_WINDOW, SINKS, POOL), defaults={"recent_window": 1},
         min_recent_window=1,
-        paper='Oren et al., 2024, arXiv 2401.06104 ("Transformers are Multi-State RNNs")'),
+        paper='Oren et al., 2024, arXiv 2401.06104 ("Transformers are Multi-State RNNs")',
+        module="tova", kind="SH_TOVA", slot_bytes=13, score_key="scores", colour="tab:purple", marker="v"),
     "scissorhands": PolicySpec(
         "scissorhands", "Scissorhands", (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE, POOL),
-        paper="Liu et al., NeurIPS 2023, arXiv 2305.17118"),
+        paper="Liu et al., NeurIPS 2023, arXiv 2305.17118",
+        module="scissorhands", kind="SH_SCISSORHANDS", slot_bytes=9, score_key="votes",
+        colour="tab:green", marker="o"),
 }
 #: The registry names, in table order.
 POLICY_NAMES: tuple[str, ...] = tuple(SPECS)
@@ -411,8 +530,9 @@ def policy_spec(name: str) -> PolicySpec:
 class PolicyOptions:
     """The option values of one configuration, for any policy.
 
-    Each policy takes the options its :class:`PolicySpec` lists and ignores the rest,
-    so one ``PolicyOptions`` configures every policy of a comparison alike.
+    A policy takes the options its :class:`PolicySpec` lists; an option set for a
+    policy that does not take it is refused (:meth:`check_taken`), as its constructor
+    refuses the keyword, so a value is never silently dropped.
 
     Parameters
     ----------
@@ -447,10 +567,13 @@ class PolicyOptions:
 
         Raises
         ------
+        InvalidTypeError
+            An option set (not at this class's default) that ``policy`` does not take.
         InvalidInputError
-            A pool named by a scope that ``pools`` does not resolve.
+            An unknown policy; a pool named by a scope that ``pools`` does not resolve.
         """
         spec = policy_spec(policy)
+        self.check_taken(policy)
         out: dict[str, Any] = {}
         for option in spec.options:
             value = getattr(self, option.name)
@@ -468,6 +591,34 @@ class PolicyOptions:
                     value = pools[value]
             out[option.name] = value
         return out
+
+    def given(self) -> dict[str, Any]:
+        """The options set: those not at this class's defaults (which mean "each
+        policy's own"), by the same test as :meth:`PolicySpec.is_default` (``pool=1``
+        and ``"head"`` are the default; ``True`` or ``0`` for ``vote_rate`` are not)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not _same(value, f.default) and not (f.name == "pool" and value == "head"):
+                out[f.name] = value
+        return out
+
+    def check_taken(self, policy: str) -> None:
+        """Refuse options set for a policy that does not take them (the constructor
+        would refuse the keyword; one configuration is one policy's).
+
+        Raises
+        ------
+        InvalidTypeError
+            The first such option, named with the policy and the options it takes.
+        InvalidInputError
+            Unknown policy.
+        """
+        spec = policy_spec(policy)
+        for name, value in self.given().items():
+            if not spec.takes(name):
+                takes = ", ".join(o.name for o in spec.options) or "no options"
+                raise InvalidTypeError(f"{policy} takes no {name} (it takes {takes}), got {name}={value!r}")
 
     def replace(self, **changes: Any) -> PolicyOptions:
         """A copy with some values changed."""
@@ -506,8 +657,8 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
     budget : int or None
         Positions held per row after each eviction; None only for ``full``.
     options : PolicyOptions, optional
-        The option values (default: every option at its default); options the policy
-        does not take are ignored.
+        The option values (default: every option at its default); an option set that
+        the policy does not take is refused.
     heads : int, default 1
         Independent rows in the policy object.
     backend : {"native", "reference"}
@@ -518,15 +669,20 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
     Raises
     ------
     InvalidInputError, InvalidTypeError
-        Unknown name or backend, a missing budget, or values the policy refuses.
+        Unknown name or backend, a missing budget, an option the policy does not take,
+        or values the policy refuses; all before anything is built.
     """
     spec = policy_spec(name)
+    options = options or PolicyOptions()
+    if not isinstance(options, PolicyOptions):
+        raise InvalidTypeError(f"options must be a PolicyOptions, not {type(options).__name__}")
+    options.check_taken(name)
     cls = policy_classes(backend)[name]
     if not spec.evicts:
         return cls(budget=budget, heads=heads)
     if budget is None:
         raise InvalidInputError(f"policy {name!r} needs a budget")
-    return cls(budget=budget, heads=heads, **(options or PolicyOptions()).values(name, budget, pools))
+    return cls(budget=budget, heads=heads, **options.values(name, budget, pools))
 
 
 # ----------------------------------------------------------------------------- labels
@@ -633,7 +789,10 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
     (``values[name]``: a list, each value a run; None, empty or missing: the policy's
     default), at every budget.  A combination that repeats an earlier run (``50%`` and
     ``0.5x`` of the same budget) is skipped with a note, and so is one the policy
-    refuses at a budget (``recent_window + sinks >= budget``), unless ``strict``.
+    refuses at a budget (``recent_window + sinks >= budget``), unless ``strict``.  What
+    would silently run nothing of what was asked is refused: a value given for an option
+    none of the policies takes, a value that runs with no policy at any budget, a
+    policy that runs at no budget.
 
     Parameters
     ----------
@@ -642,12 +801,16 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
         policy's configurations in turn.  ``"policy"`` (replay): policy by policy as
         listed (the full cache where listed), each configuration at every budget.
     strict : bool
-        Raise the refusal (naming the policy, setting and budget) instead of noting it.
+        Raise the refusal (naming the policy, setting and budget) instead of noting it;
+        a default the budget cannot hold is refused in the flags' words
+        (:class:`DefaultRefusedError`).
 
     Raises
     ------
     InvalidInputError
-        An unknown policy name; with ``strict``, a configuration a policy refuses.
+        An unknown policy name; with ``strict``, a configuration a policy refuses;
+        without, a value or policy that runs nowhere (the message names the flag or
+        the policy, and why).
     """
     names = list(dict.fromkeys(policies))
     for name in names:
@@ -656,9 +819,13 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
     notes: list[str] = []
     seen: set[tuple[Any, ...]] = set()
 
+    refusals: dict[Any, str] = {}  # policy, or (option, value): why its first run was refused
+    ran: set[Any] = set()  # the policies, and the (option, value) pairs, that run somewhere
+
     def add(name: str, budget: int, combo: tuple[Any, ...]) -> None:
         spec = SPECS[name]
         given = dict(zip((o.name for o in spec.options), combo))
+        asked = [(o, v) for o, v in given.items() if _hashable(v) and v in (values.get(o) or ())]
         window_spec = given["recent_window"] if isinstance(given.get("recent_window"), str) else None
         try:
             if window_spec is not None:
@@ -667,9 +834,14 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
         except ScissorhandsError as exc:
             if strict:
                 where = f"{name} ({setting(name, given)}) at budget {budget}"
+                if isinstance(exc, DefaultRefusedError):  # what to pass, as the commands take it
+                    raise DefaultRefusedError(f"{where}: {exc.cli_message}", f"{where}: {exc.cli_message}") from None
                 raise type(exc)(f"{where}: {exc}") from None
             notes.append(f"skipped {name} budget {budget} ({config_label(name, given, window_spec)}): {exc}")
+            for key in (name, *asked):
+                refusals.setdefault(key, (f"{name} at budget {budget}: " if key != name else "") + flag_text(exc))
             return
+        ran.update((name, *asked))
         key = (name, budget, tuple(resolved.items()))
         if key in seen:
             if not strict:
@@ -703,4 +875,42 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
                     add(name, budget, combo)
     else:
         raise InvalidInputError(f"by must be 'budget' or 'policy', got {by!r}")
+    _check_ran(names, budgets, values, ran, refusals)
     return runs, notes
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_ran(names: Sequence[str], budgets: Sequence[int], values: Mapping[str, Sequence[Any] | None],
+               ran: set[Any], refusals: Mapping[Any, str]) -> None:
+    """Refuse a sweep that would silently run nothing of what was asked: an option value
+    given for policies none of which takes the option, a value that runs with no policy
+    at any budget, or an evicting policy that runs at no budget (its every configuration
+    refused).
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the flag and value, or the policy, and the first refusal.
+    """
+    shown = ", ".join(map(str, dict.fromkeys(budgets)))
+    for option in OPTIONS:
+        given = [v for v in values.get(option.name) or () if _hashable(v)]
+        takers = [n for n in names if SPECS[n].takes(option.name)]
+        if given and not takers:
+            owners = ", ".join(n for n, spec in SPECS.items() if spec.takes(option.name))
+            raise InvalidInputError(f"{option.flag}: none of the policies {', '.join(names)} takes it "
+                                    f"(it is an option of {owners})")
+        for value in dict.fromkeys(given):
+            if (option.name, value) not in ran and (option.name, value) in refusals:
+                raise InvalidInputError(f"{option.flag} {option.text(value)} would run with no policy at "
+                                        f"budgets {shown}: {refusals[(option.name, value)]}")
+    for name in names:
+        if SPECS[name].evicts and name not in ran and name in refusals:
+            raise InvalidInputError(f"{name} would run at none of the budgets {shown}: {refusals[name]}")

@@ -49,7 +49,6 @@ from ._shared import (
     INITIAL_CAPACITY_LIMIT,
     MAX_HEADS,
     MAX_THREADS,
-    SLOT_BYTES,
     STATE_FORMAT,
     STATE_VERSION,
     UINT32_MAX,
@@ -129,9 +128,10 @@ class _Policy:
     #: Registry name, also ``state_dict()["policy"]``; its spec in
     #: :data:`scissorhands.options.SPECS` lists the options the constructor takes.
     name: ClassVar[str]
-    #: Key of the per-position scores in the state dict (None: the policy keeps none).
+    #: Key of the per-position scores in the state dict (None: the policy keeps none):
+    #: the spec's ``score_key``, set for each subclass.
     _score_key: ClassVar[str | None] = None
-    #: Whether on_decode_step reads ``attn`` at all.
+    #: Whether on_decode_step reads ``attn`` at all (the spec's ``reads_attention``).
     _reads_attention: ClassVar[bool] = False
 
     budget: int | None
@@ -148,6 +148,12 @@ class _Policy:
     _capacity: int
     #: Consecutive rows sharing one budget (1: each row its own).
     pool: int = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a policy of the registry: what its spec declares
+            cls._score_key = SPECS[cls.name].score_key
+            cls._reads_attention = SPECS[cls.name].reads_attention
 
     def _configure(self, budget: Any, **options: Any) -> None:
         """Validate ``budget``, then the options of the policy's spec in their order
@@ -190,7 +196,7 @@ class _Policy:
     def _slot_bytes(self) -> int:
         """Bytes per slot counted by :meth:`memory_bytes`: the policy's own, plus a vote
         register with a history window and a step count with a vote rate."""
-        return (SLOT_BYTES[self.name] + (HISTORY_BYTES if self._keeps_history() else 0)
+        return (SPECS[self.name].slot_bytes + (HISTORY_BYTES if self._keeps_history() else 0)
                 + (HELD_BYTES if self._keeps_held() else 0))
 
     def _update(self, head: int, weights: list[float]) -> None:
@@ -862,7 +868,6 @@ class _HeavyHitters(_Policy):
     lowest-scored slots go first, equal scores evicting the lower position.
     """
 
-    _reads_attention = True
     recent_window: int
     sinks: int
 
@@ -955,7 +960,6 @@ class Scissorhands(_HeavyHitters):
     """
 
     name = "scissorhands"
-    _score_key = "votes"
     history_window: int | None
     vote_rate: bool
 
@@ -1069,7 +1073,6 @@ class H2O(_HeavyHitters):
     """
 
     name = "h2o"
-    _score_key = "scores"
 
     def _new_score(self) -> float:
         return 0.0
@@ -1150,7 +1153,6 @@ class TOVA(_HeavyHitters):
     """
 
     name = "tova"
-    _score_key = "scores"
 
     def __init__(self, budget: int = 512, recent_window: int = 1, rng: Any = None, heads: int = 1,
                  sinks: int = 0, pool: int = 1) -> None:
@@ -1267,11 +1269,6 @@ class Full(_Policy):
         return [0] * self.heads
 
 
-#: Registry: name -> class, the same names as the C-backed package.
-POLICIES: dict[str, type[_Policy]] = {
-    "full": Full,
-    "streaming-llm": StreamingLLM,
-    "h2o": H2O,
-    "tova": TOVA,
-    "scissorhands": Scissorhands,
-}
+#: Registry: name -> class, the same names as the C-backed package, in the registry's
+#: order, each the class its :class:`~scissorhands.options.PolicySpec` names.
+POLICIES: dict[str, type[_Policy]] = {name: globals()[spec.class_name] for name, spec in SPECS.items()}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .harness import ReplayResult, prepare, replay, round6
-from .options import POLICY_NAMES, Run, policy_classes, setting, shown_values, sweep
+from .options import POLICY_NAMES, SPECS, Run, policy_classes, setting, shown_values, sweep
 from .paths import check_inputs_and_outputs
 from .traces import decode_trace, load_recorded_trace
 
@@ -300,8 +300,7 @@ def _plot(
     series: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         series.setdefault((r["policy"], setting(r["policy"], r["params"])), []).append(r)
-    colours = {"streaming-llm": "tab:blue", "h2o": "tab:orange", "tova": "tab:purple",
-               "scissorhands": "tab:green"}
+    colours = {name: spec.colour for name, spec in SPECS.items() if spec.colour}
     markers = ["o", "s", "^", "D", "v", "P"]
     seen_per_policy: dict[str, int] = {}
     for ax, (key, label) in zip(axes, metrics):

@@ -39,7 +39,7 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from ..errors import InvalidInputError, InvalidTypeError
-from ..options import SPECS, PolicyOptions
+from ..options import PolicyOptions
 from . import attention
 from .gqa import group_mean
 from .rows import PolicyConfig, PolicyRows, check_pools
@@ -277,7 +277,7 @@ class EvictingCache(Cache):
         super().__init__(layers=layers)
         self.configs = configs
         #: Whether any policy reads attention (else no weights are computed or gathered).
-        self.reads_attention = any(SPECS[c.policy].reads_attention for c in configs)
+        self.reads_attention = any(c.reads_attention for c in configs)
         self.positions = positions
         self.rotary: Any = None  # the model's rotary embedding (positions="cache"; from_model)
         self.head_mode = head_mode

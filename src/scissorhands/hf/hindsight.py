@@ -34,11 +34,11 @@ __all__ = ["AttentionTap", "HindsightConfig", "tap_attention"]
 class HindsightConfig(PolicyConfig):
     """A configuration of ``eval``'s batch whose rows replay ``schedule``.
 
-    Build it with :meth:`of`.  ``policy`` is ``"full"``: a registry name for the cache's
-    own checks (it reads no attention); the cache's rows of it are a
-    :class:`~scissorhands.hindsight.ScheduledPolicy` (:meth:`build`); ``evicts`` is True
-    and the budget is the schedule's.  Two configurations are equal only when they hold
-    the same schedule object.
+    Build it with :meth:`of`.  ``policy`` is ``"hindsight"`` (not a registry name: the
+    name eval's results give it); the cache's rows of it are a
+    :class:`~scissorhands.hindsight.ScheduledPolicy` (:meth:`build`); ``evicts`` is True,
+    ``reads_attention`` False and the budget is the schedule's.  Two configurations are
+    equal only when they hold the same schedule object.
     """
 
     schedule: HindsightSchedule | None = None
@@ -53,7 +53,7 @@ class HindsightConfig(PolicyConfig):
         InvalidTypeError
             ``schedule`` is not a :class:`~scissorhands.hindsight.HindsightSchedule`.
         """
-        config = cls("full", getattr(schedule, "budget", None), backend=backend, schedule=schedule)
+        config = cls("hindsight", getattr(schedule, "budget", None), backend=backend, schedule=schedule)
         config.check()
         return config
 
@@ -83,6 +83,10 @@ class HindsightConfig(PolicyConfig):
 
     @property
     def pooled(self) -> bool:
+        return False
+
+    @property
+    def reads_attention(self) -> bool:
         return False
 
 

@@ -65,6 +65,11 @@ class PolicyConfig:
     def evicts(self) -> bool:
         return policy_spec(self.policy).evicts
 
+    @property
+    def reads_attention(self) -> bool:
+        """Whether the rows' policy reads attention (else none is computed for it)."""
+        return policy_spec(self.policy).reads_attention
+
 
 def check_pools(configs: Sequence[PolicyConfig], layers: int, heads: int) -> dict[str, int]:
     """The rows each pool scope stands for with ``layers`` evicting layers of ``heads``

@@ -1,18 +1,21 @@
 """The C-backed policies: one module per policy, sharing :mod:`._base`."""
 
+import importlib
+
+from scissorhands.options import SPECS
+from scissorhands.policies._base import NativePolicy
 from scissorhands.policies.full import Full
 from scissorhands.policies.h2o import H2O
 from scissorhands.policies.scissorhands import Scissorhands
 from scissorhands.policies.streaming_llm import StreamingLLM
 from scissorhands.policies.tova import TOVA
 
-#: Registry name -> class; every generic test and the CLI iterate it.
-POLICIES = {
-    "full": Full,
-    "streaming-llm": StreamingLLM,
-    "h2o": H2O,
-    "tova": TOVA,
-    "scissorhands": Scissorhands,
+#: Registry name -> class, in the registry's order, each found where its
+#: :class:`~scissorhands.options.PolicySpec` says (``module``, ``class_name``); every
+#: generic test and the CLI iterate it.
+POLICIES: dict[str, type[NativePolicy]] = {
+    name: getattr(importlib.import_module(f"{__name__}.{spec.module}"), spec.class_name)
+    for name, spec in SPECS.items()
 }
 
 __all__ = ["H2O", "POLICIES", "TOVA", "Full", "Scissorhands", "StreamingLLM"]

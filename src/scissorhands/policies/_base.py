@@ -85,9 +85,17 @@ class NativePolicy:
     #: Registry name (``state_dict()["policy"]``); its :class:`~scissorhands.options.PolicySpec`
     #: in ``SPECS`` declares the options the constructor takes.
     name: ClassVar[str]
+    #: The C kind (``sh_config.kind``) and the name of the per-slot score property
+    #: (``"votes"``, ``"scores"``) or None: what the spec declares, set for each subclass.
     _kind: ClassVar[int]
-    #: Name of the per-slot score property (``"votes"``, ``"scores"``) or None.
     _score_name: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a policy of the registry
+            spec = SPECS[cls.name]
+            cls._kind = getattr(lib, spec.kind)
+            cls._score_name = spec.score_key
 
     def __init__(self, *, budget: int, heads: int, **options: Any) -> None:
         """Validate in the order both backends share (budget, then the spec's options

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from scissorhands._native import lib
 from scissorhands._shared import UINT32_MAX, check_int
 from scissorhands.policies._base import NativePolicy
 
@@ -28,7 +27,6 @@ class Full(NativePolicy):
     """
 
     name = "full"
-    _kind = lib.SH_FULL
 
     def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:
         self._configured = None if budget is None else check_int("budget", budget, 1)

@@ -60,8 +60,6 @@ class H2O(RankingPolicy):
     """
 
     name = "h2o"
-    _kind = lib.SH_H2O
-    _score_name = "scores"
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0, pool: int = 1) -> None:

@@ -81,8 +81,6 @@ class Scissorhands(RankingPolicy):
     """
 
     name = "scissorhands"
-    _kind = lib.SH_SCISSORHANDS
-    _score_name = "votes"
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0, history_window: int | None = None, vote_rate: bool = False,

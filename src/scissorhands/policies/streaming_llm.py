@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from scissorhands._native import lib
 from scissorhands.policies._base import NativePolicy
 
 
@@ -39,7 +38,6 @@ class StreamingLLM(NativePolicy):
     """
 
     name = "streaming-llm"
-    _kind = lib.SH_STREAMING_LLM
 
     def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
         super().__init__(budget=budget, sinks=sinks, heads=heads)

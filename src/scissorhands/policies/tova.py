@@ -67,8 +67,6 @@ class TOVA(RankingPolicy):
     """
 
     name = "tova"
-    _kind = lib.SH_TOVA
-    _score_name = "scores"
 
     def __init__(self, budget: int = 512, recent_window: int = 1, rng: Any = None, heads: int = 1,
                  sinks: int = 0, pool: int = 1) -> None:
