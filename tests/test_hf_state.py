@@ -183,7 +183,8 @@ def _failing(model, cache, failure):
 
 
 CASES = [(family, policy, failure) for family in ("llama", "gemma2") for policy in POLICIES
-         for failure in ("interrupt", "observer", "nan") if not (failure == "nan" and policy in ("full", "streaming-llm"))]
+         for failure in ("interrupt", "observer", "nan")
+         if not (failure == "nan" and policy in ("full", "streaming-llm"))]  # these read no attention
 
 
 @pytest.mark.parametrize("when", ["prompt", "step", "chunk"])
@@ -219,7 +220,8 @@ def test_a_failed_forward_leaves_the_cache_as_it_was(family, policy, failure, wh
         undo()
     assert _same_held(_held(cache), before)
     assert torch.equal(forward(model, cache), forward(model, twin))
-    assert torch.equal(hf.decode_step(model, cache, torch.tensor([3, 4])), hf.decode_step(model, twin, torch.tensor([3, 4])))
+    step = torch.tensor([3, 4])
+    assert torch.equal(hf.decode_step(model, cache, step), hf.decode_step(model, twin, step))
     assert _same_held(_held(cache), _held(twin))
 
 
@@ -246,3 +248,29 @@ def test_garbage_in_padding_does_not_abort_the_batchs_other_sequences(policy, im
     assert torch.equal(stock, generate(model, hf.EvictingCache.from_model(model, policy, 64)))
     evicting = generate(model, _policy_cache(model, policy))
     assert torch.equal(evicting[0], generate(clean, _policy_cache(clean, policy))[0])
+
+
+# ----------------------------------------------------------------------------- one-token prompts
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_one_token_prompt_generates_the_stock_caches_tokens(policy, batch, impl):
+    """A prompt of one token (alone, or a batch of one-token prompts) is a prompt, not a
+    decode step: generate gives the DynamicCache's tokens; with eviction (budget 4) it
+    runs and holds the budget."""
+    model = _model("llama", impl)
+    ids = torch.tensor([[5], [7], [9]][:batch])
+
+    def generate(cache):
+        with torch.no_grad():
+            return model.generate(input_ids=ids, cache=cache, pad_token_id=PAD, do_sample=False, max_new_tokens=8)
+
+    stock = generate(DynamicCache(config=model.config))
+    assert torch.equal(generate(hf.EvictingCache.from_model(model, policy, None if policy == "full" else 64)), stock)
+    if policy != "full":
+        options = {"sinks": 1} if policy == "streaming-llm" else {"recent_window": 1}
+        cache = hf.EvictingCache.from_model(model, policy, 4, **options)
+        assert generate(cache).shape == stock.shape
+        assert cache.held_counts().max() == 4 and cache.seen == 8

@@ -372,8 +372,10 @@ class EvictingCache(Cache):
     held before it).  A sequence whose attention is not finite while others' are
     (an inf or NaN in a padded token's embedding spreads through its sequence) hands
     its policies zero attention and the batch goes on, as the stock cache's does;
-    attention finite in no sequence is refused.  ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an
-    evicted position is gone.
+    attention finite in no sequence is refused.
+
+    ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an evicted
+    position is gone.
 
     ``positions="cache"`` (needs :meth:`from_model`, which finds the model's rotary
     embedding) re-rotates, once positions were evicted, each held key to its rank and the
@@ -738,7 +740,9 @@ class EvictingCache(Cache):
         repeat = self.num_kv_heads // self.policy_heads
         pads = forward.pads
         policy_seconds = 0.0
-        if q == 1 and (pads is None or not pads.any()):
+        fresh = self.seen == 0
+        # A decode step: one token after others; a prompt (even of one token) is a chunk.
+        if q == 1 and not fresh and (pads is None or not pads.any()):
             width = int(storage.counts.max(initial=0))
             weights = None if means is None else self._contained(storage.gather_kept(means.reshape(rows, -1), width,
                                                                                      repeat))
@@ -752,7 +756,6 @@ class EvictingCache(Cache):
                 storage.apply_step(victims, slots)
             self.stats.steps += 1
         else:
-            fresh = self.seen == 0
             width = (0 if fresh else int(storage.counts.max(initial=0))) + q
             columns = storage.chunk_columns(width)[::repeat]
             chunk_weights = None
@@ -761,8 +764,8 @@ class EvictingCache(Cache):
             admit = None
             if pads is not None and pads.any():
                 per_sequence = ~pads  # (batch, q)
-                admit = np.broadcast_to(per_sequence[None, :, None, :],
-                                        (self.evicting_layers, self.storage.batch, self.policy_heads, q)).reshape(rows, q)
+                shape = (self.evicting_layers, self.storage.batch, self.policy_heads, q)
+                admit = np.broadcast_to(per_sequence[None, :, None, :], shape).reshape(rows, q)
                 if chunk_weights is not None:
                     chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat])
             if chunk_weights is not None:
@@ -812,7 +815,7 @@ class EvictingCache(Cache):
         if layer_idx == 0:
             self._settle()
             self._slid = {}
-        layer = self.layers[layer_idx]
+        layer: Any = self.layers[layer_idx]
         if not isinstance(layer, EvictingLayer):
             self._slid.setdefault(layer_idx, (layer.keys, layer.values, getattr(layer, "cumulative_length", None),
                                               layer.is_initialized))
