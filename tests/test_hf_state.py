@@ -274,3 +274,36 @@ def test_a_one_token_prompt_generates_the_stock_caches_tokens(policy, batch, imp
         cache = hf.EvictingCache.from_model(model, policy, 4, **options)
         assert generate(cache).shape == stock.shape
         assert cache.held_counts().max() == 4 and cache.seen == 8
+
+
+# ----------------------------------------------------------------------------- assisted decoding
+
+ASSISTED = {"assistant": lambda model: {"assistant_model": model},
+            "prompt-lookup": lambda model: {"prompt_lookup_num_tokens": 3}}
+
+
+@pytest.mark.parametrize("turn", ["first", "second"])
+@pytest.mark.parametrize("mode", list(ASSISTED))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_assisted_and_prompt_lookup_decoding_are_refused_before_the_first_forward(policy, mode, turn):
+    """Assisted and prompt-lookup decoding (which crop the drafts the model rejects, where
+    the stock cache can and an evicting one cannot) are refused with a library error
+    before any forward, on a new cache or one that holds a first turn: the cache holds
+    what it held, and generating without them then gives an untouched twin's tokens."""
+    model = _model("llama", "sdpa")
+    ids = torch.randint(2, 90, (1, 12), generator=torch.Generator().manual_seed(14))
+    stock = model.generate(input_ids=ids, cache=DynamicCache(config=model.config), pad_token_id=PAD,
+                           do_sample=False, max_new_tokens=6, **ASSISTED[mode](_model("llama", "sdpa")))
+    assert stock.shape[1] > ids.shape[1]  # the stock cache runs it
+    cache = _policy_cache(model, policy)
+    if turn == "second":
+        ids = model.generate(input_ids=ids, cache=cache, pad_token_id=PAD, do_sample=False, max_new_tokens=4)
+    twin = copy.deepcopy(cache)
+    before = _held(twin)
+    with pytest.raises(InvalidInputError, match="assistant_model"):
+        model.generate(input_ids=ids, cache=cache, pad_token_id=PAD, do_sample=False, max_new_tokens=6,
+                       **ASSISTED[mode](model))
+    assert _same_held(_held(cache), before)
+    generate = dict(pad_token_id=PAD, do_sample=False, max_new_tokens=6)
+    assert torch.equal(model.generate(input_ids=ids, cache=cache, **generate),
+                       model.generate(input_ids=ids, cache=twin, **generate))

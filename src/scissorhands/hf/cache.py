@@ -901,6 +901,17 @@ class EvictingCache(Cache):
         if tokens_to_remove != 0:
             raise InvalidInputError("an EvictingCache cannot be cropped: the positions it evicted are gone")
 
+    def activate_past_recording(self) -> None:
+        """Refused: transformers asks for it before the first forward of assisted
+        decoding (``assistant_model=``) and prompt-lookup decoding
+        (``prompt_lookup_num_tokens=``), which then ``crop`` the draft tokens the model did
+        not accept; the policies have already evicted for those tokens, so they cannot be
+        taken back.  Nothing has changed when this raises."""
+        raise InvalidInputError(
+            "an EvictingCache cannot take back tokens once its policies saw them, which assisted decoding "
+            "(assistant_model=) and prompt-lookup decoding (prompt_lookup_num_tokens=) need to drop rejected "
+            "drafts: generate without them, or with transformers' DynamicCache")
+
     def early_initialization(self, *args: Any, **kwargs: Any) -> None:
         raise InvalidInputError("an EvictingCache sizes itself at the first forward; it has no early initialization")
 
