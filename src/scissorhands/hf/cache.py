@@ -96,6 +96,17 @@ class CacheStats:
     compactions: int = 0
 
 
+def _outside_graph(method: Callable[..., Any]) -> Callable[..., Any]:
+    """One of the cache's entry points (transformers' calls, the installed attention's),
+    run as plain Python under ``torch.compile``: the bookkeeping (NumPy, the policies' C
+    calls) stays out of the traced graph, which breaks around it (transformers'
+    ``DynamicCache`` is traced; this cache is not, and says so with ``is_compileable =
+    False``, so ``generate`` never compiles for it on its own).  Costs about 2 us per
+    call uncompiled."""
+    disabled: Callable[..., Any] = torch.compiler.disable(method)
+    return functools.wraps(method)(disabled)
+
+
 def _undone_on_failure(method: Callable[..., Any]) -> Callable[..., Any]:
     """A layer's step of the forward that, when it raises, undoes the forward first."""
 
@@ -233,6 +244,7 @@ class EvictingLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # the cache moves every layer at once
         raise InvalidInputError("reorder an EvictingCache as a whole: cache.reorder_cache(beam_idx)")
 
+    @_outside_graph
     @_undone_on_failure
     def attention_mask(self, stock: Any, query: torch.Tensor, dtype: torch.dtype | None) -> Any:
         """The mask this layer attends with (called by the installed attention): the one
@@ -249,6 +261,7 @@ class EvictingLayer(CacheLayerMixin):
         cache.stats.bookkeeping_seconds += time.perf_counter() - start
         return mask
 
+    @_outside_graph
     @_undone_on_failure
     def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
         """``positions="cache"``: at the forward's first evicting layer, remember the rotary
@@ -272,6 +285,7 @@ class EvictingLayer(CacheLayerMixin):
         storage.rope[rows, columns] = per_row
         forward.positions = positions
 
+    @_outside_graph
     @_undone_on_failure
     def rerotate(self, query: torch.Tensor, key: torch.Tensor,
                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,6 +302,7 @@ class EvictingLayer(CacheLayerMixin):
         cache.stats.rerotate_seconds += time.perf_counter() - start
         return query, key
 
+    @_outside_graph
     @_undone_on_failure
     def observe(self, weights: torch.Tensor | None) -> None:
         """This layer's attention weights ``(batch, heads, q, extent)`` of the forward
@@ -806,6 +821,7 @@ class EvictingCache(Cache):
 
     # ------------------------------------------------------------------ the Cache API
 
+    @_outside_graph
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer_idx``'s new keys and values (transformers' call, every layer of every
@@ -825,6 +841,7 @@ class EvictingCache(Cache):
             self._rollback()
             raise
 
+    @_outside_graph
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens seen so far (padding included): the true position of the next token.
 
@@ -834,6 +851,7 @@ class EvictingCache(Cache):
         self._settle()
         return self.seen
 
+    @_outside_graph
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         """The mask's key length and offset for layer ``layer_idx`` (transformers' call,
         before the layers run; a forward that did not finish is undone first)."""
