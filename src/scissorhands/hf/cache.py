@@ -126,12 +126,12 @@ class _Forward:
 
     Created by :meth:`EvictingCache._begin` (the first evicting layer's write) and dropped
     by :meth:`EvictingCache._finish` (after the step) or :meth:`EvictingCache._rollback`
-    (a failed or interrupted forward, ``reset()``): nowhere else.  ``q``: its tokens per sequence; per evicting layer,
-    whether it was ``written`` and ``observed`` and its ``pending`` weights (a chunk's
-    already reduced to the policy heads, as NumPy); ``pads``: which new tokens are padding
-    (``(batch, q)`` bool, None without padding); ``positions="cache"``: the rotary
-    ``positions`` of the new keys (``(batch, q)`` int64) and the ``rotations`` to the
-    ranks, computed once at the first layer that needs them."""
+    (a failed or interrupted forward, ``reset()``): nowhere else.  ``q``: its tokens per
+    sequence; per evicting layer, whether it was ``written`` and ``observed`` and its
+    ``pending`` weights (a chunk's already reduced to the policy heads, as NumPy);
+    ``pads``: which new tokens are padding (``(batch, q)`` bool, None without padding);
+    ``positions="cache"``: the rotary ``positions`` of the new keys (``(batch, q)`` int64)
+    and the ``rotations`` to the ranks, computed once at the first layer that needs them."""
 
     __slots__ = ("fresh", "observed", "pads", "pending", "plan", "positions", "q", "rope", "rotations", "written")
 
