@@ -17,6 +17,12 @@ installs what the model needs so that the cache sees each new query row's attent
    on itself, not renormalised): ``step_rows`` for one token, ``extend`` then
    ``evict_rows`` for several (a prompt, a new turn); the victims' slots are freed.
 
+What one forward owns (which layers wrote and handed over their weights, the weights
+pending, which new tokens are padding, the rotary positions and rotations of
+``positions="cache"``) is one object, created at the first evicting layer's write and
+dropped after the step or by ``reset()``; observers (:meth:`EvictingCache.add_observer`)
+see every layer's weights as they come.
+
 Keys keep their original rotary rotation and the model its true positions (as H2O
 does).  Padding is never admitted: a left-padded sequence's rows hold fewer positions.
 Sliding-window layers (Gemma-2's every other layer) are transformers' own, already
@@ -29,8 +35,9 @@ et al., ICLR 2024, arXiv 2309.17453.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +52,8 @@ from .gqa import group_mean
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, make_storage
 
-__all__ = ["HEAD_MODES", "POSITION_MODES", "CacheStats", "EvictingCache", "EvictingLayer"]
+__all__ = ["HEAD_MODES", "POSITION_MODES", "AttentionObserver", "CacheStats", "EvictingCache", "EvictingLayer",
+           "ObserverHandle"]
 
 #: ``per-head``: one policy row per KV head; ``mean``: one row per layer, fed the mean
 #: over all its query heads, whose decisions every KV head follows.
@@ -55,6 +63,9 @@ HEAD_MODES = ("per-head", "mean")
 #: query at rank n (StreamingLLM, Xiao et al., ICLR 2024, §3.2), so no distance exceeds
 #: the budget, past the trained context too.
 POSITION_MODES = ("original", "cache")
+
+#: ``fn(layer, weights)``: see :meth:`EvictingCache.add_observer`.
+AttentionObserver = Callable[[int, torch.Tensor], Any]
 
 _OUT_OF_SYNC = (
     "the cache received keys and values whose attention never reached it: the model does not "
@@ -85,17 +96,91 @@ class CacheStats:
     compactions: int = 0
 
 
+def _outside_graph(method: Callable[..., Any]) -> Callable[..., Any]:
+    """One of the cache's entry points (transformers' calls, the installed attention's),
+    run as plain Python under ``torch.compile``: the bookkeeping (NumPy, the policies' C
+    calls) stays out of the traced graph, which breaks around it (transformers'
+    ``DynamicCache`` is traced; this cache is not, and says so with ``is_compileable =
+    False``, so ``generate`` never compiles for it on its own).  Costs about 2 us per
+    call uncompiled."""
+    disabled: Callable[..., Any] = torch.compiler.disable(method)
+    return functools.wraps(method)(disabled)
+
+
+def _undone_on_failure(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A layer's step of the forward that, when it raises, undoes the forward first."""
+
+    @functools.wraps(method)
+    def run(self: EvictingLayer, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self.cache._rollback()
+            raise
+
+    return run
+
+
+class _Forward:
+    """What one forward owns, from its first evicting layer's write to the policies' step.
+
+    Created by :meth:`EvictingCache._begin` (the first evicting layer's write) and dropped
+    by :meth:`EvictingCache._finish` (after the step) or :meth:`EvictingCache._rollback`
+    (a failed or interrupted forward, ``reset()``): nowhere else.  ``q``: its tokens per
+    sequence; per evicting layer, whether it was ``written`` and ``observed`` and its
+    ``pending`` weights (a chunk's already reduced to the policy heads, as NumPy);
+    ``pads``: which new tokens are padding (``(batch, q)`` bool, None without padding);
+    ``positions="cache"``: the rotary ``positions`` of the new keys (``(batch, q)`` int64)
+    and the ``rotations`` to the ranks, computed once at the first layer that needs them."""
+
+    __slots__ = ("fresh", "observed", "pads", "pending", "plan", "positions", "q", "rope", "rotations", "written")
+
+    def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int]) -> None:
+        self.q = q
+        #: What undoes it (:meth:`EvictingCache._rollback`): whether the cache held nothing
+        #: before it, the storage's plan before it, the rotary positions it overwrote.
+        self.fresh = fresh
+        self.plan = plan
+        self.rope: tuple[np.ndarray, np.ndarray] | None = None
+        self.written = [False] * layers
+        self.observed = [False] * layers
+        self.pending: list[torch.Tensor | np.ndarray | None] = [None] * layers
+        self.pads: np.ndarray | None = None
+        self.positions: np.ndarray | None = None
+        self.rotations: tuple[torch.Tensor, ...] | None = None
+
+
+class ObserverHandle:
+    """What :meth:`EvictingCache.add_observer` returns: :meth:`remove` detaches the observer."""
+
+    def __init__(self, observers: list[Any], fn: Any) -> None:
+        self._observers = observers
+        self._fn = fn
+
+    def remove(self) -> None:
+        """Stop calling the observer (nothing if already removed)."""
+        if self._fn in self._observers:
+            self._observers.remove(self._fn)
+
+
 class EvictingLayer(CacheLayerMixin):
-    """One full-attention layer of an :class:`EvictingCache` (its ``e``-th evicting one)."""
+    """One full-attention layer of an :class:`EvictingCache` (its ``index``-th evicting one,
+    model layer ``layer``).
+
+    Its keys and values are its view of the cache's storage (one buffer per layer; the
+    slot layout is shared by every layer); what the installed attention asks of a layer
+    (its mask, its keys re-rotated, handing over its weights) is done here, on the cache's
+    forward in flight."""
 
     is_sliding = False
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, cache: EvictingCache, index: int) -> None:
+    def __init__(self, cache: EvictingCache, index: int, layer: int) -> None:
         super().__init__()
         self.cache = cache
         self.index = index
+        self.layer = layer
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -121,11 +206,26 @@ class EvictingLayer(CacheLayerMixin):
         self.device = key_states.device
         self.is_initialized = True
 
+    def _in_flight(self) -> _Forward:
+        forward = self.cache._forward
+        if forward is None:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        return forward
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's keys and values ``(batch, kv_heads, q, head_dim)`` where the
+        storage planned them; return the held ones, ``[0, extent)`` of the buffers."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = self.cache._write(self.index, key_states, value_states)
+        cache = self.cache
+        start = time.perf_counter()
+        forward = cache._begin(key_states) if self.index == 0 else self._in_flight()
+        if forward.written[self.index]:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        forward.written[self.index] = True
+        keys, values = cache.storage.write(self.index, key_states, value_states)
+        cache.stats.update_seconds += time.perf_counter() - start
         setattr(keys, attention.LAYER_ATTRIBUTE, self)
         return keys, values
 
@@ -144,26 +244,92 @@ class EvictingLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # the cache moves every layer at once
         raise InvalidInputError("reorder an EvictingCache as a whole: cache.reorder_cache(beam_idx)")
 
+    @_outside_graph
+    @_undone_on_failure
     def attention_mask(self, stock: Any, query: torch.Tensor, dtype: torch.dtype | None) -> Any:
         """The mask this layer attends with (called by the installed attention): the one
         transformers built while the layout is still the one it expects, else the cache's
         own, additive in ``dtype`` (eager) or boolean (``dtype`` None, sdpa)."""
-        return self.cache._attention_mask(self.index, stock, query, dtype)
+        cache = self.cache
+        forward = self._in_flight()
+        start = time.perf_counter()
+        if self.index == 0:
+            forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
+        storage = cache.storage
+        mask = stock if storage.aligned else storage.mask(self.index, forward.pads, cache.groups,
+                                                          int(query.shape[2]), dtype)
+        cache.stats.bookkeeping_seconds += time.perf_counter() - start
+        return mask
 
-    def observe(self, weights: torch.Tensor | None) -> None:
-        """This layer's attention weights ``(batch, heads, q, extent)`` of the forward
-        (None when no policy of the cache reads attention)."""
-        self.cache._observe(self.index, weights)
+    @_outside_graph
+    @_undone_on_failure
+    def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
+        """``positions="cache"``: at the forward's first evicting layer, remember the rotary
+        position each new key was rotated with (``position_ids``, else the tokens seen)."""
+        forward = self._in_flight()
+        if self.index != 0 or forward.positions is not None:
+            return
+        cache = self.cache
+        q = int(query.shape[2])
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(cache.seen, cache.seen + q)[None]
+        batch = cache.storage.batch
+        positions = np.broadcast_to(np.asarray(positions.detach().cpu(), dtype=np.int64), (batch, q))
+        per_row = np.broadcast_to(positions[None, :, None, :],
+                                  (cache.evicting_layers, batch, cache.num_kv_heads, q)).reshape(-1, q)
+        storage = cache.storage
+        columns = storage.new_columns()
+        rows = np.arange(storage.rows)[:, None]
+        forward.rope = (columns, storage.rope[rows, columns].copy())
+        storage.rope[rows, columns] = per_row
+        forward.positions = positions
 
+    @_outside_graph
+    @_undone_on_failure
     def rerotate(self, query: torch.Tensor, key: torch.Tensor,
                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions="cache"``: the query and keys rotated to their ranks (called by the
         installed attention, once positions were evicted)."""
-        return self.cache._rerotate(self.index, query, key, kwargs)
+        cache = self.cache
+        forward = self._in_flight()
+        start = time.perf_counter()
+        if forward.rotations is None:
+            forward.rotations = cache._rotations(forward, query)
+        cos, sin, cos_q, sin_q = forward.rotations
+        key = _rotate(key, cos[self.index], sin[self.index])
+        query = _rotate(query, cos_q, sin_q)
+        cache.stats.rerotate_seconds += time.perf_counter() - start
+        return query, key
 
-    def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
-        """``positions="cache"``: the rotary positions of the new keys (every forward)."""
-        self.cache._note_positions(self.index, query, kwargs)
+    @_outside_graph
+    @_undone_on_failure
+    def observe(self, weights: torch.Tensor | None) -> None:
+        """This layer's attention weights ``(batch, heads, q, extent)`` of the forward
+        (None when neither a policy of the cache nor an observer reads attention): handed
+        to the observers, kept for the policies; after the last evicting layer, the
+        cache's step."""
+        cache = self.cache
+        forward = self._in_flight()
+        e = self.index
+        if not forward.written[e]:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        if weights is not None:
+            for observer in list(cache._observers):
+                observer(self.layer, weights.detach())
+        if weights is not None and weights.shape[-2] > 1 and cache._policies_read:
+            # A chunk's rows are reduced to the policy heads as each layer hands them in,
+            # so that the forward never holds every layer's full-head rows at once
+            # (30 layers x 9 heads x 256 x 1,280 float32 is 354 MB); per element the
+            # same arithmetic as reducing them all together at the last layer.
+            start = time.perf_counter()
+            forward.pending[e] = group_mean(weights.detach().cpu(), cache.policy_heads)
+            cache.stats.bookkeeping_seconds += time.perf_counter() - start
+        else:
+            forward.pending[e] = weights.detach() if weights is not None and cache._policies_read else None
+        forward.observed[e] = True
+        if e == cache.evicting_layers - 1:
+            cache._finish(forward)
 
 
 class EvictingCache(Cache):
@@ -212,8 +378,19 @@ class EvictingCache(Cache):
     the held slots.  ``reorder_cache`` (beam search), ``batch_repeat_interleave`` and
     ``batch_select_indices`` move the policy rows with the keys and values;
     ``copy.deepcopy`` gives an independent cache; ``reset()`` makes it ready for a new
-    prompt.  ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an
-    evicted position is gone.
+    prompt.
+
+    A forward that raises leaves the cache as it was before it: at once when the
+    exception comes from the cache's own work (a policy refusing non-finite attention,
+    an observer), else when transformers next asks for the length or the mask sizes, at
+    the next write, ``reset`` or change of the batch (reads in between show what was
+    held before it).  A sequence whose attention is not finite while others' are
+    (an inf or NaN in a padded token's embedding spreads through its sequence) hands
+    its policies zero attention and the batch goes on, as the stock cache's does;
+    attention finite in no sequence is refused.
+
+    ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an evicted
+    position is gone.
 
     ``positions="cache"`` (needs :meth:`from_model`, which finds the model's rotary
     embedding) re-rotates, once positions were evicted, each held key to its rank and the
@@ -266,7 +443,7 @@ class EvictingCache(Cache):
         evicting = 0
         for kind, kwargs in zip(layer_types, per_layer_kwargs):
             if kind == "full_attention":
-                layers.append(EvictingLayer(self, evicting))
+                layers.append(EvictingLayer(self, evicting, len(layers)))
                 evicting += 1
             elif kind in ("sliding_attention", "chunked_attention"):
                 layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
@@ -276,8 +453,8 @@ class EvictingCache(Cache):
             raise InvalidInputError("the model has no full-attention layer to evict from")
         super().__init__(layers=layers)
         self.configs = configs
-        #: Whether any policy reads attention (else no weights are computed or gathered).
-        self.reads_attention = any(c.reads_attention for c in configs)
+        #: Whether any policy reads attention (else the cache gathers no weights).
+        self._policies_read = any(c.reads_attention for c in configs)
         self.positions = positions
         self.rotary: Any = None  # the model's rotary embedding (positions="cache"; from_model)
         self.head_mode = head_mode
@@ -290,12 +467,12 @@ class EvictingCache(Cache):
         self.bank: PolicyRows | None = None
         self.seen = 0
         self.stats = CacheStats()
-        self._pending: list[torch.Tensor | np.ndarray | None] = [None] * evicting
-        self._written = [False] * evicting
-        self._observed = [False] * evicting
-        self._pads: np.ndarray | None = None
-        self._rotations: tuple[torch.Tensor, ...] | None = None
-        self._positions: np.ndarray | None = None
+        #: The forward in flight (None between forwards): what it owns, dropped whole.
+        self._forward: _Forward | None = None
+        #: transformers' own layers (sliding windows) as they were before this forward
+        #: wrote to them: model layer index -> (keys, values, tokens seen, initialized).
+        self._slid: dict[int, tuple[Any, ...]] = {}
+        self._observers: list[AttentionObserver] = []
 
     # ------------------------------------------------------------------ construction
 
@@ -324,20 +501,79 @@ class EvictingCache(Cache):
         attention.install(model)
         return cache
 
+    # ------------------------------------------------------------------ observers
+
+    @property
+    def reads_attention(self) -> bool:
+        """Whether the installed attention must hand this cache each evicting layer's
+        weights: a policy reads them, or an observer is attached (under ``sdpa`` the rows
+        are then computed beside it, in ``stats.rows_seconds``)."""
+        return self._policies_read or bool(self._observers)
+
+    @property
+    def observed_layers(self) -> list[int]:
+        """The model layer indices an observer is called with (the full-attention layers),
+        in the order it is called within a forward."""
+        return [layer.layer for layer in self.layers if isinstance(layer, EvictingLayer)]
+
+    def add_observer(self, fn: AttentionObserver) -> ObserverHandle:
+        """Call ``fn(layer, weights)`` with every evicting layer's attention, every forward.
+
+        ``layer`` is the model's layer index (one of :attr:`observed_layers`); ``weights``
+        is the new query rows' attention over the cache's slots, a detached tensor
+        ``(batch, heads, q, extent)`` (``heads`` the query heads, ``q`` the forward's
+        tokens per sequence, ``extent`` the slots the layer attends over, the new tokens'
+        included): float32, or the model's dtype where the model's own eager attention
+        computed it.  While nothing was ever evicted slot ``s`` holds position ``s`` (the
+        padded sequence's); afterwards a row's slots are in
+        ``storage.slots[row, :count]`` (kept order).  Masked slots (padding, freed slots,
+        later tokens of a chunk) weigh 0.
+
+        Called in layer order, as each layer's attention is computed and before the cache
+        uses the weights; after the last layer's observers the policies step.  During the
+        calls ``cache.seen`` is the position of the forward's first token.  An observer
+        must not change the cache; an exception it raises propagates out of the forward.
+        Observers are not copied with the cache (``copy.deepcopy``, pickling).
+
+        Returns
+        -------
+        ObserverHandle
+            ``handle.remove()`` detaches ``fn``.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``fn`` is not callable.
+        """
+        if not callable(fn):
+            raise InvalidTypeError(f"an observer must be callable, not {type(fn).__name__}")
+        self._observers.append(fn)
+        return ObserverHandle(self._observers, fn)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_observers"] = []
+        return state
+
     # ------------------------------------------------------------------ inspection
 
     @property
     def policies(self) -> list[Any]:
         """The policy objects (one per configuration; built at the first forward)."""
-        return [] if self.bank is None else self.bank.policies
+        return [] if self.bank is None or not self._holds() else self.bank.policies
 
     @property
     def batch(self) -> int:
         """Sequences held (0 before the first forward)."""
-        return self.storage.batch
+        return self.storage.batch if self._holds() else 0
+
+    def _holds(self) -> bool:
+        """Whether a forward ever finished since the cache was built or reset (the first
+        one in flight, or interrupted, holds nothing yet)."""
+        return self.storage.started() and not (self._forward is not None and self._forward.fresh)
 
     def _row(self, layer: int, sequence: int, head: int) -> int:
-        if not self.storage.started():
+        if not self._holds():
             raise InvalidInputError("the cache holds nothing yet")
         e = self._evicting_index(layer)
         for name, value, bound in (("sequence", sequence, self.batch), ("head", head, self.num_kv_heads)):
@@ -355,6 +591,8 @@ class EvictingCache(Cache):
     def held_counts(self) -> np.ndarray:
         """Positions held per (layer, sequence, KV head): ``int64 (evicting layers, batch,
         kv_heads)``."""
+        if not self._holds():
+            return np.zeros((self.evicting_layers, 0, self.num_kv_heads), dtype=np.int64)
         return self.storage.counts.reshape(self.evicting_layers, self.batch, self.num_kv_heads).copy()
 
     def kept_positions(self, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
@@ -385,6 +623,8 @@ class EvictingCache(Cache):
 
     def memory_bytes(self) -> int:
         """Bytes of the held key and value buffers plus the policies' own state."""
+        if not self._holds():
+            return 0
         return self.storage.nbytes() + sum(int(p.memory_bytes()) for p in self.policies)
 
     # ------------------------------------------------------------------ the forward
@@ -404,18 +644,57 @@ class EvictingCache(Cache):
         self.bank = PolicyRows(configs, counts, self.evicting_layers, self.policy_heads)
         self.storage.start(batch, self.num_kv_heads)
 
-    def _write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        start = time.perf_counter()
-        if self._written[e]:
-            raise InvalidInputError(_OUT_OF_SYNC)
-        if e == 0:
-            if not self.storage.started():
+    def _begin(self, key: torch.Tensor) -> _Forward:
+        """The first evicting layer's write: the forward's state, its tokens' slots planned."""
+        self._settle()
+        storage = self.storage
+        fresh = not storage.started()
+        q = int(key.shape[2])
+        plan = (storage.extent, storage.chunk_start, storage.q)
+        self._forward = _Forward(self.evicting_layers, q, fresh, plan)
+        try:
+            if fresh:
                 self._start(int(key.shape[0]))
-            self.storage.plan(int(key.shape[2]))
-        self._written[e] = True
-        out = self.storage.write(e, key, value)
-        self.stats.update_seconds += time.perf_counter() - start
-        return out
+            storage.plan(q)
+        except BaseException:
+            self._rollback()
+            raise
+        return self._forward
+
+    def _settle(self) -> None:
+        """Before a new forward (or a change of the batch): a forward that did not finish
+        is undone.  When none of its layers handed over attention, the model does not run
+        the library's attention: refused, the cache as it was before that forward."""
+        forward = self._forward
+        if forward is None:
+            return
+        self._rollback()
+        if not any(forward.observed):
+            raise InvalidInputError(_OUT_OF_SYNC)
+
+    def _rollback(self) -> None:
+        """Undo the forward in flight, if any: the cache as it was before it (the policies
+        act only at its end, so they are untouched; its keys and values sit in slots that
+        are free again; transformers' own layers get their tensors back)."""
+        forward = self._forward
+        self._forward = None
+        slid, self._slid = self._slid, {}
+        if forward is None:
+            return
+        for index, state in slid.items():
+            _restore_layer(self.layers[index], state)
+        if forward.fresh:
+            self.storage.clear()
+            self.bank = None
+            for layer in self.layers:
+                if isinstance(layer, EvictingLayer):
+                    layer.reset()
+            return
+        storage = self.storage
+        if forward.rope is not None:
+            columns, old = forward.rope
+            storage.rope[np.arange(storage.rows)[:, None], columns] = old
+        storage.unplan(*forward.plan)
 
     def _mask_sizes(self, q: int) -> tuple[int, int]:
         storage = self.storage
@@ -427,105 +706,61 @@ class EvictingCache(Cache):
             extent = storage.extent + q
         return extent, self.seen + q - extent
 
-    def _attention_mask(self, e: int, stock: Any, query: torch.Tensor, dtype: torch.dtype | None) -> Any:
-        start = time.perf_counter()
-        if e == 0:
-            self._pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
-        mask = stock if self.storage.aligned else self.storage.mask(e, self._pads, self.groups,
-                                                                     int(query.shape[2]), dtype)
-        self.stats.bookkeeping_seconds += time.perf_counter() - start
-        return mask
-
-    def _note_positions(self, e: int, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
-        """``positions="cache"``: at the forward's first evicting layer, remember the rotary
-        position each new key was rotated with (``position_ids``, else the tokens seen)."""
-        if e != 0 or self._positions is not None:
-            return
-        q = int(query.shape[2])
-        positions = kwargs.get("position_ids")
-        if positions is None:
-            positions = torch.arange(self.seen, self.seen + q)[None]
-        positions = np.broadcast_to(np.asarray(positions.detach().cpu(), dtype=np.int64), (self.batch, q))
-        per_row = np.broadcast_to(positions[None, :, None, :],
-                                  (self.evicting_layers, self.batch, self.num_kv_heads, q)).reshape(-1, q)
+    def _rotations(self, forward: _Forward, query: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``positions="cache"``: the forward's rotations, every layer's keys ``(layers,
+        batch, kv_heads, extent, width)`` and the query ``(batch, 1, q, width)`` (cos and sin
+        each), from the stored rotations to the ranks."""
         storage = self.storage
-        storage.rope[np.arange(storage.rows)[:, None], storage.new_columns()] = per_row
-        self._positions = positions
+        q = int(query.shape[2])
+        layers, batch, heads = self.evicting_layers, storage.batch, self.num_kv_heads
+        admitted = None
+        if forward.pads is not None:
+            admitted = np.broadcast_to((~forward.pads)[None, :, None, :], (layers, batch, heads, q)).reshape(-1, q)
+        rank, new_rank = storage.ranks(admitted)
+        delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
+        assert forward.positions is not None
+        delta_query = new_rank[: batch * heads: heads] - forward.positions  # (batch, q)
+        # The rotary embedding of each distinct angle once (a few hundred of them),
+        # then gathered: the same values as embedding every slot's.
+        deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
+        distinct, inverse = np.unique(deltas, return_inverse=True)
+        cos_d, sin_d = self.rotary(query, torch.from_numpy(distinct)[None])
+        index = torch.from_numpy(inverse.reshape(-1))
+        cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
+        width = cos_all.shape[-1]
+        keys_end = delta_keys.size
+        shape = (layers, batch, heads, storage.extent, width)
+        cos, sin = cos_all[:keys_end].reshape(shape), sin_all[:keys_end].reshape(shape)
+        cos_q = cos_all[keys_end:].reshape(batch, 1, q, width)
+        sin_q = sin_all[keys_end:].reshape(batch, 1, q, width)
+        return cos, sin, cos_q, sin_q
 
-    def _rerotate(self, e: int, query: torch.Tensor, key: torch.Tensor,
-                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        start = time.perf_counter()
-        if self._rotations is None:
-            storage = self.storage
-            q = int(query.shape[2])
-            layers, batch, heads = self.evicting_layers, self.batch, self.num_kv_heads
-            admitted = None
-            if self._pads is not None:
-                admitted = np.broadcast_to((~self._pads)[None, :, None, :], (layers, batch, heads, q)).reshape(-1, q)
-            rank, new_rank = storage.ranks(admitted)
-            delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
-            assert self._positions is not None
-            delta_query = new_rank[: batch * heads: heads] - self._positions  # (batch, q)
-            # The rotary embedding of each distinct angle once (a few hundred of them),
-            # then gathered: the same values as embedding every slot's.
-            deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
-            distinct, inverse = np.unique(deltas, return_inverse=True)
-            cos_d, sin_d = self.rotary(query, torch.from_numpy(distinct)[None])
-            index = torch.from_numpy(inverse.reshape(-1))
-            cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
-            width = cos_all.shape[-1]
-            keys_end = delta_keys.size
-            shape = (layers, batch, heads, storage.extent, width)
-            cos, sin = cos_all[:keys_end].reshape(shape), sin_all[:keys_end].reshape(shape)
-            cos_q = cos_all[keys_end:].reshape(batch, 1, q, width)
-            sin_q = sin_all[keys_end:].reshape(batch, 1, q, width)
-            self._rotations = (cos, sin, cos_q, sin_q)
-        cos, sin, cos_q, sin_q = self._rotations
-        key = _rotate(key, cos[e], sin[e])
-        query = _rotate(query, cos_q, sin_q)
-        self.stats.rerotate_seconds += time.perf_counter() - start
-        return query, key
-
-    def _observe(self, e: int, weights: torch.Tensor | None) -> None:
-        if not self._written[e]:
-            raise InvalidInputError(_OUT_OF_SYNC)
-        if weights is not None and weights.shape[-2] > 1 and self.reads_attention:
-            # A chunk's rows are reduced to the policy heads as each layer hands them in,
-            # so that the forward never holds every layer's full-head rows at once
-            # (30 layers x 9 heads x 256 x 1,280 float32 is 354 MB); per element the
-            # same arithmetic as reducing them all together at the last layer.
-            start = time.perf_counter()
-            self._pending[e] = group_mean(weights.detach().cpu(), self.policy_heads)
-            self.stats.bookkeeping_seconds += time.perf_counter() - start
-        else:
-            self._pending[e] = None if weights is None else weights.detach()
-        self._observed[e] = True
-        if e == self.evicting_layers - 1:
-            self._step()
-
-    def _step(self) -> None:
+    def _finish(self, forward: _Forward) -> None:
         """After the last evicting layer: hand every row's weights to the policies, free
-        the victims' slots."""
+        the victims' slots, drop the forward."""
         start = time.perf_counter()
         storage, bank = self.storage, self.bank
         assert bank is not None
         q = storage.q
-        pending = self._pending
-        if not all(self._observed):
+        pending = forward.pending
+        if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
-        rows = self.evicting_layers * self.batch * self.policy_heads
+        rows = self.evicting_layers * self.storage.batch * self.policy_heads
         means = None
-        if self.reads_attention:  # (layers, batch, policy heads, q, extent)
+        if self._policies_read:  # (layers, batch, policy heads, q, extent)
             if isinstance(pending[0], np.ndarray):  # a chunk's, reduced as they came
                 means = np.stack(pending)  # type: ignore[arg-type]
             else:
                 means = group_mean(torch.stack(pending).cpu(), self.policy_heads)  # type: ignore[arg-type]
         repeat = self.num_kv_heads // self.policy_heads
-        pads = self._pads
+        pads = forward.pads
         policy_seconds = 0.0
-        if q == 1 and (pads is None or not pads.any()):
+        fresh = self.seen == 0
+        # A decode step: one token after others; a prompt (even of one token) is a chunk.
+        if q == 1 and not fresh and (pads is None or not pads.any()):
             width = int(storage.counts.max(initial=0))
-            weights = None if means is None else storage.gather_kept(means.reshape(rows, -1), width, repeat)
+            weights = None if means is None else self._contained(storage.gather_kept(means.reshape(rows, -1), width,
+                                                                                     repeat))
             t0 = time.perf_counter()
             victims, slots = bank.step(self.seen, weights)
             policy_seconds = time.perf_counter() - t0
@@ -536,7 +771,6 @@ class EvictingCache(Cache):
                 storage.apply_step(victims, slots)
             self.stats.steps += 1
         else:
-            fresh = self.seen == 0
             width = (0 if fresh else int(storage.counts.max(initial=0))) + q
             columns = storage.chunk_columns(width)[::repeat]
             chunk_weights = None
@@ -545,8 +779,12 @@ class EvictingCache(Cache):
             admit = None
             if pads is not None and pads.any():
                 per_sequence = ~pads  # (batch, q)
-                admit = np.broadcast_to(per_sequence[None, :, None, :],
-                                        (self.evicting_layers, self.batch, self.policy_heads, q)).reshape(rows, q)
+                shape = (self.evicting_layers, self.storage.batch, self.policy_heads, q)
+                admit = np.broadcast_to(per_sequence[None, :, None, :], shape).reshape(rows, q)
+                if chunk_weights is not None:
+                    chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat])
+            if chunk_weights is not None:
+                chunk_weights = self._contained(chunk_weights)
             t0 = time.perf_counter()
             victims, slots = bank.extend(chunk_weights, admit, fresh, q)
             policy_seconds = time.perf_counter() - t0
@@ -557,20 +795,68 @@ class EvictingCache(Cache):
             self.stats.chunks += 1
         self.stats.compactions = storage.compactions
         self.seen += q
-        self._pending = [None] * self.evicting_layers
-        self._written = [False] * self.evicting_layers
-        self._observed = [False] * self.evicting_layers
-        self._pads = None
-        self._rotations = None
-        self._positions = None
+        self._forward = None
         self.stats.policy_seconds += policy_seconds
         self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
 
+    def _contained(self, weights: np.ndarray) -> np.ndarray:
+        """The weights the policies get (rows layer-major, then sequence): as they are when
+        finite (the policies refuse anything else).  A sequence whose weights are not
+        finite (what an inf or NaN in a padded token's embedding spreads into the rest of
+        its sequence: the stock cache gives that sequence non-finite logits and the others
+        go on) hands its policies zero attention, so that the batch's other sequences go
+        on; when no sequence's are finite (a broken model), the forward is refused."""
+        if np.isfinite(weights.sum()):
+            return weights
+        view = weights.reshape(self.evicting_layers, self.storage.batch, -1)
+        finite = np.isfinite(view).all(axis=(0, 2))
+        if not finite.any():
+            raise InvalidInputError(
+                "the model's attention weights are not finite (NaN or inf) in any sequence of the batch: "
+                "its outputs are not numbers (a NaN or inf weight or input?); the cache is as it was before "
+                "this forward")
+        view = view.copy()
+        view[:, ~finite] = 0.0
+        return view.reshape(weights.shape)
+
     # ------------------------------------------------------------------ the Cache API
 
+    @_outside_graph
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s new keys and values (transformers' call, every layer of every
+        forward).  At layer 0 a forward that did not finish is undone first; transformers'
+        own layers are remembered as they were, so that a forward failing before its step
+        leaves every layer as it was."""
+        if layer_idx == 0:
+            self._settle()
+            self._slid = {}
+        layer: Any = self.layers[layer_idx]
+        if not isinstance(layer, EvictingLayer):
+            self._slid.setdefault(layer_idx, (layer.keys, layer.values, getattr(layer, "cumulative_length", None),
+                                              layer.is_initialized))
+        try:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        except BaseException:
+            self._rollback()
+            raise
+
+    @_outside_graph
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Tokens seen so far (padding included): the true position of the next token."""
+        """Tokens seen so far (padding included): the true position of the next token.
+
+        transformers asks before every forward's layers run: a forward that did not
+        finish is undone here (or, when none of its layers handed over attention,
+        refused), so that every layer's mask is sized for the cache as it was before it."""
+        self._settle()
         return self.seen
+
+    @_outside_graph
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        """The mask's key length and offset for layer ``layer_idx`` (transformers' call,
+        before the layers run; a forward that did not finish is undone first)."""
+        self._settle()
+        return super().get_mask_sizes(query_length, layer_idx)
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return -1
@@ -583,26 +869,23 @@ class EvictingCache(Cache):
         self.bank = None
         self.seen = 0
         self.stats = CacheStats()
-        self._pending = [None] * self.evicting_layers
-        self._written = [False] * self.evicting_layers
-        self._observed = [False] * self.evicting_layers
-        self._pads = None
+        self._forward = None
+        self._slid = {}
 
     def _select(self, index: Any, what: str) -> None:
         """Sequences become ``index`` (old sequence numbers), checked before anything moves."""
+        self._rollback()  # a forward that did not finish: undone first
         if not self.storage.started():
             return
         if self.per_sequence:
             raise InvalidInputError(f"{what}: a cache with one configuration per sequence cannot "
                                     "reorder its batch")
-        if any(self._written):
-            raise InvalidInputError(f"{what} in the middle of a forward")
         array = np.asarray(index.detach().cpu() if isinstance(index, torch.Tensor) else index)
         if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
             raise InvalidInputError(f"{what}: the sequence indices must be a non-empty 1-D integer "
                                     f"array, got {array.dtype} of shape {array.shape}")
-        if array.min() < 0 or array.max() >= self.batch:
-            raise InvalidInputError(f"{what}: sequence indices must be in [0, {self.batch}), "
+        if array.min() < 0 or array.max() >= self.storage.batch:
+            raise InvalidInputError(f"{what}: sequence indices must be in [0, {self.storage.batch}), "
                                     f"got {array.min()}..{array.max()}")
         array = array.astype(np.int64)
         assert self.bank is not None
@@ -615,16 +898,17 @@ class EvictingCache(Cache):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: sequence ``i`` becomes a copy of sequence ``beam_idx[i]`` (keys,
         values and policy rows); ``beam_idx`` holds one index per sequence."""
-        if self.storage.started() and len(np.asarray(beam_idx)) != self.batch:
+        self._rollback()  # a forward that did not finish: undone first
+        if self.storage.started() and len(np.asarray(beam_idx)) != self.storage.batch:
             raise InvalidInputError(f"reorder_cache: beam_idx has {len(np.asarray(beam_idx))} indices "
-                                    f"for {self.batch} sequences")
+                                    f"for {self.storage.batch} sequences")
         self._select(beam_idx, "reorder_cache")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Each sequence repeated ``repeats`` times in place (``[a, b]`` -> ``[a, a, b, b]``)."""
         if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
             raise InvalidInputError(f"batch_repeat_interleave: repeats must be a positive integer, got {repeats!r}")
-        self._select(np.repeat(np.arange(self.batch), int(repeats)), "batch_repeat_interleave")
+        self._select(np.repeat(np.arange(self.storage.batch), int(repeats)), "batch_repeat_interleave")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the sequences ``indices`` (in that order)."""
@@ -634,6 +918,17 @@ class EvictingCache(Cache):
         """``crop(0)`` does nothing; anything else raises: an evicted position is gone."""
         if tokens_to_remove != 0:
             raise InvalidInputError("an EvictingCache cannot be cropped: the positions it evicted are gone")
+
+    def activate_past_recording(self) -> None:
+        """Refused: transformers asks for it before the first forward of assisted
+        decoding (``assistant_model=``) and prompt-lookup decoding
+        (``prompt_lookup_num_tokens=``), which then ``crop`` the draft tokens the model did
+        not accept; the policies have already evicted for those tokens, so they cannot be
+        taken back.  Nothing has changed when this raises."""
+        raise InvalidInputError(
+            "an EvictingCache cannot take back tokens once its policies saw them, which assisted decoding "
+            "(assistant_model=) and prompt-lookup decoding (prompt_lookup_num_tokens=) need to drop rejected "
+            "drafts: generate without them, or with transformers' DynamicCache")
 
     def early_initialization(self, *args: Any, **kwargs: Any) -> None:
         raise InvalidInputError("an EvictingCache sizes itself at the first forward; it has no early initialization")
@@ -646,6 +941,29 @@ class EvictingCache(Cache):
         names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
         return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
                 f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+
+
+def _without_padding(weights: np.ndarray, admit: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """A chunk's weights ``(rows, q, width)`` (``extend``'s layout: a row's ``counts`` held
+    positions, then the chunk's tokens) with padding's entries zero: the rows of padding
+    tokens and the columns of padding keys, which no policy reads (padding is never
+    admitted, and attends and is attended with weight 0) but which hold whatever an inf
+    or NaN in a padded token's embedding made of them."""
+    rows, q, width = weights.shape
+    token = np.arange(width)[None, :] - counts[:, None]  # the chunk token of each column, (rows, width)
+    inside = (token >= 0) & (token < q)
+    padding_key = np.zeros((rows, width), dtype=bool)
+    padding_key[inside] = ~admit[np.nonzero(inside)[0], token[inside]]
+    drop = padding_key[:, None, :] | ~admit[:, :, None]
+    return np.where(drop, np.float32(0.0), weights) if drop.any() else weights
+
+
+def _restore_layer(layer: Any, state: tuple[Any, ...]) -> None:
+    """Put one of transformers' own layers back as :meth:`EvictingCache.update` found it
+    (its updates replace the tensors, never write into them)."""
+    layer.keys, layer.values, length, layer.is_initialized = state
+    if length is not None:
+        layer.cumulative_length = length
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
