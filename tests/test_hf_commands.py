@@ -87,7 +87,7 @@ def test_generate_streams_the_stock_caches_text_without_eviction(tiny_model, tmp
 
 def test_generate_takes_a_one_token_prompt(tiny_model, capsys):
     """``generate "hi"``: a prompt of one token streams the stock cache's text."""
-    status, text, err = _generate(capsys, model=tiny_model, budget=64, prompt="hi")
+    status, text, err = _generate(capsys, model=tiny_model, budget=64, prompt="hi", chat=False)
     assert status == 0, err
     summary = SUMMARY.match(err.strip().splitlines()[-1])
     assert summary is not None and summary.group(2) == "1", err

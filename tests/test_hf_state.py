@@ -62,7 +62,7 @@ def test_reset_after_an_interrupted_forward_leaves_the_next_prompts_rotary_posit
     cache's error message recommends, and the next prompt (longer than the budget, so that
     keys are re-rotated) gives exactly a fresh cache's logits."""
     model = _model("llama", impl)
-    options = PolicyOptions(recent_window=2, sinks=1)
+    options = PolicyOptions(sinks=1) if policy == "streaming-llm" else PolicyOptions(recent_window=2, sinks=1)
     first, _ = _prompts(batch=1, length=9, seed=3)
     second, _ = _prompts(batch=1, length=11, seed=4)
     cache = hf.EvictingCache.from_model(model, policy, 6, options, positions="cache")
