@@ -33,6 +33,12 @@ def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
                           text=True, timeout=timeout)
 
 
+def _assert_usage_error(err: str) -> None:
+    """A refusal printed as argparse prints its own: the usage, then one error line under the program."""
+    usage, sep, message = err.rpartition("\npython -m bench: error: ")
+    assert sep and usage.startswith("usage: python -m bench ") and message.count("\n") == 1, err
+
+
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     path = tmp_path_factory.mktemp("bench") / "quick.json"
@@ -92,6 +98,7 @@ def test_json_into_a_missing_directory_fails_before_the_bench_runs(tmp_path: Pat
     for path in (tmp_path / "missing-dir" / "x.json", tmp_path):
         proc = _bench("--json", str(path), timeout=60)
         assert proc.returncode == 2 and f"--json {path}: " in proc.stderr, proc.stderr
+        _assert_usage_error(proc.stderr)
         assert proc.stdout == "" and "[1/" not in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -101,6 +108,7 @@ def test_list_and_case_selection() -> None:
     assert listed.returncode == 0 and listed.stdout.split() == [c.name for c in CASES]
     bad = _bench("--case", "no-such-case")
     assert bad.returncode == 2 and "no case matches" in bad.stderr
+    _assert_usage_error(bad.stderr)
 
 
 @pytest.mark.parametrize("heads", [1, 3], ids=["one-head", "three-heads"])

@@ -16,6 +16,15 @@ from scissorhands.traces import save_recorded_trace
 FAST = ["--no-progress", "--budgets", "256"]
 
 
+def _refusal(err, command):
+    """The message of a user error printed as argparse prints its own: ``command``'s
+    usage, then one line ``scissorhands <command>: error: <message>`` (nothing else)."""
+    usage, sep, message = err.rpartition(f"\nscissorhands {command}: error: ")
+    assert sep and usage.startswith(f"usage: scissorhands {command} ") and "error:" not in usage, err
+    assert message.count("\n") == 1 and message.endswith("\n") and "Traceback" not in err, err
+    return message[:-1]
+
+
 def test_replay_prints_published_numbers(capsys):
     """The default subcommand prints an aligned table with Scissorhands' published figures."""
     assert main(["--policies", "scissorhands,full", *FAST]) == 0
@@ -68,7 +77,7 @@ def test_plot_without_matplotlib(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["--plot", str(tmp_path / "x.png"), *FAST]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "scissorhands: error: --plot needs matplotlib: pip install 'scissorhands[plot]'"
+    assert _refusal(err, "replay") == "--plot needs matplotlib: pip install 'scissorhands[plot]'"
 
 
 def test_unknown_policy_is_a_usage_error(capsys):
@@ -89,8 +98,7 @@ def test_invalid_configuration_exits_2_on_one_line(capsys):
     """A budget not above the recent window exits 2 with a one-line message, no traceback."""
     assert main(["--policies", "scissorhands", "--budgets", "16", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("scissorhands: error: scissorhands (recent window 32) at budget 16:")
+    assert _refusal(err, "replay").startswith("scissorhands (recent window 32) at budget 16:")
 
 
 def test_missing_trace_file_exits_2(tmp_path, capsys):
@@ -321,7 +329,7 @@ def test_report_refuses_files_that_do_not_compare(tmp_path, capsys, change):
     assert main(["report", _write(tmp_path, "1.json", first), path, "--plot",
                  str(tmp_path / "p.png")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("scissorhands: error: ") and err.count("\n") == 1, err
+    _refusal(err, "report")
     assert not (tmp_path / "p.png").exists()
     if change == "format":
         assert path in err
@@ -334,7 +342,8 @@ def test_report_refuses_eval_and_longctx_files_together(tmp_path, capsys):
     long = _write(tmp_path, "l.json", {"format": "scissorhands.longctx", "version": 1})
     assert main(["report", evaluated, long]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and evaluated in err and long in err
+    message = _refusal(err, "report")
+    assert evaluated in message and long in message
 
 
 def test_report_merges_spellings_of_one_window(tmp_path, capsys):
@@ -448,10 +457,43 @@ def test_every_path_is_checked_before_any_work(tmp_path):
         assert rc == 2 and message in err, (argv, err)
         assert out == "" and "Traceback" not in err and "allow_pickle" not in err, (argv, err)
         assert not torch_loaded, argv
-        if argv[0] == "generate":  # usage, then the message, under the subcommand's name
-            assert err.startswith("usage: scissorhands generate") and "\nscissorhands generate: error: " in err
-        else:
-            assert err.startswith("scissorhands: error: ") and err.count("\n") == 1, (argv, err)
+        assert message in _refusal(err, argv[0]), (argv, err)  # usage, then the message, under the command
+
+
+@pytest.mark.parametrize("command, argv, message", [
+    ("replay", ["--trace", "{missing}.npz"], "--trace {missing}.npz: no such file"),
+    ("eval", ["--text", "{missing}.txt"], "--text {missing}.txt: no such file"),
+    ("record", ["--out", "{missing}.npz"], "--out {missing}.npz: the directory {parent} does not exist"),
+    ("longctx", ["--json", "{missing}.json"], "--json {missing}.json: the directory {parent} does not exist"),
+    ("report", ["{missing}.json"], "{missing}.json: no such file"),
+    ("generate", ["--file", "{missing}.txt"], "--file {missing}.txt: no such file"),
+])
+def test_each_command_prints_its_own_checks_as_argparse_prints_its_errors(command, argv, message, tmp_path,
+                                                                          capsys):
+    """A value refused by the command's own check (before any model loads) prints the
+    usage argparse prints for that command, then ``scissorhands <command>: error:``, exit 2."""
+    names = {"missing": tmp_path / "missing-dir" / "x", "parent": tmp_path / "missing-dir"}
+    argv = [command, *[a.format(**names) for a in argv], *([] if command == "report" else ["--no-progress"])]
+    assert main([*argv, "--no-such-flag"]) == 2
+    own = capsys.readouterr().err
+    assert _refusal(own, command) == "unrecognized arguments: --no-such-flag"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert _refusal(err, command) == message.format(**names)
+    assert err.partition(f"scissorhands {command}: error: ")[0] == own.partition(f"scissorhands {command}: error: ")[0]
+
+
+def test_a_failure_of_the_system_exits_1_on_one_line_under_the_command(monkeypatch, capsys):
+    """An OSError during a run (a full disk) is not a usage error: exit 1, one line under
+    ``scissorhands <command>:``, no usage."""
+    from scissorhands import replay
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(replay, "run_replay", full_disk)
+    assert main(["replay", *FAST]) == 1
+    assert capsys.readouterr().err == "scissorhands replay: error: [Errno 28] No space left on device\n"
 
 
 def test_a_trace_holding_object_arrays_is_refused_without_numpy_advice(tmp_path, capsys):
@@ -469,7 +511,7 @@ def test_a_trace_holding_object_arrays_is_refused_without_numpy_advice(tmp_path,
                          ("cut.npz", "not a readable recorded trace")):
         assert main(["replay", "--trace", str(tmp_path / name), "--no-progress"]) == 2
         err = capsys.readouterr().err
-        assert reason in err and "allow_pickle" not in err and err.count("\n") == 1, err
+        assert reason in _refusal(err, "replay") and "allow_pickle" not in err, err
 
 
 def test_replay_plot_in_a_missing_directory_is_refused_before_the_replay(tmp_path, capsys):

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 
 from scissorhands import hf  # noqa: E402
+from scissorhands.errors import ScissorhandsError  # noqa: E402
 from scissorhands.generate import GenerateRequest, run_generate  # noqa: E402
 from scissorhands.longctx import LongContextRequest, run_longctx  # noqa: E402
 from scissorhands.report import run_report  # noqa: E402
@@ -285,9 +286,9 @@ def test_eval_refuses_a_bad_hindsight_window_before_loading(monkeypatch, capsys)
     assert main(["eval", "--no-progress", "--hindsight", "x"]) == 2
     assert "argument --hindsight: 'x' is not an integer" in capsys.readouterr().err
     for value in (0, 2.5, True):
-        assert run_eval(EvalRequest(tokens=64, prompt_tokens=8, hindsight=value, progress=False)) == 2
-        assert f"--hindsight must be a whole number of decode steps, at least 1, got {value!r}" in \
-            capsys.readouterr().err
+        with pytest.raises(ScissorhandsError) as refused:
+            run_eval(EvalRequest(tokens=64, prompt_tokens=8, hindsight=value, progress=False))
+        assert f"--hindsight must be a whole number of decode steps, at least 1, got {value!r}" in str(refused.value)
     assert main(["eval", "--no-progress", "--hindsight", "4", "--tokens", "9", "--prompt-tokens", "8",
                  "--budgets", "4"]) == 2
     assert "--hindsight 4 reads the decode steps, and --tokens 9 leaves none" in capsys.readouterr().err
@@ -404,8 +405,8 @@ def test_eval_refuses_a_pool_and_a_huge_hindsight_before_loading(tiny_model, mon
     assert "--pool must divide the rows of a sequence (2 layers x 2 KV heads = 4), got --pool=7" in \
         capsys.readouterr().err
     assert main([*common, "--hindsight", str(2**31 + 1)]) == 2
-    err = capsys.readouterr().err
-    assert f"--hindsight must be at most {2**31} decode steps, got {2**31 + 1}" in err and "window" not in err
+    message = capsys.readouterr().err.rpartition("scissorhands eval: error: ")[2]  # after the usage
+    assert f"--hindsight must be at most {2**31} decode steps, got {2**31 + 1}" in message and "window" not in message
 
 
 def test_eval_checks_the_pool_right_after_loading_a_model_without_a_config_file(tiny_model, monkeypatch, capsys):

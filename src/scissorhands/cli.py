@@ -20,10 +20,10 @@ each takes several values, and every combination a policy takes is run.
 
 Exit status: 0 on success; 2 on a user error, a usage error (argparse) or an input the
 library refuses (a path, a file, a configuration), each checked before the work it would
-waste; 1 when the system fails during a run (an ``OSError``, such as a full disk). An
-error is one line on stderr (``scissorhands: error: ...``; ``generate``'s under
-``scissorhands generate:`` after its usage, as argparse prints its own) without a
-traceback.
+waste; 1 when the system fails during a run (an ``OSError``, such as a full disk). Every
+command prints a user error as argparse prints its own: the command's usage, then one line
+``scissorhands <command>: error: ...``; a failure of the system is that one line alone.
+No traceback.
 """
 
 from __future__ import annotations
@@ -411,6 +411,18 @@ def _run(args: argparse.Namespace) -> int:
     return _RUNNERS[args.command](args)
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The subcommand's parser (its ``prog`` is ``scissorhands <command>``), else ``parser``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
+def _status(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m scissorhands`` and the ``scissorhands`` script.
 
@@ -426,24 +438,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         library refuses (a :class:`~scissorhands.errors.ScissorhandsError`: a path, a
         file, a configuration), each reported before the work it would waste; 1 when
         the system fails during a run (an ``OSError``, such as a full disk); 130 on an
-        interrupt.  Errors are one line on stderr, without a traceback.
+        interrupt.  A user error is printed as argparse prints its own, the subcommand's
+        usage then ``scissorhands <command>: error: <message>``; a failure of the system
+        is that last line alone; never a traceback.
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        args = parser.parse_args(_with_default_command(args_list))
+        args, extra = parser.parse_known_args(_with_default_command(args_list))
+        if extra:  # as parse_args, but under the subcommand's usage rather than the top level's
+            _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help, --version, usage errors
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        return _status(exc)
     if args.command is None:
         parser.print_help()
         return 0
     try:
         return _run(args)
-    except ScissorhandsError as exc:
-        print(f"{_PROG}: error: {exc}", file=sys.stderr)
-        return 2
+    except ScissorhandsError as exc:  # the library refused an input: a usage error, as argparse prints it
+        try:
+            _command_parser(parser, args.command).error(str(exc))
+        except SystemExit as usage_error:
+            return _status(usage_error)
     except OSError as exc:
-        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        print(f"{_command_parser(parser, args.command).prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{_PROG}: interrupted", file=sys.stderr)

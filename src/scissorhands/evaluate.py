@@ -43,7 +43,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -353,9 +353,9 @@ def plot_results(
 # --------------------------------------------------------------------------- commands
 
 
-def _fail(message: str) -> int:
-    print(f"scissorhands: error: {message}", file=sys.stderr)
-    return 2
+def _fail(message: str) -> NoReturn:
+    """Refuse the user's input: the command line prints ``message`` under the command's usage."""
+    raise ScissorhandsError(message)
 
 
 def _import_hf() -> Any:
@@ -740,7 +740,13 @@ def run_eval(request: EvalRequest) -> int:
     from its attention, and the batch replays them (one more sequence per budget).
     Prints the table (and the notes).
 
-    Returns the process exit status: 0, or 2 on a bad argument (message on stderr).
+    Returns the process exit status, 0.
+
+    Raises
+    ------
+    ScissorhandsError
+        A bad argument, before the work it would waste (the command line prints it
+        under the command's usage, exit 2).
     """
     plan = _plan_eval(request)
     if isinstance(plan, str):
@@ -806,7 +812,12 @@ def run_record(request: RecordRequest) -> int:
     over positions ``0..t-1`` (mean over the GQA group's query heads, its weight on
     itself excluded), float16, written through ``scissorhands.traces.save_recorded_trace``.
 
-    Returns the process exit status: 0, or 2 on a bad argument.
+    Returns the process exit status, 0.
+
+    Raises
+    ------
+    ScissorhandsError
+        A bad argument, before the work it would waste.
     """
     from tqdm import tqdm
 

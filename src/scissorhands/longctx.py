@@ -154,7 +154,8 @@ def _measure_lengths(hf: Any, model: Any, ids: list[int], plan: list[tuple[Any, 
 
 def run_longctx(request: LongContextRequest) -> int:
     """Run the configurations, print the table, write the JSON/plot. Every argument is
-    checked before the model loads. Returns 0, or 2 on a bad argument."""
+    checked before the model loads. Returns 0; raises :class:`~scissorhands.errors.ScissorhandsError`
+    on a bad argument."""
     checked = _check_longctx(request)
     if isinstance(checked, str):
         return _fail(checked)
