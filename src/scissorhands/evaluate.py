@@ -48,6 +48,7 @@ import numpy as np
 
 from .errors import ScissorhandsError
 from .hindsight import gap_closed_percent
+from .models import model_problem
 from .options import MODEL_POLICIES, OPTIONS, SPECS, config_label, policy_classes, series_label, sweep
 
 __all__ = [
@@ -399,15 +400,17 @@ def _load_inputs(hf: Any, text_path: str | None, model_path: str | None, tokens:
 
 def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str, str | None]]) -> str | None:
     """Why the user's paths cannot work (before any model loads), or None: ``--text``
-    must be a readable file, ``--model`` must exist, and each output (flag, path) must
+    must be a readable file, ``--model`` a model name whose package is installed or an
+    existing path, and each output (flag, path) must
     go into an existing directory."""
     if text is not None:
         if not os.path.isfile(text):
             return f"--text {text}: no such file"
         if not os.access(text, os.R_OK):
             return f"--text {text}: not readable"
-    if model is not None and not os.path.exists(model):
-        return f"--model {model}: no such file or directory"
+    problem = model_problem(model)
+    if problem is not None:
+        return f"--model {problem}"
     for flag, path in outputs:
         if path is None:
             continue

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from .errors import ScissorhandsError
+from .models import model_problem
 from .options import OPTIONS, PolicyOptions, make_policy, policy_spec
 
 __all__ = ["GenerateRequest", "run_generate"]
@@ -147,8 +148,9 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
         return _fail(f"--top-k must be at least 1, got {request.top_k}")
     if request.top_p is not None and not 0 < request.top_p <= 1:
         return _fail(f"--top-p must be in (0, 1], got {request.top_p}")
-    if request.model is not None and not os.path.exists(request.model):
-        return _fail(f"--model {request.model}: no such file or directory")
+    problem = model_problem(request.model)
+    if problem is not None:
+        return _fail(f"--model {problem}")
     try:
         from . import hf
     except ImportError as exc:
