@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
 
 import pytest
 
@@ -205,11 +206,11 @@ def gguf_stub(monkeypatch, tmp_path):
     return path, parsed, tmp_path / "cache" / "checkpoints"
 
 
-def _logits(model, tokenizer):
+def _logits(model, tokenizer, text="the cat sat on the mat , and the dog ran far ."):
     import torch
 
     with torch.no_grad():
-        return model(**tokenizer("the cat sat on the mat , and the dog ran far .", return_tensors="pt")).logits
+        return model(**tokenizer(text, return_tensors="pt")).logits
 
 
 @torch_needed
@@ -326,6 +327,77 @@ def test_a_damaged_checkpoint_is_converted_again(gguf_stub):
     assert _logits(*load_model(str(path), progress=False, threads=None)).equal(expected) and len(parsed) == 2
 
 
+def _write_tiny_gguf(path):
+    """A 2-layer Llama GGUF (Q8_0 projections, float32 the rest) with a small byte-level BPE
+    vocabulary, written with the ``gguf`` package: something transformers parses, de-quantises
+    and converts exactly as it does a real file."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+    rng = np.random.default_rng(0)
+    vocab, hidden, inner, layers, heads = 32, 32, 64, 2, 2
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(inner)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(1)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_tokenizer_model("gpt2")
+    tokens = ["<|endoftext|>", *[chr(c) for c in range(ord("a"), ord("z") + 1)], "\u0120", "ab", "\u0120a", "th", "he"]
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] + [1] * (vocab - 1))
+    writer.add_token_merges(["a b", "\u0120 a", "t h", "h e"])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    head = hidden // heads
+
+    def tensor(name, shape):
+        values = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if name.startswith("blk") and len(shape) == 2:
+            packed = quants.quantize(values, GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, values)
+
+    tensor("token_embd.weight", (vocab, hidden))
+    tensor("output_norm.weight", (hidden,))
+    tensor("output.weight", (vocab, hidden))
+    for i in range(layers):
+        for name, shape in [("attn_norm", (hidden,)), ("ffn_norm", (hidden,)), ("attn_q", (hidden, hidden)),
+                            ("attn_k", (head, hidden)), ("attn_v", (head, hidden)),
+                            ("attn_output", (hidden, hidden)), ("ffn_gate", (inner, hidden)),
+                            ("ffn_up", (inner, hidden)), ("ffn_down", (hidden, inner))]:
+            tensor(f"blk.{i}.{name}.weight", shape)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@torch_needed
+def test_a_tiny_real_gguf_converts_to_the_same_model_bit_for_bit(tmp_path, monkeypatch):
+    """A GGUF parsed by transformers and its converted checkpoint: same tokens, weights and logits, exactly."""
+    pytest.importorskip("gguf")
+    from scissorhands.hf import checkpoint_dir, load_model
+
+    monkeypatch.setenv("SCISSORHANDS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(path)
+    parsed, tokenizer = load_model(str(path), progress=False, threads=None)
+    converted, converted_tokenizer = load_model(str(path), progress=False, threads=None)
+    assert getattr(parsed, "hf_quantizer", None) is not None and getattr(converted, "hf_quantizer", None) is None
+    assert os.path.isdir(checkpoint_dir(path))
+    text = "the bat hath a thin hat"
+    assert tokenizer(text)["input_ids"] == converted_tokenizer(text)["input_ids"]
+    assert _logits(parsed, tokenizer, text).equal(_logits(converted, tokenizer, text))
+    first, second = parsed.state_dict(), converted.state_dict()
+    assert first.keys() == second.keys() and all(first[k].equal(second[k]) for k in first)
+
+
 # --------------------------------------------------------------------------- threads
 
 
@@ -411,12 +483,15 @@ def test_real_gguf_and_its_converted_checkpoint_give_the_same_logits(name, tmp_p
     if not MODELS[name].installed():
         pytest.skip(f"{name} is not installed: {MODELS[name].install}")
     monkeypatch.setenv("SCISSORHANDS_CACHE", str(tmp_path / "cache"))
-    parsed, _ = load_model(name, progress=False, threads=None)
-    converted, tokenizer = load_model(name, progress=False, threads=None)
-    assert getattr(parsed, "hf_quantizer", None) is not None and getattr(converted, "hf_quantizer", None) is None
-    assert os.path.isdir(checkpoint_dir(resolve_model(name)[1]))
-    ids = tokenizer("The quick brown fox jumps over the lazy dog. " * 4, return_tensors="pt")
-    with torch.no_grad():
-        assert parsed(**ids).logits.equal(converted(**ids).logits)
-    first, second = parsed.state_dict(), converted.state_dict()
-    assert first.keys() == second.keys() and all(first[k].equal(second[k]) for k in first)
+    try:
+        parsed, _ = load_model(name, progress=False, threads=None)
+        converted, tokenizer = load_model(name, progress=False, threads=None)
+        assert getattr(parsed, "hf_quantizer", None) is not None and getattr(converted, "hf_quantizer", None) is None
+        assert os.path.isdir(checkpoint_dir(resolve_model(name)[1]))
+        ids = tokenizer("The quick brown fox jumps over the lazy dog. " * 4, return_tensors="pt")
+        with torch.no_grad():
+            assert parsed(**ids).logits.equal(converted(**ids).logits)
+        first, second = parsed.state_dict(), converted.state_dict()
+        assert first.keys() == second.keys() and all(first[k].equal(second[k]) for k in first)
+    finally:  # 0.5-1.1 GB of float32 weights: not left for pytest's retained temporary directories
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)
