@@ -86,11 +86,11 @@ def default_gguf_path() -> str:
 
 
 def _conversion_key(digest: str) -> dict[str, Any]:
-    import gguf
     import transformers
 
+    # gguf's version from its metadata: importing it (0.1-0.3 s) is only needed to parse.
     return {"format": _FORMAT, "gguf_sha256": digest, "dtype": "float32", "transformers": transformers.__version__,
-            "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf"), "torch": torch.__version__}
+            "gguf": _dist_version("gguf"), "torch": torch.__version__}
 
 
 def _dist_version(name: str) -> str | None:
