@@ -157,6 +157,24 @@ def test_commands_pass_a_model_name_to_load_model(argv, monkeypatch, capsys):
     assert "stopped before loading" in capsys.readouterr().err
 
 
+def test_model_info_records_the_name_and_the_file(monkeypatch):
+    """A name (or None, the default) is recorded with its file; a path is recorded with no name."""
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from scissorhands.hf import loading
+
+    text = SimpleNamespace(model_type="gemma3_text", num_hidden_layers=18, num_attention_heads=4,
+                           num_key_value_heads=1)
+    model = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda decoder=True: text))
+    monkeypatch.setattr(loading, "model_path", lambda name: f"/models/{name}.gguf")
+    assert loading.model_info(model, "gemma3-270m") == {
+        "name": "gemma3-270m", "path": "/models/gemma3-270m.gguf", "architecture": "gemma3_text",
+        "layers": 18, "query_heads": 4, "kv_heads": 1}
+    assert loading.model_info(model, None)["name"] == "smollm2-135m"
+    assert loading.model_info(model, "/some/where.gguf")["name"] is None
+
+
 # --------------------------------------------------------------------------- the conversion cache
 
 
