@@ -487,14 +487,17 @@ def test_load_model_keeps_a_thread_count_the_user_chose(tiny_checkpoint, thread_
 
 @torch_needed
 def test_load_model_threads_argument_sets_the_count_or_is_refused(tiny_checkpoint, thread_state):
-    """threads=3 runs torch on 3 threads; threads=0 is refused before anything loads."""
+    """threads=3 runs torch on 3 threads; threads=0 is refused before anything loads or changes."""
     from scissorhands.errors import ScissorhandsError
     from scissorhands.hf import load_model
 
     load_model(tiny_checkpoint, progress=False, threads=3)
     assert thread_state.get_num_threads() == 3
-    with pytest.raises(ScissorhandsError, match="positive integer, got 0"):
+    with pytest.raises(ScissorhandsError, match="positive integer or None, got 0"):
         load_model("missing.gguf", threads=0)
+    with pytest.raises(ModelNotFoundError, match="missing"):
+        load_model("missing.gguf", threads=2)
+    assert thread_state.get_num_threads() == 3
 
 
 # --------------------------------------------------------------------------- the real models

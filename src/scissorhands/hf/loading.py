@@ -246,14 +246,17 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    if threads is not _UNSET and threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ScissorhandsError(f"threads must be a positive integer or None, got {threads!r}")
+    _, path = resolve_model(path)
+    if not os.path.exists(path):
+        raise ModelNotFoundError(f"model path does not exist: {path}")
     if threads is _UNSET:
         _default_threads()
     else:
         set_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    _, path = resolve_model(path)
-    if not os.path.exists(path):
-        raise ModelNotFoundError(f"model path does not exist: {path}")
     gguf = os.path.isfile(path)
     converted = None
     if gguf and cache:
