@@ -239,9 +239,9 @@ def load_model(
     Notes
     -----
     ``HF_HUB_OFFLINE=1`` is set for the call if the environment does not set it: nothing
-    is downloaded.  Parsing the 135M GGUF takes 15-45 s on a 2-core CPU (Gemma-3 270M
-    about twice that); loading its converted checkpoint well under a second more than
-    importing transformers (see docs/development.md).
+    is downloaded.  Parsing the 135M GGUF takes 15-57 s on a 2-core CPU (Gemma-3 270M
+    about twice that); loading its converted checkpoint 1.5-2.1 s on the same machine
+    busy, 28 times less (see docs/development.md).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
