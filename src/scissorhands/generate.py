@@ -14,7 +14,6 @@ This module imports neither torch nor the model until a run starts.
 from __future__ import annotations
 
 import math
-import os
 import resource
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any, TextIO
 
 from .errors import ScissorhandsError
 from .evaluate import _checkpoint_config
+from .models import model_problem
 from .options import PolicyOptions, flag_text, make_policy, policy_spec
 from .paths import input_problem
 
@@ -185,8 +185,9 @@ def _check_request(request: GenerateRequest, stdin: TextIO) -> tuple[Any, Policy
     problem = _check_sampling(request)
     if problem:
         raise _Refused(problem)
-    if request.model is not None and not os.path.exists(request.model):
-        raise _Refused(f"--model {request.model}: no such file or directory")
+    problem = model_problem(request.model)
+    if problem is not None:
+        raise _Refused(problem if request.model is None else f"--model {problem}")
     try:
         from . import hf
     except ImportError as exc:

@@ -42,11 +42,14 @@ from .hindsight import HindsightConfig, tap_attention
 from .loading import (
     GGUF_FILE,
     GGUF_PACKAGE,
+    MODEL_NAMES,
     ModelNotFoundError,
+    checkpoint_dir,
     default_gguf_path,
     environment,
     load_model,
     model_info,
+    resolve_model,
     set_threads,
 )
 from .longctx import long_context_run
@@ -59,6 +62,7 @@ __all__ = [
     "GGUF_FILE",
     "GGUF_PACKAGE",
     "HEAD_MODES",
+    "MODEL_NAMES",
     "POSITION_MODES",
     "WRAPPED",
     "CacheStats",
@@ -66,6 +70,7 @@ __all__ = [
     "HindsightConfig",
     "ModelNotFoundError",
     "PolicyConfig",
+    "checkpoint_dir",
     "decode_step",
     "default_gguf_path",
     "environment",
@@ -77,6 +82,7 @@ __all__ = [
     "model_info",
     "prefill",
     "record_attention",
+    "resolve_model",
     "set_threads",
     "tap_attention",
     "uninstall",
