@@ -23,6 +23,7 @@ expects, so the mask it builds is used as it is (``aligned``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ import torch
 
 from ..errors import InvalidInputError
 
-__all__ = ["CACHE_MODES", "CompactStorage", "SlotStorage", "make_storage"]
+__all__ = ["CACHE_MODES", "ChunkMask", "CompactStorage", "SlotStorage", "make_storage"]
 
 #: ``reuse``: a decode token takes the last victim's slot; ``compact``: gather every step.
 CACHE_MODES = ("reuse", "compact")
@@ -38,6 +39,41 @@ CACHE_MODES = ("reuse", "compact")
 
 #: A layer's mask not built yet in this forward (``None`` means: no mask needed).
 _UNBUILT: Any = object()
+
+_TRIANGLE: dict[int, torch.Tensor] = {}
+
+
+def causal_triangle(q: int) -> torch.Tensor:
+    """``(q, q)`` float32: 0 on and below the diagonal, float32's lowest above it (the
+    additive form of a chunk's causal block; the last one built is kept)."""
+    tri = _TRIANGLE.get(q)
+    if tri is None:
+        _TRIANGLE.clear()
+        low = torch.finfo(torch.float32).min
+        tri = _TRIANGLE[q] = torch.zeros(q, q).masked_fill_(torch.ones(q, q, dtype=torch.bool).triu(1), low)
+    return tri
+
+
+@dataclass(frozen=True)
+class ChunkMask:
+    """A chunk's mask (no padding) as what it is made of, for float32 scores: the held
+    slots ``[0, start)`` (those a row does not hold masked) and the chunk's ``q`` tokens
+    at ``[start, start + q)``, each seeing the earlier ones and itself.  Applying it adds
+    float32's lowest to every masked score, as the additive form of :meth:`SlotStorage.mask`
+    does, without building that ``(batch, heads, q, extent)`` mask.
+
+    ``held``: ``(batch, kv_heads, 1, 1, start)`` float32, 0 where the row holds the slot
+    and float32's lowest where not; None when every row holds every held slot."""
+
+    start: int
+    q: int
+    held: torch.Tensor | None
+
+    def apply_(self, scores: torch.Tensor) -> None:
+        """Mask ``scores`` ``(batch, kv_heads, group, q, start + q)`` float32 in place."""
+        scores[..., self.start:] += causal_triangle(self.q)
+        if self.held is not None:
+            scores[..., : self.start] += self.held
 
 
 class SlotStorage:
@@ -242,6 +278,20 @@ class SlotStorage:
             masks[:] = [_UNBUILT] * self.layers  # one layer's at a time: a chunk's are large
             mask = masks[e] = self._layer_mask(pads, groups, q, dtype, e)[0]
         return mask
+
+    def chunk_mask(self, e: int, pads: np.ndarray | None) -> ChunkMask | None:
+        """Layer ``e``'s mask of a chunk once positions were evicted, as a
+        :class:`ChunkMask`; None (use :meth:`mask`) for a single token, a layout still
+        aligned, or a chunk with padding."""
+        if self.q == 1 or self.aligned or pads is not None:
+            return None
+        start = self.chunk_start
+        valid = self.valid4()[e, :, :, :start]
+        held = None
+        if not valid.all():
+            held = torch.zeros(valid.shape, dtype=torch.float32).masked_fill_(
+                torch.from_numpy(~valid), torch.finfo(torch.float32).min)[:, :, None, None, :]
+        return ChunkMask(start, self.q, held)
 
     def _decode_masks(self, groups: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """The additive masks of a single-token forward, one view per layer of a store
