@@ -17,6 +17,12 @@ installs what the model needs so that the cache sees each new query row's attent
    on itself, not renormalised): ``step_rows`` for one token, ``extend`` then
    ``evict_rows`` for several (a prompt, a new turn); the victims' slots are freed.
 
+What one forward owns (which layers wrote and handed over their weights, the weights
+pending, which new tokens are padding, the rotary positions and rotations of
+``positions="cache"``) is one object, created at the first evicting layer's write and
+dropped after the step or by ``reset()``; observers (:meth:`EvictingCache.add_observer`)
+see every layer's weights as they come.
+
 Keys keep their original rotary rotation and the model its true positions (as H2O
 does).  Padding is never admitted: a left-padded sequence's rows hold fewer positions.
 Sliding-window layers (Gemma-2's every other layer) are transformers' own, already
@@ -30,7 +36,7 @@ et al., ICLR 2024, arXiv 2309.17453.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +51,8 @@ from .gqa import group_mean
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, make_storage
 
-__all__ = ["HEAD_MODES", "POSITION_MODES", "CacheStats", "EvictingCache", "EvictingLayer"]
+__all__ = ["HEAD_MODES", "POSITION_MODES", "AttentionObserver", "CacheStats", "EvictingCache", "EvictingLayer",
+           "ObserverHandle"]
 
 #: ``per-head``: one policy row per KV head; ``mean``: one row per layer, fed the mean
 #: over all its query heads, whose decisions every KV head follows.
@@ -55,6 +62,9 @@ HEAD_MODES = ("per-head", "mean")
 #: query at rank n (StreamingLLM, Xiao et al., ICLR 2024, §3.2), so no distance exceeds
 #: the budget, past the trained context too.
 POSITION_MODES = ("original", "cache")
+
+#: ``fn(layer, weights)``: see :meth:`EvictingCache.add_observer`.
+AttentionObserver = Callable[[int, torch.Tensor], Any]
 
 _OUT_OF_SYNC = (
     "the cache received keys and values whose attention never reached it: the model does not "
@@ -85,17 +95,61 @@ class CacheStats:
     compactions: int = 0
 
 
+class _Forward:
+    """What one forward owns, from its first evicting layer's write to the policies' step.
+
+    Created by :meth:`EvictingCache._begin` (the first evicting layer's write) and dropped
+    by :meth:`EvictingCache._finish` (after the step) or :meth:`EvictingCache._abandon`
+    (``reset()``): nowhere else.  ``q``: its tokens per sequence; per evicting layer,
+    whether it was ``written`` and ``observed`` and its ``pending`` weights (a chunk's
+    already reduced to the policy heads, as NumPy); ``pads``: which new tokens are padding
+    (``(batch, q)`` bool, None without padding); ``positions="cache"``: the rotary
+    ``positions`` of the new keys (``(batch, q)`` int64) and the ``rotations`` to the
+    ranks, computed once at the first layer that needs them."""
+
+    __slots__ = ("observed", "pads", "pending", "positions", "q", "rotations", "written")
+
+    def __init__(self, layers: int, q: int) -> None:
+        self.q = q
+        self.written = [False] * layers
+        self.observed = [False] * layers
+        self.pending: list[torch.Tensor | np.ndarray | None] = [None] * layers
+        self.pads: np.ndarray | None = None
+        self.positions: np.ndarray | None = None
+        self.rotations: tuple[torch.Tensor, ...] | None = None
+
+
+class ObserverHandle:
+    """What :meth:`EvictingCache.add_observer` returns: :meth:`remove` detaches the observer."""
+
+    def __init__(self, observers: list[Any], fn: Any) -> None:
+        self._observers = observers
+        self._fn = fn
+
+    def remove(self) -> None:
+        """Stop calling the observer (nothing if already removed)."""
+        if self._fn in self._observers:
+            self._observers.remove(self._fn)
+
+
 class EvictingLayer(CacheLayerMixin):
-    """One full-attention layer of an :class:`EvictingCache` (its ``e``-th evicting one)."""
+    """One full-attention layer of an :class:`EvictingCache` (its ``index``-th evicting one,
+    model layer ``layer``).
+
+    Its keys and values are its view of the cache's storage (one buffer per layer; the
+    slot layout is shared by every layer); what the installed attention asks of a layer
+    (its mask, its keys re-rotated, handing over its weights) is done here, on the cache's
+    forward in flight."""
 
     is_sliding = False
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, cache: EvictingCache, index: int) -> None:
+    def __init__(self, cache: EvictingCache, index: int, layer: int) -> None:
         super().__init__()
         self.cache = cache
         self.index = index
+        self.layer = layer
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -121,11 +175,26 @@ class EvictingLayer(CacheLayerMixin):
         self.device = key_states.device
         self.is_initialized = True
 
+    def _in_flight(self) -> _Forward:
+        forward = self.cache._forward
+        if forward is None:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        return forward
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's keys and values ``(batch, kv_heads, q, head_dim)`` where the
+        storage planned them; return the held ones, ``[0, extent)`` of the buffers."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = self.cache._write(self.index, key_states, value_states)
+        cache = self.cache
+        start = time.perf_counter()
+        forward = cache._begin(key_states) if self.index == 0 else self._in_flight()
+        if forward.written[self.index]:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        forward.written[self.index] = True
+        keys, values = cache.storage.write(self.index, key_states, value_states)
+        cache.stats.update_seconds += time.perf_counter() - start
         setattr(keys, attention.LAYER_ATTRIBUTE, self)
         return keys, values
 
@@ -148,22 +217,77 @@ class EvictingLayer(CacheLayerMixin):
         """The mask this layer attends with (called by the installed attention): the one
         transformers built while the layout is still the one it expects, else the cache's
         own, additive in ``dtype`` (eager) or boolean (``dtype`` None, sdpa)."""
-        return self.cache._attention_mask(self.index, stock, query, dtype)
+        cache = self.cache
+        forward = self._in_flight()
+        start = time.perf_counter()
+        if self.index == 0:
+            forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
+        storage = cache.storage
+        mask = stock if storage.aligned else storage.mask(self.index, forward.pads, cache.groups,
+                                                          int(query.shape[2]), dtype)
+        cache.stats.bookkeeping_seconds += time.perf_counter() - start
+        return mask
 
-    def observe(self, weights: torch.Tensor | None) -> None:
-        """This layer's attention weights ``(batch, heads, q, extent)`` of the forward
-        (None when no policy of the cache reads attention)."""
-        self.cache._observe(self.index, weights)
+    def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
+        """``positions="cache"``: at the forward's first evicting layer, remember the rotary
+        position each new key was rotated with (``position_ids``, else the tokens seen)."""
+        forward = self._in_flight()
+        if self.index != 0 or forward.positions is not None:
+            return
+        cache = self.cache
+        q = int(query.shape[2])
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(cache.seen, cache.seen + q)[None]
+        batch = cache.storage.batch
+        positions = np.broadcast_to(np.asarray(positions.detach().cpu(), dtype=np.int64), (batch, q))
+        per_row = np.broadcast_to(positions[None, :, None, :],
+                                  (cache.evicting_layers, batch, cache.num_kv_heads, q)).reshape(-1, q)
+        storage = cache.storage
+        storage.rope[np.arange(storage.rows)[:, None], storage.new_columns()] = per_row
+        forward.positions = positions
 
     def rerotate(self, query: torch.Tensor, key: torch.Tensor,
                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions="cache"``: the query and keys rotated to their ranks (called by the
         installed attention, once positions were evicted)."""
-        return self.cache._rerotate(self.index, query, key, kwargs)
+        cache = self.cache
+        forward = self._in_flight()
+        start = time.perf_counter()
+        if forward.rotations is None:
+            forward.rotations = cache._rotations(forward, query)
+        cos, sin, cos_q, sin_q = forward.rotations
+        key = _rotate(key, cos[self.index], sin[self.index])
+        query = _rotate(query, cos_q, sin_q)
+        cache.stats.rerotate_seconds += time.perf_counter() - start
+        return query, key
 
-    def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
-        """``positions="cache"``: the rotary positions of the new keys (every forward)."""
-        self.cache._note_positions(self.index, query, kwargs)
+    def observe(self, weights: torch.Tensor | None) -> None:
+        """This layer's attention weights ``(batch, heads, q, extent)`` of the forward
+        (None when neither a policy of the cache nor an observer reads attention): handed
+        to the observers, kept for the policies; after the last evicting layer, the
+        cache's step."""
+        cache = self.cache
+        forward = self._in_flight()
+        e = self.index
+        if not forward.written[e]:
+            raise InvalidInputError(_OUT_OF_SYNC)
+        if weights is not None:
+            for observer in list(cache._observers):
+                observer(self.layer, weights.detach())
+        if weights is not None and weights.shape[-2] > 1 and cache._policies_read:
+            # A chunk's rows are reduced to the policy heads as each layer hands them in,
+            # so that the forward never holds every layer's full-head rows at once
+            # (30 layers x 9 heads x 256 x 1,280 float32 is 354 MB); per element the
+            # same arithmetic as reducing them all together at the last layer.
+            start = time.perf_counter()
+            forward.pending[e] = group_mean(weights.detach().cpu(), cache.policy_heads)
+            cache.stats.bookkeeping_seconds += time.perf_counter() - start
+        else:
+            forward.pending[e] = weights.detach() if weights is not None and cache._policies_read else None
+        forward.observed[e] = True
+        if e == cache.evicting_layers - 1:
+            cache._finish(forward)
 
 
 class EvictingCache(Cache):
@@ -266,7 +390,7 @@ class EvictingCache(Cache):
         evicting = 0
         for kind, kwargs in zip(layer_types, per_layer_kwargs):
             if kind == "full_attention":
-                layers.append(EvictingLayer(self, evicting))
+                layers.append(EvictingLayer(self, evicting, len(layers)))
                 evicting += 1
             elif kind in ("sliding_attention", "chunked_attention"):
                 layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
@@ -276,8 +400,8 @@ class EvictingCache(Cache):
             raise InvalidInputError("the model has no full-attention layer to evict from")
         super().__init__(layers=layers)
         self.configs = configs
-        #: Whether any policy reads attention (else no weights are computed or gathered).
-        self.reads_attention = any(SPECS[c.policy].reads_attention for c in configs)
+        #: Whether any policy reads attention (else the cache gathers no weights).
+        self._policies_read = any(SPECS[c.policy].reads_attention for c in configs)
         self.positions = positions
         self.rotary: Any = None  # the model's rotary embedding (positions="cache"; from_model)
         self.head_mode = head_mode
@@ -290,12 +414,9 @@ class EvictingCache(Cache):
         self.bank: PolicyRows | None = None
         self.seen = 0
         self.stats = CacheStats()
-        self._pending: list[torch.Tensor | np.ndarray | None] = [None] * evicting
-        self._written = [False] * evicting
-        self._observed = [False] * evicting
-        self._pads: np.ndarray | None = None
-        self._rotations: tuple[torch.Tensor, ...] | None = None
-        self._positions: np.ndarray | None = None
+        #: The forward in flight (None between forwards): what it owns, dropped whole.
+        self._forward: _Forward | None = None
+        self._observers: list[AttentionObserver] = []
 
     # ------------------------------------------------------------------ construction
 
@@ -323,6 +444,60 @@ class EvictingCache(Cache):
                 raise InvalidInputError(f"positions='cache' needs a rotary embedding; {type(model).__name__} has none")
         attention.install(model)
         return cache
+
+    # ------------------------------------------------------------------ observers
+
+    @property
+    def reads_attention(self) -> bool:
+        """Whether the installed attention must hand this cache each evicting layer's
+        weights: a policy reads them, or an observer is attached (under ``sdpa`` the rows
+        are then computed beside it, in ``stats.rows_seconds``)."""
+        return self._policies_read or bool(self._observers)
+
+    @property
+    def observed_layers(self) -> list[int]:
+        """The model layer indices an observer is called with (the full-attention layers),
+        in the order it is called within a forward."""
+        return [layer.layer for layer in self.layers if isinstance(layer, EvictingLayer)]
+
+    def add_observer(self, fn: AttentionObserver) -> ObserverHandle:
+        """Call ``fn(layer, weights)`` with every evicting layer's attention, every forward.
+
+        ``layer`` is the model's layer index (one of :attr:`observed_layers`); ``weights``
+        is the new query rows' attention over the cache's slots, a detached tensor
+        ``(batch, heads, q, extent)`` (``heads`` the query heads, ``q`` the forward's
+        tokens per sequence, ``extent`` the slots the layer attends over, the new tokens'
+        included): float32, or the model's dtype where the model's own eager attention
+        computed it.  While nothing was ever evicted slot ``s`` holds position ``s`` (the
+        padded sequence's); afterwards a row's slots are in
+        ``storage.slots[row, :count]`` (kept order).  Masked slots (padding, freed slots,
+        later tokens of a chunk) weigh 0.
+
+        Called in layer order, as each layer's attention is computed and before the cache
+        uses the weights; after the last layer's observers the policies step.  During the
+        calls ``cache.seen`` is the position of the forward's first token.  An observer
+        must not change the cache; an exception it raises propagates out of the forward.
+        Observers are not copied with the cache (``copy.deepcopy``, pickling).
+
+        Returns
+        -------
+        ObserverHandle
+            ``handle.remove()`` detaches ``fn``.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``fn`` is not callable.
+        """
+        if not callable(fn):
+            raise InvalidTypeError(f"an observer must be callable, not {type(fn).__name__}")
+        self._observers.append(fn)
+        return ObserverHandle(self._observers, fn)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_observers"] = []
+        return state
 
     # ------------------------------------------------------------------ inspection
 
@@ -404,18 +579,20 @@ class EvictingCache(Cache):
         self.bank = PolicyRows(configs, counts, self.evicting_layers, self.policy_heads)
         self.storage.start(batch, self.num_kv_heads)
 
-    def _write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        start = time.perf_counter()
-        if self._written[e]:
+    def _begin(self, key: torch.Tensor) -> _Forward:
+        """The first evicting layer's write: the forward's state, its tokens' slots planned."""
+        if self._forward is not None:
             raise InvalidInputError(_OUT_OF_SYNC)
-        if e == 0:
-            if not self.storage.started():
-                self._start(int(key.shape[0]))
-            self.storage.plan(int(key.shape[2]))
-        self._written[e] = True
-        out = self.storage.write(e, key, value)
-        self.stats.update_seconds += time.perf_counter() - start
-        return out
+        if not self.storage.started():
+            self._start(int(key.shape[0]))
+        q = int(key.shape[2])
+        self.storage.plan(q)
+        self._forward = _Forward(self.evicting_layers, q)
+        return self._forward
+
+    def _abandon(self) -> None:
+        """Drop the forward in flight, if any (``reset()``)."""
+        self._forward = None
 
     def _mask_sizes(self, q: int) -> tuple[int, int]:
         storage = self.storage
@@ -427,101 +604,54 @@ class EvictingCache(Cache):
             extent = storage.extent + q
         return extent, self.seen + q - extent
 
-    def _attention_mask(self, e: int, stock: Any, query: torch.Tensor, dtype: torch.dtype | None) -> Any:
-        start = time.perf_counter()
-        if e == 0:
-            self._pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
-        mask = stock if self.storage.aligned else self.storage.mask(e, self._pads, self.groups,
-                                                                     int(query.shape[2]), dtype)
-        self.stats.bookkeeping_seconds += time.perf_counter() - start
-        return mask
-
-    def _note_positions(self, e: int, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
-        """``positions="cache"``: at the forward's first evicting layer, remember the rotary
-        position each new key was rotated with (``position_ids``, else the tokens seen)."""
-        if e != 0 or self._positions is not None:
-            return
-        q = int(query.shape[2])
-        positions = kwargs.get("position_ids")
-        if positions is None:
-            positions = torch.arange(self.seen, self.seen + q)[None]
-        positions = np.broadcast_to(np.asarray(positions.detach().cpu(), dtype=np.int64), (self.batch, q))
-        per_row = np.broadcast_to(positions[None, :, None, :],
-                                  (self.evicting_layers, self.batch, self.num_kv_heads, q)).reshape(-1, q)
+    def _rotations(self, forward: _Forward, query: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``positions="cache"``: the forward's rotations, every layer's keys ``(layers,
+        batch, kv_heads, extent, width)`` and the query ``(batch, 1, q, width)`` (cos and sin
+        each), from the stored rotations to the ranks."""
         storage = self.storage
-        storage.rope[np.arange(storage.rows)[:, None], storage.new_columns()] = per_row
-        self._positions = positions
+        q = int(query.shape[2])
+        layers, batch, heads = self.evicting_layers, storage.batch, self.num_kv_heads
+        admitted = None
+        if forward.pads is not None:
+            admitted = np.broadcast_to((~forward.pads)[None, :, None, :], (layers, batch, heads, q)).reshape(-1, q)
+        rank, new_rank = storage.ranks(admitted)
+        delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
+        assert forward.positions is not None
+        delta_query = new_rank[: batch * heads: heads] - forward.positions  # (batch, q)
+        # The rotary embedding of each distinct angle once (a few hundred of them),
+        # then gathered: the same values as embedding every slot's.
+        deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
+        distinct, inverse = np.unique(deltas, return_inverse=True)
+        cos_d, sin_d = self.rotary(query, torch.from_numpy(distinct)[None])
+        index = torch.from_numpy(inverse.reshape(-1))
+        cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
+        width = cos_all.shape[-1]
+        keys_end = delta_keys.size
+        shape = (layers, batch, heads, storage.extent, width)
+        cos, sin = cos_all[:keys_end].reshape(shape), sin_all[:keys_end].reshape(shape)
+        cos_q = cos_all[keys_end:].reshape(batch, 1, q, width)
+        sin_q = sin_all[keys_end:].reshape(batch, 1, q, width)
+        return cos, sin, cos_q, sin_q
 
-    def _rerotate(self, e: int, query: torch.Tensor, key: torch.Tensor,
-                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        start = time.perf_counter()
-        if self._rotations is None:
-            storage = self.storage
-            q = int(query.shape[2])
-            layers, batch, heads = self.evicting_layers, self.batch, self.num_kv_heads
-            admitted = None
-            if self._pads is not None:
-                admitted = np.broadcast_to((~self._pads)[None, :, None, :], (layers, batch, heads, q)).reshape(-1, q)
-            rank, new_rank = storage.ranks(admitted)
-            delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
-            assert self._positions is not None
-            delta_query = new_rank[: batch * heads: heads] - self._positions  # (batch, q)
-            # The rotary embedding of each distinct angle once (a few hundred of them),
-            # then gathered: the same values as embedding every slot's.
-            deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
-            distinct, inverse = np.unique(deltas, return_inverse=True)
-            cos_d, sin_d = self.rotary(query, torch.from_numpy(distinct)[None])
-            index = torch.from_numpy(inverse.reshape(-1))
-            cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
-            width = cos_all.shape[-1]
-            keys_end = delta_keys.size
-            shape = (layers, batch, heads, storage.extent, width)
-            cos, sin = cos_all[:keys_end].reshape(shape), sin_all[:keys_end].reshape(shape)
-            cos_q = cos_all[keys_end:].reshape(batch, 1, q, width)
-            sin_q = sin_all[keys_end:].reshape(batch, 1, q, width)
-            self._rotations = (cos, sin, cos_q, sin_q)
-        cos, sin, cos_q, sin_q = self._rotations
-        key = _rotate(key, cos[e], sin[e])
-        query = _rotate(query, cos_q, sin_q)
-        self.stats.rerotate_seconds += time.perf_counter() - start
-        return query, key
-
-    def _observe(self, e: int, weights: torch.Tensor | None) -> None:
-        if not self._written[e]:
-            raise InvalidInputError(_OUT_OF_SYNC)
-        if weights is not None and weights.shape[-2] > 1 and self.reads_attention:
-            # A chunk's rows are reduced to the policy heads as each layer hands them in,
-            # so that the forward never holds every layer's full-head rows at once
-            # (30 layers x 9 heads x 256 x 1,280 float32 is 354 MB); per element the
-            # same arithmetic as reducing them all together at the last layer.
-            start = time.perf_counter()
-            self._pending[e] = group_mean(weights.detach().cpu(), self.policy_heads)
-            self.stats.bookkeeping_seconds += time.perf_counter() - start
-        else:
-            self._pending[e] = None if weights is None else weights.detach()
-        self._observed[e] = True
-        if e == self.evicting_layers - 1:
-            self._step()
-
-    def _step(self) -> None:
+    def _finish(self, forward: _Forward) -> None:
         """After the last evicting layer: hand every row's weights to the policies, free
-        the victims' slots."""
+        the victims' slots, drop the forward."""
         start = time.perf_counter()
         storage, bank = self.storage, self.bank
         assert bank is not None
         q = storage.q
-        pending = self._pending
-        if not all(self._observed):
+        pending = forward.pending
+        if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
         rows = self.evicting_layers * self.batch * self.policy_heads
         means = None
-        if self.reads_attention:  # (layers, batch, policy heads, q, extent)
+        if self._policies_read:  # (layers, batch, policy heads, q, extent)
             if isinstance(pending[0], np.ndarray):  # a chunk's, reduced as they came
                 means = np.stack(pending)  # type: ignore[arg-type]
             else:
                 means = group_mean(torch.stack(pending).cpu(), self.policy_heads)  # type: ignore[arg-type]
         repeat = self.num_kv_heads // self.policy_heads
-        pads = self._pads
+        pads = forward.pads
         policy_seconds = 0.0
         if q == 1 and (pads is None or not pads.any()):
             width = int(storage.counts.max(initial=0))
@@ -557,12 +687,7 @@ class EvictingCache(Cache):
             self.stats.chunks += 1
         self.stats.compactions = storage.compactions
         self.seen += q
-        self._pending = [None] * self.evicting_layers
-        self._written = [False] * self.evicting_layers
-        self._observed = [False] * self.evicting_layers
-        self._pads = None
-        self._rotations = None
-        self._positions = None
+        self._forward = None
         self.stats.policy_seconds += policy_seconds
         self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
 
@@ -583,10 +708,7 @@ class EvictingCache(Cache):
         self.bank = None
         self.seen = 0
         self.stats = CacheStats()
-        self._pending = [None] * self.evicting_layers
-        self._written = [False] * self.evicting_layers
-        self._observed = [False] * self.evicting_layers
-        self._pads = None
+        self._abandon()
 
     def _select(self, index: Any, what: str) -> None:
         """Sequences become ``index`` (old sequence numbers), checked before anything moves."""
@@ -595,7 +717,7 @@ class EvictingCache(Cache):
         if self.per_sequence:
             raise InvalidInputError(f"{what}: a cache with one configuration per sequence cannot "
                                     "reorder its batch")
-        if any(self._written):
+        if self._forward is not None:
             raise InvalidInputError(f"{what} in the middle of a forward")
         array = np.asarray(index.detach().cpu() if isinstance(index, torch.Tensor) else index)
         if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:

@@ -87,18 +87,18 @@ class HindsightConfig(PolicyConfig):
 
 
 class AttentionTap:
-    """What :func:`tap_attention` installed: ``seconds`` spent in the tap (the GQA mean
-    and the callback), and :meth:`remove`."""
+    """What :func:`tap_attention` attached: ``seconds`` spent in the tap (the GQA mean
+    and the callback), ``steps`` handed over, and :meth:`remove`."""
 
-    def __init__(self, cache: Any, remove: Callable[[], None]) -> None:
+    def __init__(self, cache: Any, handle: Any) -> None:
         self.cache = cache
         self.seconds = 0.0
         self.steps = 0
-        self._remove = remove
+        self._handle = handle
 
     def remove(self) -> None:
-        """Restore the cache's own observation."""
-        self._remove()
+        """Detach the tap from the cache (its observer)."""
+        self._handle.remove()
 
 
 def tap_attention(cache: Any, sink: Callable[[int, np.ndarray], Any]) -> AttentionTap:
@@ -109,9 +109,10 @@ def tap_attention(cache: Any, sink: Callable[[int, np.ndarray], Any]) -> Attenti
     positions ``0 .. position-1`` per (layer, sequence, policy head) row, layer-major,
     the GQA mean over each row's query heads (``mean`` head mode: over all), its weight
     on itself excluded, not renormalised (what a policy sees).  Chunks (the prompt) are
-    not handed over.  The cache behaves as it does untapped: the weights reach it as
-    they would (under ``sdpa``, which computes no rows for a cache whose policies read
-    none, the rows are computed for the tap, in ``stats.rows_seconds``).
+    not handed over.  The tap is an observer of the cache
+    (:meth:`~scissorhands.hf.cache.EvictingCache.add_observer`), which behaves as it does
+    untapped (under ``sdpa``, which computes no rows for a cache whose policies read none,
+    the rows are computed for the tap, in ``stats.rows_seconds``).
 
     Raises
     ------
@@ -120,37 +121,28 @@ def tap_attention(cache: Any, sink: Callable[[int, np.ndarray], Any]) -> Attenti
     """
     if any(c.evicts for c in cache.configs):
         raise InvalidInputError("tap_attention reads a cache that never evicts (the full cache)")
-    observe = cache._observe
-    was_reading = cache.reads_attention
+    layers = cache.observed_layers
+    last = layers[-1]
     pending: dict[int, torch.Tensor] = {}
-    tap = AttentionTap(cache, lambda: None)
 
-    def keep(e: int, weights: torch.Tensor | None) -> None:
-        position = cache.seen
-        if weights is not None and weights.shape[-2] == 1:
-            pending[e] = weights.detach()
-        cache.reads_attention = was_reading  # the cache's own work, as if untapped
-        try:
-            observe(e, weights if was_reading else None)
-        finally:
-            cache.reads_attention = True
-        if e == cache.evicting_layers - 1 and len(pending) == cache.evicting_layers:
+    def keep(layer: int, weights: torch.Tensor) -> None:
+        if weights.shape[-2] == 1:
+            pending[layer] = weights
+        if layer != last:
+            return
+        if len(pending) == len(layers):
             start = time.perf_counter()
-            stacked = torch.stack([pending[i] for i in range(cache.evicting_layers)]).cpu()
+            position = cache.seen
+            stacked = torch.stack([pending[i] for i in layers]).cpu()
             means = group_mean(stacked, cache.policy_heads)  # (layers, batch, heads, 1, position + 1)
             rows = means[..., 0, :position].reshape(-1, position)
             pending.clear()
             sink(position, rows)
             tap.seconds += time.perf_counter() - start
             tap.steps += 1
-        elif e == cache.evicting_layers - 1:
+        else:
             pending.clear()
 
-    def remove() -> None:
-        cache._observe = observe
-        cache.reads_attention = was_reading
-
-    cache._observe = keep
-    cache.reads_attention = True  # so that sdpa computes the rows
-    tap._remove = remove
+    tap = AttentionTap(cache, None)
+    tap._handle = cache.add_observer(keep)
     return tap

@@ -74,28 +74,24 @@ def record_attention(
     selected = list(range(num_layers)) if layers is None else [int(i) for i in layers]
     if not selected or any(i < 0 or i >= num_layers for i in selected):
         raise InvalidInputError(f"layers must be in [0, {num_layers}), got {selected}")
-    evicting = [cache._evicting_index(i) for i in selected]
     kv_heads = cache.num_kv_heads
+    full = set(cache.observed_layers)
+    for i in selected:
+        if i not in full:
+            raise InvalidInputError(f"layer {i} is not one of the cache's full-attention layers")
     out = np.empty((len(selected), kv_heads, n * (n - 1) // 2), dtype=np.float16)
     seen: dict[int, np.ndarray] = {}
-    observe = cache._observe
+    wanted = set(selected)
 
-    def keep(e: int, weights: torch.Tensor | None) -> None:
-        if e in evicting and weights is not None:
-            seen[e] = group_mean(weights.detach().cpu(), kv_heads)[0]  # (kv_heads, q, t + q)
-        cache.reads_attention = False  # the full cache's own step, which reads none
-        try:
-            observe(e, None)
-        finally:
-            cache.reads_attention = True
+    def keep(layer: int, weights: torch.Tensor) -> None:
+        if layer in wanted:
+            seen[layer] = group_mean(weights.cpu(), kv_heads)[0]  # (kv_heads, q, t + q)
 
-    cache._observe = keep  # type: ignore[method-assign]
-    # Under sdpa the installed attention computes rows only for a cache that reads them.
-    cache.reads_attention = True
+    cache.add_observer(keep)
     prompt = max(1, min(int(prompt_tokens), n))
     prefill(model, cache, ids[:, :prompt])
-    for row, e in enumerate(evicting):
-        weights = seen[e]
+    for row, layer in enumerate(selected):
+        weights = seen[layer]
         for t in range(1, prompt):
             out[row, :, t * (t - 1) // 2 : t * (t + 1) // 2] = weights[:, t, :t]
     if progress is not None:
@@ -103,8 +99,8 @@ def record_attention(
     for t in range(prompt, n):
         decode_step(model, cache, ids[:, t])
         start = t * (t - 1) // 2
-        for row, e in enumerate(evicting):
-            out[row, :, start : start + t] = seen[e][:, 0, :t]
+        for row, layer in enumerate(selected):
+            out[row, :, start : start + t] = seen[layer][:, 0, :t]
         if progress is not None:
             progress(1)
     return out
