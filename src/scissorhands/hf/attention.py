@@ -173,8 +173,10 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
             # values for every query head.
             # float16 rows are computed in float32, with a float32 mask (float16's lowest
             # does not mask float32 scores); the model's own eager attention takes its dtype.
-            widen = wrapped != "eager" and not module.training and query.dtype == torch.float16
-            mask = layer.attention_mask(attention_mask, query, torch.float32 if widen else query.dtype)
+            ours = wrapped != "eager" and not module.training  # grouped_attention, float32 scores
+            widen = ours and query.dtype == torch.float16
+            mask = layer.attention_mask(attention_mask, query, torch.float32 if widen else query.dtype,
+                                        structured=ours and query.dtype in (torch.float32, torch.float16))
             if cache.positions == "cache" and not cache.storage.aligned:
                 query, key = layer.rerotate(query, key, kwargs)
             if wrapped == "eager" or module.training:
