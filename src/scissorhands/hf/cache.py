@@ -230,7 +230,7 @@ class EvictingLayer(CacheLayerMixin):
         if self.index == 0:
             forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
         storage = cache.storage
-        mask = None
+        mask: Any = None
         if structured and not storage.aligned:
             mask = storage.chunk_mask(self.index, forward.pads)
         if mask is None:
