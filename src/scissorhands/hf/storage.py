@@ -84,7 +84,12 @@ class SlotStorage:
     layers : int
         Evicting layers.
     capacity : int
-        Slots per row to start with (grown by doubling when needed).
+        Slots per row the budget needs (the budget plus the decode token's slot): a
+        hint only.  The buffers are sized by what is held, never by it: they grow to
+        what a forward needs, by at least a sixteenth at a time, and a compaction
+        leaves room for exactly the next decode token, so that the keys and values
+        take at most 1/16 more than the positions held (a stock ``DynamicCache``
+        holds exactly them) and a huge budget costs nothing until it is used.
     """
 
     compact_every_step = False
@@ -132,7 +137,7 @@ class SlotStorage:
         """Size the bookkeeping for ``batch`` sequences of ``heads`` KV heads (the
         buffers are allocated at the first write, when dtype and head size are known)."""
         self.batch, self.heads = batch, heads
-        self.capacity = self.hint
+        self.capacity = 0  # grown by the first forward's plan
         self.extent = 0
         self.aligned = True
         self.slots = np.zeros((self.rows, self.capacity), dtype=np.int64)
@@ -181,12 +186,12 @@ class SlotStorage:
         self.start(0, 0)
 
     def _grow(self, need: int) -> None:
-        """Make every row hold at least ``need`` slots (doubling), keeping the contents."""
+        """Make every row hold at least ``need`` slots (by at least a sixteenth, so that
+        growing one token at a time copies each key a bounded number of times), keeping
+        the contents."""
         if need <= self.capacity:
             return
-        capacity = self.capacity
-        while capacity < need:
-            capacity *= 2
+        capacity = max(need, self.capacity + self.capacity // 16)
         pad = capacity - self.capacity
         self.slots = np.pad(self.slots, ((0, 0), (0, pad)))
         self.rope = np.pad(self.rope, ((0, 0), (0, pad)))
@@ -554,11 +559,10 @@ class SlotStorage:
 
     def _relayout(self, index: np.ndarray, counts: np.ndarray) -> None:
         """Rebuild the buffers: row ``r`` keeps physical slots ``index[r, :counts[r]]``,
-        moved to ``[0, counts[r])``; the capacity shrinks back to the hint if it can."""
+        moved to ``[0, counts[r])``; the capacity becomes what they need and the next
+        decode token."""
         width = index.shape[1]
-        capacity = self.hint
-        while capacity < width + 1:
-            capacity *= 2
+        capacity = width + 1
         for e in range(self.layers):
             rows = slice(e * self.batch * self.heads, (e + 1) * self.batch * self.heads)
             gather = torch.from_numpy(index[rows].reshape(self.batch, self.heads, width))
