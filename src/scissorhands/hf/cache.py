@@ -632,12 +632,13 @@ class EvictingCache(Cache):
         delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
         assert forward.positions is not None
         delta_query = new_rank[: batch * heads: heads] - forward.positions  # (batch, q)
-        # The rotary embedding of each distinct angle once (a few hundred of them),
-        # then gathered: the same values as embedding every slot's.
+        # The rotary embedding of each angle in the deltas' range once (a few hundred to a
+        # few thousand), then gathered: the same values as embedding every slot's (each
+        # angle is one product of a frequency and a position), without sorting the deltas.
         deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
-        distinct, inverse = np.unique(deltas, return_inverse=True)
-        cos_d, sin_d = self.rotary(query, torch.from_numpy(distinct)[None])
-        index = torch.from_numpy(inverse.reshape(-1))
+        low = int(deltas.min())
+        cos_d, sin_d = self.rotary(query, torch.arange(low, int(deltas.max()) + 1)[None])
+        index = torch.from_numpy(deltas - low)
         cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
         width = cos_all.shape[-1]
         keys_end = delta_keys.size
