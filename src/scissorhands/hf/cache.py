@@ -107,7 +107,8 @@ class _Forward:
     ``positions`` of the new keys (``(batch, q)`` int64) and the ``rotations`` to the
     ranks, computed once at the first layer that needs them."""
 
-    __slots__ = ("columns", "gathered", "held", "observed", "pads", "positions", "q", "rotations", "written")
+    __slots__ = ("columns", "gathered", "held", "observed", "pads", "pending", "positions", "q", "rotations",
+                 "written")
 
     def __init__(self, layers: int, q: int) -> None:
         self.q = q
@@ -121,6 +122,8 @@ class _Forward:
         self.gathered: np.ndarray | None = None
         self.columns: np.ndarray | None = None
         self.held: np.ndarray | None = None
+        #: A decode step's weights, layer by layer, gathered together after the last.
+        self.pending: list[torch.Tensor] = []
 
 
 class ObserverHandle:
@@ -286,8 +289,10 @@ class EvictingLayer(CacheLayerMixin):
         if weights is not None:
             for observer in list(cache._observers):
                 observer(self.layer, weights.detach())
-        if weights is not None and cache._policies_read:
-            # Each layer's rows are reduced to the policy heads and gathered into kept
+        if weights is not None and cache._policies_read and cache._decodes(forward):
+            forward.pending.append(weights.detach())  # a decode step's: all layers in one call
+        elif weights is not None and cache._policies_read:
+            # Each chunk layer's rows are reduced to the policy heads and gathered into kept
             # order as the layer hands them in (one C pass, sh_gqa_gather), so that the
             # forward never holds every layer's full-head rows at once (30 layers x 9
             # heads x 256 x 1,280 float32 is 354 MB); per element the same arithmetic as
@@ -683,6 +688,10 @@ class EvictingCache(Cache):
         if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
         rows = self.evicting_layers * self.batch * self.policy_heads
+        if self._policies_read and forward.pending:  # a decode step: every layer's rows in one C call
+            columns, _, out = self._gather_target(forward)
+            stacked = torch.stack(forward.pending).cpu()  # (layers, batch, heads, 1, extent)
+            gather_group_mean(stacked.reshape(-1, *stacked.shape[2:]), self.policy_heads, columns, None, out)
         gathered = forward.gathered if self._policies_read else None  # (rows, q, width), kept order
         repeat = self.num_kv_heads // self.policy_heads
         pads = forward.pads
