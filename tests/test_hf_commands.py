@@ -85,6 +85,15 @@ def test_generate_streams_the_stock_caches_text_without_eviction(tiny_model, tmp
     assert int(held) == int(seen) == int(prompt) + int(new) - 1
 
 
+def test_generate_takes_a_one_token_prompt(tiny_model, capsys):
+    """``generate "hi"``: a prompt of one token streams the stock cache's text."""
+    status, text, err = _generate(capsys, model=tiny_model, budget=64, prompt="hi")
+    assert status == 0, err
+    summary = SUMMARY.match(err.strip().splitlines()[-1])
+    assert summary is not None and summary.group(2) == "1", err
+    assert text.rstrip("\n") == _stock_text(tiny_model, "hi")
+
+
 def test_generate_with_the_chat_template_equals_the_stock_cache(tiny_model, capsys):
     status, text, _ = _generate(capsys, model=tiny_model, budget=96, prompt=PROMPT, chat=True)
     assert status == 0

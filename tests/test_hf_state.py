@@ -15,9 +15,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 
 from test_hf_dropin import PAD, _model, _prompts  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 
 from scissorhands import hf  # noqa: E402
-from scissorhands.errors import InvalidTypeError  # noqa: E402
+from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
 from scissorhands.options import PolicyOptions  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -129,3 +130,216 @@ def test_an_observer_changes_nothing_and_is_not_copied():
     assert len(seen) == 8 * 2
     with pytest.raises(InvalidTypeError):
         caches[0].add_observer("not callable")
+
+
+# ----------------------------------------------------------------------------- failed forwards
+
+POLICIES = ("full", "streaming-llm", "h2o", "tova", "scissorhands")
+
+
+def _policy_cache(model, policy, **kwargs):
+    """A cache of ``policy`` that evicts on these prompts (budget 6), except ``full``."""
+    if policy == "full":
+        return hf.EvictingCache.from_model(model, "full", None, **kwargs)
+    if policy == "streaming-llm":
+        return hf.EvictingCache.from_model(model, policy, 6, sinks=1, **kwargs)
+    return hf.EvictingCache.from_model(model, policy, 6, recent_window=2, **kwargs)
+
+
+def _held(cache):
+    """Everything a cache holds that decides what comes next: tokens seen, held counts,
+    the policies' state, every row's held keys and values in kept order."""
+    if cache.batch == 0:
+        return cache.seen, cache.held_counts().tolist(), cache.policies, []
+    rows = [cache.kept_keys_values(layer, b, h) for layer in cache.observed_layers
+            for b in range(cache.batch) for h in range(cache.num_kv_heads)]
+    return cache.seen, cache.held_counts().tolist(), [p.state_dict() for p in cache.policies], rows
+
+
+def _same_held(a, b):
+    return a[:3] == b[:3] and len(a[3]) == len(b[3]) and all(
+        torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a[3], b[3]))
+
+
+def _failing(model, cache, failure):
+    """The model (and a way to undo the fault) whose next forward with ``cache`` raises
+    ``failure``'s way; the exception it raises."""
+    if failure == "interrupt":  # an exception in the model between two layers
+        handle = _interrupting(model)
+        return model, handle.remove, _Interrupt
+    if failure == "observer":  # an exception from the cache's own call-outs, at the last layer
+        last = cache.observed_layers[-1]
+
+        def observer(layer, weights):
+            if layer == last:
+                raise _Interrupt
+
+        handle = cache.add_observer(observer)
+        return model, handle.remove, _Interrupt
+    broken = copy.deepcopy(model)  # a NaN weight in the last layer: every sequence's attention NaN
+    with torch.no_grad():
+        broken.model.layers[-1].self_attn.q_proj.weight[0, 0] = float("nan")
+    return broken, lambda: None, InvalidInputError
+
+
+CASES = [(family, policy, failure) for family in ("llama", "gemma2") for policy in POLICIES
+         for failure in ("interrupt", "observer", "nan")
+         if not (failure == "nan" and policy in ("full", "streaming-llm"))]  # these read no attention
+
+
+@pytest.mark.parametrize("when", ["prompt", "step", "chunk"])
+@pytest.mark.parametrize(("family", "policy", "failure"), CASES)
+def test_a_failed_forward_leaves_the_cache_as_it_was(family, policy, failure, when):
+    """A forward that raises (an exception between the model's layers, from an observer,
+    or a NaN weight the policies refuse), at the first prompt, a decode step or a new
+    turn, of a left-padded batch: the cache holds exactly what it held before, the same
+    forward then runs without complaint and gives an untouched twin's logits, and so
+    does the step after (Gemma-2: its sliding-window layers too)."""
+    model = _model(family, "eager" if family == "gemma2" else "sdpa")
+    ids, mask = _prompts(batch=2, length=9, seed=12)
+    cache = _policy_cache(model, policy)
+    if when != "prompt":
+        hf.prefill(model, cache, ids, attention_mask=mask)
+        hf.decode_step(model, cache, torch.tensor([5, 6]))
+
+    def forward(m, c):
+        if when == "prompt":
+            return hf.prefill(m, c, ids, attention_mask=mask)
+        if when == "step":
+            return hf.decode_step(m, c, torch.tensor([7, 8]))
+        turn = torch.tensor([[7, 8, 9], [10, 11, 12]])
+        return hf.prefill(m, c, turn, attention_mask=torch.cat([mask, torch.ones(2, 4, dtype=mask.dtype)], 1))
+
+    twin = copy.deepcopy(cache)
+    before = _held(twin)
+    failing, undo, error = _failing(model, cache, failure)
+    try:
+        with pytest.raises(error):
+            forward(failing, cache)
+    finally:
+        undo()
+    assert _same_held(_held(cache), before)
+    assert torch.equal(forward(model, cache), forward(model, twin))
+    step = torch.tensor([3, 4])
+    assert torch.equal(hf.decode_step(model, cache, step), hf.decode_step(model, twin, step))
+    assert _same_held(_held(cache), _held(twin))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_garbage_in_padding_does_not_abort_the_batchs_other_sequences(policy, impl):
+    """An inf in the padding token's embedding: the stock cache gives the padded sequences
+    non-finite logits and generates on; so does the cache (the same tokens without
+    eviction), and with eviction the unpadded sequence generates exactly what it does
+    with a clean embedding."""
+    clean = _model("llama", impl)
+    model = copy.deepcopy(clean)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[PAD] = float("inf")
+    ids, mask = _prompts(batch=3, length=9, seed=13)
+    assert mask[0].all() and not mask[1:].all()
+
+    def generate(m, cache):
+        with torch.no_grad():
+            return m.generate(input_ids=ids, attention_mask=mask, cache=cache, pad_token_id=PAD,
+                              do_sample=False, max_new_tokens=8)
+
+    stock = generate(model, DynamicCache(config=model.config))
+    assert torch.equal(stock, generate(model, hf.EvictingCache.from_model(model, policy, 64)))
+    evicting = generate(model, _policy_cache(model, policy))
+    assert torch.equal(evicting[0], generate(clean, _policy_cache(clean, policy))[0])
+
+
+# ----------------------------------------------------------------------------- one-token prompts
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_one_token_prompt_generates_the_stock_caches_tokens(policy, batch, impl):
+    """A prompt of one token (alone, or a batch of one-token prompts) is a prompt, not a
+    decode step: generate gives the DynamicCache's tokens; with eviction (budget 4) it
+    runs and holds the budget."""
+    model = _model("llama", impl)
+    ids = torch.tensor([[5], [7], [9]][:batch])
+
+    def generate(cache):
+        with torch.no_grad():
+            return model.generate(input_ids=ids, cache=cache, pad_token_id=PAD, do_sample=False, max_new_tokens=8)
+
+    stock = generate(DynamicCache(config=model.config))
+    assert torch.equal(generate(hf.EvictingCache.from_model(model, policy, None if policy == "full" else 64)), stock)
+    if policy != "full":
+        options = {"sinks": 1} if policy == "streaming-llm" else {"recent_window": 1}
+        cache = hf.EvictingCache.from_model(model, policy, 4, **options)
+        assert generate(cache).shape == stock.shape
+        assert cache.held_counts().max() == 4 and cache.seen == 8
+
+
+# ----------------------------------------------------------------------------- assisted decoding
+
+ASSISTED = {"assistant": lambda model: {"assistant_model": model},
+            "prompt-lookup": lambda model: {"prompt_lookup_num_tokens": 3}}
+
+
+@pytest.mark.parametrize("turn", ["first", "second"])
+@pytest.mark.parametrize("mode", list(ASSISTED))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_assisted_and_prompt_lookup_decoding_are_refused_before_the_first_forward(policy, mode, turn):
+    """Assisted and prompt-lookup decoding (which crop the drafts the model rejects, where
+    the stock cache can and an evicting one cannot) are refused with a library error
+    before any forward, on a new cache or one that holds a first turn: the cache holds
+    what it held, and generating without them then gives an untouched twin's tokens."""
+    model = _model("llama", "sdpa")
+    ids = torch.randint(2, 90, (1, 12), generator=torch.Generator().manual_seed(14))
+    stock = model.generate(input_ids=ids, cache=DynamicCache(config=model.config), pad_token_id=PAD,
+                           do_sample=False, max_new_tokens=6, **ASSISTED[mode](_model("llama", "sdpa")))
+    assert stock.shape[1] > ids.shape[1]  # the stock cache runs it
+    cache = _policy_cache(model, policy)
+    if turn == "second":
+        ids = model.generate(input_ids=ids, cache=cache, pad_token_id=PAD, do_sample=False, max_new_tokens=4)
+    twin = copy.deepcopy(cache)
+    before = _held(twin)
+    with pytest.raises(InvalidInputError, match="assistant_model"):
+        model.generate(input_ids=ids, cache=cache, pad_token_id=PAD, do_sample=False, max_new_tokens=6,
+                       **ASSISTED[mode](model))
+    assert _same_held(_held(cache), before)
+    generate = dict(pad_token_id=PAD, do_sample=False, max_new_tokens=6)
+    assert torch.equal(model.generate(input_ids=ids, cache=cache, **generate),
+                       model.generate(input_ids=ids, cache=twin, **generate))
+
+
+# ----------------------------------------------------------------------------- torch.compile
+
+
+def _greedy_loop(forward, cache, ids, steps=6):
+    """Greedy tokens from a loop of ``forward`` calls (the prompt, then one token each)."""
+    tokens = []
+    with torch.no_grad():
+        logits = forward(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
+        for _ in range(steps):
+            token = logits.argmax(-1, keepdim=True)
+            tokens.append(token)
+            logits = forward(input_ids=token, cache=cache, use_cache=True).logits[:, -1]
+    return torch.cat(tokens, 1)
+
+
+@pytest.mark.slow  # compiling takes 20 s (eager backend) to 3 min (inductor) on two cores
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_compiled_forward_drives_the_cache_like_the_stock_cache(backend):
+    """torch.compile(model.forward) with the stock cache and with an evicting one gives
+    the tokens of the uncompiled forward (the cache's bookkeeping runs outside the
+    traced graph)."""
+    model = _model("llama", "sdpa")
+    ids = torch.randint(2, 90, (1, 8), generator=torch.Generator().manual_seed(15))
+    for make in (lambda: DynamicCache(config=model.config),
+                 lambda: hf.EvictingCache.from_model(model, "h2o", 5, recent_window=1)):
+        plain = _greedy_loop(model.forward, make(), ids)
+        torch._dynamo.reset()
+        try:
+            cache = make()
+            compiled = _greedy_loop(torch.compile(model.forward, backend=backend), cache, ids)
+        finally:
+            torch._dynamo.reset()
+        assert torch.equal(compiled, plain)
+    assert cache.held_counts().max() == 5

@@ -35,6 +35,7 @@ et al., ICLR 2024, arXiv 2309.17453.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -95,23 +96,54 @@ class CacheStats:
     compactions: int = 0
 
 
+def _outside_graph(method: Callable[..., Any]) -> Callable[..., Any]:
+    """One of the cache's entry points (transformers' calls, the installed attention's),
+    run as plain Python under ``torch.compile``: the bookkeeping (NumPy, the policies' C
+    calls) stays out of the traced graph, which breaks around it (transformers'
+    ``DynamicCache`` is traced; this cache is not, and says so with ``is_compileable =
+    False``, so ``generate`` never compiles for it on its own).  Costs about 2 us per
+    call uncompiled."""
+    disabled: Callable[..., Any] = torch.compiler.disable(method)
+    return functools.wraps(method)(disabled)
+
+
+def _undone_on_failure(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A layer's step of the forward that, when it raises, undoes the forward first."""
+
+    @functools.wraps(method)
+    def run(self: EvictingLayer, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self.cache._rollback()
+            raise
+
+    return run
+
+
 class _Forward:
     """What one forward owns, from its first evicting layer's write to the policies' step.
 
     Created by :meth:`EvictingCache._begin` (the first evicting layer's write) and dropped
-    by :meth:`EvictingCache._finish` (after the step) or :meth:`EvictingCache._abandon`
-    (``reset()``): nowhere else.  ``q``: its tokens per sequence; per evicting layer,
-    whether it was ``written`` and ``observed``; ``gathered``: every policy row's weights,
-    reduced to the policy heads and in kept order as the layers handed them in; ``pads``: which new tokens are padding
+    by :meth:`EvictingCache._finish` (after the step) or :meth:`EvictingCache._rollback`
+    (a failed or interrupted forward, ``reset()``): nowhere else.  ``q``: its tokens per
+    sequence; per evicting layer, whether it was ``written`` and ``observed``;
+    ``gathered``: every policy row's weights, reduced to the policy heads and in kept
+    order as the layers handed them in; ``pads``: which new tokens are padding
     (``(batch, q)`` bool, None without padding); ``positions="cache"``: the rotary
     ``positions`` of the new keys (``(batch, q)`` int64) and the ``rotations`` to the
     ranks, computed once at the first layer that needs them."""
 
-    __slots__ = ("columns", "gathered", "held", "observed", "pads", "pending", "positions", "q", "rotations",
-                 "written")
+    __slots__ = ("columns", "fresh", "gathered", "held", "observed", "pads", "pending", "plan", "positions", "q",
+                 "rope", "rotations", "written")
 
-    def __init__(self, layers: int, q: int) -> None:
+    def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int]) -> None:
         self.q = q
+        #: What undoes it (:meth:`EvictingCache._rollback`): whether the cache held nothing
+        #: before it, the storage's plan before it, the rotary positions it overwrote.
+        self.fresh = fresh
+        self.plan = plan
+        self.rope: tuple[np.ndarray, np.ndarray] | None = None
         self.written = [False] * layers
         self.observed = [False] * layers
         self.pads: np.ndarray | None = None
@@ -220,6 +252,8 @@ class EvictingLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # the cache moves every layer at once
         raise InvalidInputError("reorder an EvictingCache as a whole: cache.reorder_cache(beam_idx)")
 
+    @_outside_graph
+    @_undone_on_failure
     def attention_mask(self, stock: Any, query: torch.Tensor, dtype: torch.dtype | None,
                        structured: bool = False) -> Any:
         """The mask this layer attends with (called by the installed attention): the one
@@ -242,6 +276,8 @@ class EvictingLayer(CacheLayerMixin):
         cache.stats.bookkeeping_seconds += time.perf_counter() - start
         return mask
 
+    @_outside_graph
+    @_undone_on_failure
     def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
         """``positions="cache"``: at the forward's first evicting layer, remember the rotary
         position each new key was rotated with (``position_ids``, else the tokens seen)."""
@@ -258,9 +294,14 @@ class EvictingLayer(CacheLayerMixin):
         per_row = np.broadcast_to(positions[None, :, None, :],
                                   (cache.evicting_layers, batch, cache.num_kv_heads, q)).reshape(-1, q)
         storage = cache.storage
-        storage.rope[np.arange(storage.rows)[:, None], storage.new_columns()] = per_row
+        columns = storage.new_columns()
+        rows = np.arange(storage.rows)[:, None]
+        forward.rope = (columns, storage.rope[rows, columns].copy())
+        storage.rope[rows, columns] = per_row
         forward.positions = positions
 
+    @_outside_graph
+    @_undone_on_failure
     def rerotate(self, query: torch.Tensor, key: torch.Tensor,
                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions="cache"``: the query and keys rotated to their ranks (called by the
@@ -276,6 +317,8 @@ class EvictingLayer(CacheLayerMixin):
         cache.stats.rerotate_seconds += time.perf_counter() - start
         return query, key
 
+    @_outside_graph
+    @_undone_on_failure
     def observe(self, weights: torch.Tensor | None) -> None:
         """This layer's attention weights ``(batch, heads, q, extent)`` of the forward
         (None when neither a policy of the cache nor an observer reads attention): handed
@@ -355,8 +398,19 @@ class EvictingCache(Cache):
     the held slots.  ``reorder_cache`` (beam search), ``batch_repeat_interleave`` and
     ``batch_select_indices`` move the policy rows with the keys and values;
     ``copy.deepcopy`` gives an independent cache; ``reset()`` makes it ready for a new
-    prompt.  ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an
-    evicted position is gone.
+    prompt.
+
+    A forward that raises leaves the cache as it was before it: at once when the
+    exception comes from the cache's own work (a policy refusing non-finite attention,
+    an observer), else when transformers next asks for the length or the mask sizes, at
+    the next write, ``reset`` or change of the batch (reads in between show what was
+    held before it).  A sequence whose attention is not finite while others' are
+    (an inf or NaN in a padded token's embedding spreads through its sequence) hands
+    its policies zero attention and the batch goes on, as the stock cache's does;
+    attention finite in no sequence is refused.
+
+    ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an evicted
+    position is gone.
 
     ``positions="cache"`` (needs :meth:`from_model`, which finds the model's rotary
     embedding) re-rotates, once positions were evicted, each held key to its rank and the
@@ -435,6 +489,9 @@ class EvictingCache(Cache):
         self.stats = CacheStats()
         #: The forward in flight (None between forwards): what it owns, dropped whole.
         self._forward: _Forward | None = None
+        #: transformers' own layers (sliding windows) as they were before this forward
+        #: wrote to them: model layer index -> (keys, values, tokens seen, initialized).
+        self._slid: dict[int, tuple[Any, ...]] = {}
         self._observers: list[AttentionObserver] = []
 
     # ------------------------------------------------------------------ construction
@@ -523,15 +580,20 @@ class EvictingCache(Cache):
     @property
     def policies(self) -> list[Any]:
         """The policy objects (one per configuration; built at the first forward)."""
-        return [] if self.bank is None else self.bank.policies
+        return [] if self.bank is None or not self._holds() else self.bank.policies
 
     @property
     def batch(self) -> int:
         """Sequences held (0 before the first forward)."""
-        return self.storage.batch
+        return self.storage.batch if self._holds() else 0
+
+    def _holds(self) -> bool:
+        """Whether a forward ever finished since the cache was built or reset (the first
+        one in flight, or interrupted, holds nothing yet)."""
+        return self.storage.started() and not (self._forward is not None and self._forward.fresh)
 
     def _row(self, layer: int, sequence: int, head: int) -> int:
-        if not self.storage.started():
+        if not self._holds():
             raise InvalidInputError("the cache holds nothing yet")
         e = self._evicting_index(layer)
         for name, value, bound in (("sequence", sequence, self.batch), ("head", head, self.num_kv_heads)):
@@ -549,6 +611,8 @@ class EvictingCache(Cache):
     def held_counts(self) -> np.ndarray:
         """Positions held per (layer, sequence, KV head): ``int64 (evicting layers, batch,
         kv_heads)``."""
+        if not self._holds():
+            return np.zeros((self.evicting_layers, 0, self.num_kv_heads), dtype=np.int64)
         return self.storage.counts.reshape(self.evicting_layers, self.batch, self.num_kv_heads).copy()
 
     def kept_positions(self, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
@@ -579,6 +643,8 @@ class EvictingCache(Cache):
 
     def memory_bytes(self) -> int:
         """Bytes of the held key and value buffers plus the policies' own state."""
+        if not self._holds():
+            return 0
         return self.storage.nbytes() + sum(int(p.memory_bytes()) for p in self.policies)
 
     # ------------------------------------------------------------------ the forward
@@ -600,18 +666,55 @@ class EvictingCache(Cache):
 
     def _begin(self, key: torch.Tensor) -> _Forward:
         """The first evicting layer's write: the forward's state, its tokens' slots planned."""
-        if self._forward is not None:
-            raise InvalidInputError(_OUT_OF_SYNC)
-        if not self.storage.started():
-            self._start(int(key.shape[0]))
+        self._settle()
+        storage = self.storage
+        fresh = not storage.started()
         q = int(key.shape[2])
-        self.storage.plan(q)
-        self._forward = _Forward(self.evicting_layers, q)
+        plan = (storage.extent, storage.chunk_start, storage.q)
+        self._forward = _Forward(self.evicting_layers, q, fresh, plan)
+        try:
+            if fresh:
+                self._start(int(key.shape[0]))
+            storage.plan(q)
+        except BaseException:
+            self._rollback()
+            raise
         return self._forward
 
-    def _abandon(self) -> None:
-        """Drop the forward in flight, if any (``reset()``)."""
+    def _settle(self) -> None:
+        """Before a new forward (or a change of the batch): a forward that did not finish
+        is undone.  When none of its layers handed over attention, the model does not run
+        the library's attention: refused, the cache as it was before that forward."""
+        forward = self._forward
+        if forward is None:
+            return
+        self._rollback()
+        if not any(forward.observed):
+            raise InvalidInputError(_OUT_OF_SYNC)
+
+    def _rollback(self) -> None:
+        """Undo the forward in flight, if any: the cache as it was before it (the policies
+        act only at its end, so they are untouched; its keys and values sit in slots that
+        are free again; transformers' own layers get their tensors back)."""
+        forward = self._forward
         self._forward = None
+        slid, self._slid = self._slid, {}
+        if forward is None:
+            return
+        for index, state in slid.items():
+            _restore_layer(self.layers[index], state)
+        if forward.fresh:
+            self.storage.clear()
+            self.bank = None
+            for layer in self.layers:
+                if isinstance(layer, EvictingLayer):
+                    layer.reset()
+            return
+        storage = self.storage
+        if forward.rope is not None:
+            columns, old = forward.rope
+            storage.rope[np.arange(storage.rows)[:, None], columns] = old
+        storage.unplan(*forward.plan)
 
     def _mask_sizes(self, q: int) -> tuple[int, int]:
         storage = self.storage
@@ -654,9 +757,9 @@ class EvictingCache(Cache):
         return cos, sin, cos_q, sin_q
 
     def _decodes(self, forward: _Forward) -> bool:
-        """Whether the forward is a decode step for the policies (one token, no padding);
-        else a chunk."""
-        return forward.q == 1 and (forward.pads is None or not forward.pads.any())
+        """Whether the forward is a decode step for the policies (one token after others,
+        no padding); else a chunk (a prompt, even of one token)."""
+        return forward.q == 1 and self.seen != 0 and (forward.pads is None or not forward.pads.any())
 
     def _gather_target(self, forward: _Forward) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """The forward's physical columns per policy row in the policies' order, ``(rows,
@@ -687,7 +790,7 @@ class EvictingCache(Cache):
         q = storage.q
         if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
-        rows = self.evicting_layers * self.batch * self.policy_heads
+        rows = self.evicting_layers * self.storage.batch * self.policy_heads
         if self._policies_read and forward.pending:  # a decode step: every layer's rows in one C call
             columns, _, out = self._gather_target(forward)
             stacked = torch.stack(forward.pending).cpu()  # (layers, batch, heads, 1, extent)
@@ -696,8 +799,9 @@ class EvictingCache(Cache):
         repeat = self.num_kv_heads // self.policy_heads
         pads = forward.pads
         policy_seconds = 0.0
+        fresh = self.seen == 0
         if self._decodes(forward):
-            weights = None if gathered is None else gathered.reshape(rows, -1)
+            weights = None if gathered is None else self._contained(gathered.reshape(rows, -1))
             t0 = time.perf_counter()
             victims, slots = bank.step(self.seen, weights)
             policy_seconds = time.perf_counter() - t0
@@ -708,13 +812,16 @@ class EvictingCache(Cache):
                 storage.apply_step(victims, slots)
             self.stats.steps += 1
         else:
-            fresh = self.seen == 0
             chunk_weights = gathered
             admit = None
             if pads is not None and pads.any():
                 per_sequence = ~pads  # (batch, q)
-                admit = np.broadcast_to(per_sequence[None, :, None, :],
-                                        (self.evicting_layers, self.batch, self.policy_heads, q)).reshape(rows, q)
+                shape = (self.evicting_layers, self.storage.batch, self.policy_heads, q)
+                admit = np.broadcast_to(per_sequence[None, :, None, :], shape).reshape(rows, q)
+                if chunk_weights is not None:
+                    chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat])
+            if chunk_weights is not None:
+                chunk_weights = self._contained(chunk_weights)
             t0 = time.perf_counter()
             victims, slots = bank.extend(chunk_weights, admit, fresh, q)
             policy_seconds = time.perf_counter() - t0
@@ -729,11 +836,64 @@ class EvictingCache(Cache):
         self.stats.policy_seconds += policy_seconds
         self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
 
+    def _contained(self, weights: np.ndarray) -> np.ndarray:
+        """The weights the policies get (rows layer-major, then sequence): as they are when
+        finite (the policies refuse anything else).  A sequence whose weights are not
+        finite (what an inf or NaN in a padded token's embedding spreads into the rest of
+        its sequence: the stock cache gives that sequence non-finite logits and the others
+        go on) hands its policies zero attention, so that the batch's other sequences go
+        on; when no sequence's are finite (a broken model), the forward is refused."""
+        if np.isfinite(weights.sum()):
+            return weights
+        view = weights.reshape(self.evicting_layers, self.storage.batch, -1)
+        finite = np.isfinite(view).all(axis=(0, 2))
+        if not finite.any():
+            raise InvalidInputError(
+                "the model's attention weights are not finite (NaN or inf) in any sequence of the batch: "
+                "its outputs are not numbers (a NaN or inf weight or input?); the cache is as it was before "
+                "this forward")
+        view = view.copy()
+        view[:, ~finite] = 0.0
+        return view.reshape(weights.shape)
+
     # ------------------------------------------------------------------ the Cache API
 
+    @_outside_graph
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s new keys and values (transformers' call, every layer of every
+        forward).  At layer 0 a forward that did not finish is undone first; transformers'
+        own layers are remembered as they were, so that a forward failing before its step
+        leaves every layer as it was."""
+        if layer_idx == 0:
+            self._settle()
+            self._slid = {}
+        layer: Any = self.layers[layer_idx]
+        if not isinstance(layer, EvictingLayer):
+            self._slid.setdefault(layer_idx, (layer.keys, layer.values, getattr(layer, "cumulative_length", None),
+                                              layer.is_initialized))
+        try:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        except BaseException:
+            self._rollback()
+            raise
+
+    @_outside_graph
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Tokens seen so far (padding included): the true position of the next token."""
+        """Tokens seen so far (padding included): the true position of the next token.
+
+        transformers asks before every forward's layers run: a forward that did not
+        finish is undone here (or, when none of its layers handed over attention,
+        refused), so that every layer's mask is sized for the cache as it was before it."""
+        self._settle()
         return self.seen
+
+    @_outside_graph
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        """The mask's key length and offset for layer ``layer_idx`` (transformers' call,
+        before the layers run; a forward that did not finish is undone first)."""
+        self._settle()
+        return super().get_mask_sizes(query_length, layer_idx)
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return -1
@@ -746,23 +906,23 @@ class EvictingCache(Cache):
         self.bank = None
         self.seen = 0
         self.stats = CacheStats()
-        self._abandon()
+        self._forward = None
+        self._slid = {}
 
     def _select(self, index: Any, what: str) -> None:
         """Sequences become ``index`` (old sequence numbers), checked before anything moves."""
+        self._rollback()  # a forward that did not finish: undone first
         if not self.storage.started():
             return
         if self.per_sequence:
             raise InvalidInputError(f"{what}: a cache with one configuration per sequence cannot "
                                     "reorder its batch")
-        if self._forward is not None:
-            raise InvalidInputError(f"{what} in the middle of a forward")
         array = np.asarray(index.detach().cpu() if isinstance(index, torch.Tensor) else index)
         if array.ndim != 1 or array.dtype.kind not in "iu" or array.size == 0:
             raise InvalidInputError(f"{what}: the sequence indices must be a non-empty 1-D integer "
                                     f"array, got {array.dtype} of shape {array.shape}")
-        if array.min() < 0 or array.max() >= self.batch:
-            raise InvalidInputError(f"{what}: sequence indices must be in [0, {self.batch}), "
+        if array.min() < 0 or array.max() >= self.storage.batch:
+            raise InvalidInputError(f"{what}: sequence indices must be in [0, {self.storage.batch}), "
                                     f"got {array.min()}..{array.max()}")
         array = array.astype(np.int64)
         assert self.bank is not None
@@ -775,16 +935,17 @@ class EvictingCache(Cache):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: sequence ``i`` becomes a copy of sequence ``beam_idx[i]`` (keys,
         values and policy rows); ``beam_idx`` holds one index per sequence."""
-        if self.storage.started() and len(np.asarray(beam_idx)) != self.batch:
+        self._rollback()  # a forward that did not finish: undone first
+        if self.storage.started() and len(np.asarray(beam_idx)) != self.storage.batch:
             raise InvalidInputError(f"reorder_cache: beam_idx has {len(np.asarray(beam_idx))} indices "
-                                    f"for {self.batch} sequences")
+                                    f"for {self.storage.batch} sequences")
         self._select(beam_idx, "reorder_cache")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Each sequence repeated ``repeats`` times in place (``[a, b]`` -> ``[a, a, b, b]``)."""
         if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
             raise InvalidInputError(f"batch_repeat_interleave: repeats must be a positive integer, got {repeats!r}")
-        self._select(np.repeat(np.arange(self.batch), int(repeats)), "batch_repeat_interleave")
+        self._select(np.repeat(np.arange(self.storage.batch), int(repeats)), "batch_repeat_interleave")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the sequences ``indices`` (in that order)."""
@@ -794,6 +955,17 @@ class EvictingCache(Cache):
         """``crop(0)`` does nothing; anything else raises: an evicted position is gone."""
         if tokens_to_remove != 0:
             raise InvalidInputError("an EvictingCache cannot be cropped: the positions it evicted are gone")
+
+    def activate_past_recording(self) -> None:
+        """Refused: transformers asks for it before the first forward of assisted
+        decoding (``assistant_model=``) and prompt-lookup decoding
+        (``prompt_lookup_num_tokens=``), which then ``crop`` the draft tokens the model did
+        not accept; the policies have already evicted for those tokens, so they cannot be
+        taken back.  Nothing has changed when this raises."""
+        raise InvalidInputError(
+            "an EvictingCache cannot take back tokens once its policies saw them, which assisted decoding "
+            "(assistant_model=) and prompt-lookup decoding (prompt_lookup_num_tokens=) need to drop rejected "
+            "drafts: generate without them, or with transformers' DynamicCache")
 
     def early_initialization(self, *args: Any, **kwargs: Any) -> None:
         raise InvalidInputError("an EvictingCache sizes itself at the first forward; it has no early initialization")
@@ -806,6 +978,29 @@ class EvictingCache(Cache):
         names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
         return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
                 f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+
+
+def _without_padding(weights: np.ndarray, admit: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """A chunk's weights ``(rows, q, width)`` (``extend``'s layout: a row's ``counts`` held
+    positions, then the chunk's tokens) with padding's entries zero: the rows of padding
+    tokens and the columns of padding keys, which no policy reads (padding is never
+    admitted, and attends and is attended with weight 0) but which hold whatever an inf
+    or NaN in a padded token's embedding made of them."""
+    rows, q, width = weights.shape
+    token = np.arange(width)[None, :] - counts[:, None]  # the chunk token of each column, (rows, width)
+    inside = (token >= 0) & (token < q)
+    padding_key = np.zeros((rows, width), dtype=bool)
+    padding_key[inside] = ~admit[np.nonzero(inside)[0], token[inside]]
+    drop = padding_key[:, None, :] | ~admit[:, :, None]
+    return np.where(drop, np.float32(0.0), weights) if drop.any() else weights
+
+
+def _restore_layer(layer: Any, state: tuple[Any, ...]) -> None:
+    """Put one of transformers' own layers back as :meth:`EvictingCache.update` found it
+    (its updates replace the tensors, never write into them)."""
+    layer.keys, layer.values, length, layer.is_initialized = state
+    if length is not None:
+        layer.cumulative_length = length
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -229,6 +229,17 @@ class SlotStorage:
         self._masks = {}
         return extent
 
+    def unplan(self, extent: int, chunk_start: int, q: int) -> None:
+        """Undo the last :meth:`plan` (its forward failed before the step): the slots it
+        made valid are free again and the extent, chunk start and ``q`` are those given
+        (what they were before it); grown capacity stays (it holds nothing)."""
+        if self.q == 1 and not self.aligned:
+            rows = np.arange(self.rows)
+            self.valid[rows, self.free] = False
+            self._note_valid(rows, self.free.copy(), False)
+        self.extent, self.chunk_start, self.q = extent, chunk_start, q
+        self._masks = {}
+
     def write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer ``e``'s new keys and values as planned; return ``[0, extent)``."""
         if key.shape[0] != self.batch or key.shape[1] != self.heads:
