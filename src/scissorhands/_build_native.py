@@ -15,10 +15,12 @@ import sys
 from cffi import FFI
 
 CSRC = pathlib.Path(__file__).resolve().parent.parent.parent / "csrc"
-SOURCES = ["scissorhands.c", "h2o.c", "streaming_llm.c", "simd.c", "parallel.c", "gqa.c"]
+SOURCES = ["scissorhands.c", "h2o.c", "streaming_llm.c", "simd.c", "parallel.c"]
 #: POSIX threads for a step's rows (csrc/parallel.c); nothing extra on Windows, where the
 #: parts of a step run one after another.
 THREADS = [] if sys.platform == "win32" else ["-pthread"]
+#: The transformers cache's reduction of attention rows to policy rows (csrc/gqa.c).
+SOURCES += ["gqa.c"]
 
 
 def read_cdef(header: pathlib.Path) -> str:
