@@ -13,7 +13,8 @@
 transformers (no model code is patched), the attention that hands the cache each new
 query row's weights; ``model.generate`` then drives it like any cache: greedy,
 sampling, beams, ``num_return_sequences``, streamers, stopping criteria, batches of
-left-padded prompts, and follow-up turns on the same cache.  Every (sequence, layer,
+left-padded prompts, and follow-up turns on the same cache; a forward that raises
+leaves the cache as it was.  Every (sequence, layer,
 KV head) holds at most the budget; without eviction the tokens are exactly those of
 transformers' ``DynamicCache``.
 
@@ -22,7 +23,8 @@ This package is the only part of the library that imports ``torch`` and
 :mod:`.loading` (models, offline), :mod:`.attention` (what is installed in the model),
 :mod:`.gqa` (query heads to KV heads), :mod:`.rows` (the bank of policy rows),
 :mod:`.storage` (where keys and values live, slot by slot), :mod:`.cache`
-(:class:`EvictingCache`), :mod:`.drive` (forwards without ``generate``, and ``eval``'s
+(:class:`EvictingCache`: the state of each forward, the observer hook
+``add_observer``), :mod:`.drive` (forwards without ``generate``, and ``eval``'s
 teacher-forced batch), :mod:`.record` (attention traces) and :mod:`.hindsight` (the
 full run's attention tapped, a hindsight schedule replayed).
 
