@@ -335,6 +335,18 @@ int64_t sh_policy_votes_of(const sh_policy *p, size_t head, uint32_t pos);
    -1.0 when it is not held. */
 double sh_policy_score_of(const sh_policy *p, size_t head, uint32_t pos);
 
+/* The cache's GQA reduction (gqa.c): out[r, t, j] (float32, rows x q x width) is the
+   mean of the weights of query heads r*group .. r*group+group-1 at query t and column
+   columns[r * col_stride + j], the heads added in order in float32 and divided by
+   group; weights is float32 (rows * group) x q x extent, row-major. A column outside
+   [0, extent) gives 0. With held (per row, the positions it held before a chunk),
+   out[r, t, j] is 0 for j > held[r] + t without reading the weights: the chunk's later
+   tokens, which its mask hides from token t. SH_ERR_ARG for a NULL pointer, group or
+   extent 0, or col_stride < width; SH_ERR_NOMEM when its scratch cannot be had. */
+int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, size_t extent,
+                  const int64_t *columns, size_t col_stride, size_t width, const int64_t *held,
+                  float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -22,6 +22,8 @@ SOURCES = ["kernels.c", "simd.c", "scissorhands.c", "h2o.c", "streaming_llm.c", 
 #: POSIX threads for a step's rows (csrc/parallel.c); nothing extra on Windows, where the
 #: parts of a step run one after another.
 THREADS = [] if sys.platform == "win32" else ["-pthread"]
+#: The transformers cache's reduction of attention rows to policy rows (csrc/gqa.c).
+SOURCES += ["gqa.c"]
 
 
 def read_cdef(header: pathlib.Path) -> str:

@@ -30,6 +30,7 @@ removes it: the functions stay registered but are no longer selected.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import InvalidInputError
+from .storage import ChunkMask, causal_triangle
 
 __all__ = ["PREFIX", "WRAPPED", "attention_rows", "grouped_attention", "install", "installed", "uninstall"]
 
@@ -69,11 +71,34 @@ def _eager_for(module: Any) -> Callable[..., Any]:
     return function
 
 
-def attention_rows(module: Any, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None,
+#: The last causal mask compared against, by shape.
+_CAUSAL: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _is_causal(mask: torch.Tensor, q: int, kv: int) -> bool:
+    """Whether a boolean ``(batch, 1, q, kv)`` mask is sdpa's causal one (query ``i``
+    sees keys up to ``kv - q + i``) in every sequence."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (q, kv):
+        return False
+    causal = _CAUSAL.get((q, kv))
+    if causal is None:
+        _CAUSAL.clear()
+        causal = _CAUSAL[(q, kv)] = torch.ones(q, kv, dtype=torch.bool).tril(kv - q)
+    return bool(torch.equal(mask, causal.expand(mask.shape)))
+
+
+def attention_rows(module: Any, query: torch.Tensor, key: torch.Tensor, mask: Any,
                    kwargs: dict[str, Any]) -> torch.Tensor:
     """The attention weights of the query rows over the keys, as eager attention computes
     them (scaled dot products, softcap when the model has one, the mask, a float32
     softmax), for implementations that do not return them.
+
+    ``mask``: None (sdpa's ``is_causal`` when ``q > 1``), boolean (True: attend),
+    additive, or a :class:`~scissorhands.hf.storage.ChunkMask`.  A float16 query and
+    keys are widened to float32 first (the products of large logits overflow float16
+    where sdpa, which accumulates in float32, stays finite).  Masked scores become
+    float32's lowest plus the score, which the softmax turns into exactly 0 as it does
+    the lowest itself: the weights are those of every form of the same mask.
 
     Returns ``(batch, heads, q, kv)`` float32."""
     batch, heads, q, dim = query.shape
@@ -82,17 +107,32 @@ def attention_rows(module: Any, query: torch.Tensor, key: torch.Tensor, mask: to
     scaling = kwargs.get("scaling")
     if scaling is None:
         scaling = module.head_dim**-0.5
-    scores = torch.matmul(query.reshape(batch, kv_heads, group * q, dim), key.transpose(2, 3))
-    scores = scores.reshape(batch, heads, q, -1) * scaling
+    if query.dtype == torch.float16:
+        query, key = query.float(), key.float()
     softcap = kwargs.get("softcap")
+    exact = softcap is None and scaling > 0 and math.frexp(scaling)[0] == 0.5
+    if exact:  # a power of two: scaling the query first gives the same products
+        scores = torch.matmul((query * scaling).reshape(batch, kv_heads, group * q, dim), key.transpose(2, 3))
+        scores = scores.reshape(batch, heads, q, -1)
+    else:
+        scores = torch.matmul(query.reshape(batch, kv_heads, group * q, dim), key.transpose(2, 3))
+        scores = scores.reshape(batch, heads, q, -1) * scaling
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     kv = scores.shape[-1]
-    if mask is None and q > 1:  # sdpa's is_causal: query i sees keys up to kv - q + i
+    if isinstance(mask, ChunkMask):
+        mask.apply_(scores.view(batch, kv_heads, group, q, kv))
+        mask = None
+    elif q > 1 and scores.dtype == torch.float32 and (mask is None or _is_causal(mask, q, kv)):
+        scores[..., kv - q:] += causal_triangle(q)  # causal: only the last q columns are masked
+        mask = None
+    elif q > 1 and mask is None:
         mask = torch.ones(q, kv, dtype=torch.bool, device=scores.device).tril(kv - q)
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        elif mask.dtype != scores.dtype:  # a float16 mask's lowest does not mask float32 scores
+            scores = (scores + mask).masked_fill_(mask <= torch.finfo(mask.dtype).min, torch.finfo(scores.dtype).min)
         else:
             scores = scores + mask
     return torch.softmax(scores, dim=-1, dtype=torch.float32)
@@ -131,7 +171,12 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
             # outputs then need not match the stock cache's bit for bit), the same
             # arithmetic per KV head's group, without eager's copies of the keys and
             # values for every query head.
-            mask = layer.attention_mask(attention_mask, query, query.dtype)
+            # float16 rows are computed in float32, with a float32 mask (float16's lowest
+            # does not mask float32 scores); the model's own eager attention takes its dtype.
+            ours = wrapped != "eager" and not module.training  # grouped_attention, float32 scores
+            widen = ours and query.dtype == torch.float16
+            mask = layer.attention_mask(attention_mask, query, torch.float32 if widen else query.dtype,
+                                        structured=ours and query.dtype in (torch.float32, torch.float16))
             if cache.positions == "cache" and not cache.storage.aligned:
                 query, key = layer.rerotate(query, key, kwargs)
             if wrapped == "eager" or module.training:

@@ -18,7 +18,7 @@ installs what the model needs so that the cache sees each new query row's attent
    ``evict_rows`` for several (a prompt, a new turn); the victims' slots are freed.
 
 What one forward owns (which layers wrote and handed over their weights, the weights
-pending, which new tokens are padding, the rotary positions and rotations of
+gathered, which new tokens are padding, the rotary positions and rotations of
 ``positions="cache"``) is one object, created at the first evicting layer's write and
 dropped after the step or by ``reset()``; observers (:meth:`EvictingCache.add_observer`)
 see every layer's weights as they come.
@@ -48,7 +48,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLay
 from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions
 from . import attention
-from .gqa import group_mean
+from .gqa import gather_group_mean
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, make_storage
 
@@ -127,13 +127,15 @@ class _Forward:
     Created by :meth:`EvictingCache._begin` (the first evicting layer's write) and dropped
     by :meth:`EvictingCache._finish` (after the step) or :meth:`EvictingCache._rollback`
     (a failed or interrupted forward, ``reset()``): nowhere else.  ``q``: its tokens per
-    sequence; per evicting layer, whether it was ``written`` and ``observed`` and its
-    ``pending`` weights (a chunk's already reduced to the policy heads, as NumPy);
-    ``pads``: which new tokens are padding (``(batch, q)`` bool, None without padding);
-    ``positions="cache"``: the rotary ``positions`` of the new keys (``(batch, q)`` int64)
-    and the ``rotations`` to the ranks, computed once at the first layer that needs them."""
+    sequence; per evicting layer, whether it was ``written`` and ``observed``;
+    ``gathered``: every policy row's weights, reduced to the policy heads and in kept
+    order as the layers handed them in; ``pads``: which new tokens are padding
+    (``(batch, q)`` bool, None without padding); ``positions="cache"``: the rotary
+    ``positions`` of the new keys (``(batch, q)`` int64) and the ``rotations`` to the
+    ranks, computed once at the first layer that needs them."""
 
-    __slots__ = ("fresh", "observed", "pads", "pending", "plan", "positions", "q", "rope", "rotations", "written")
+    __slots__ = ("columns", "fresh", "gathered", "held", "observed", "pads", "pending", "plan", "positions", "q",
+                 "rope", "rotations", "written")
 
     def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int]) -> None:
         self.q = q
@@ -144,10 +146,16 @@ class _Forward:
         self.rope: tuple[np.ndarray, np.ndarray] | None = None
         self.written = [False] * layers
         self.observed = [False] * layers
-        self.pending: list[torch.Tensor | np.ndarray | None] = [None] * layers
         self.pads: np.ndarray | None = None
         self.positions: np.ndarray | None = None
         self.rotations: tuple[torch.Tensor, ...] | None = None
+        #: Every policy row's weights in kept order, ``(rows, q, width)`` float32, filled
+        #: layer by layer as the layers hand theirs in, and the columns they come from.
+        self.gathered: np.ndarray | None = None
+        self.columns: np.ndarray | None = None
+        self.held: np.ndarray | None = None
+        #: A decode step's weights, layer by layer, gathered together after the last.
+        self.pending: list[torch.Tensor] = []
 
 
 class ObserverHandle:
@@ -246,18 +254,25 @@ class EvictingLayer(CacheLayerMixin):
 
     @_outside_graph
     @_undone_on_failure
-    def attention_mask(self, stock: Any, query: torch.Tensor, dtype: torch.dtype | None) -> Any:
+    def attention_mask(self, stock: Any, query: torch.Tensor, dtype: torch.dtype | None,
+                       structured: bool = False) -> Any:
         """The mask this layer attends with (called by the installed attention): the one
         transformers built while the layout is still the one it expects, else the cache's
-        own, additive in ``dtype`` (eager) or boolean (``dtype`` None, sdpa)."""
+        own, additive in ``dtype`` (eager) or boolean (``dtype`` None, sdpa); with
+        ``structured``, a chunk's as a :class:`~scissorhands.hf.storage.ChunkMask` where
+        the storage gives one (float32 scores only)."""
         cache = self.cache
         forward = self._in_flight()
         start = time.perf_counter()
         if self.index == 0:
             forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
         storage = cache.storage
-        mask = stock if storage.aligned else storage.mask(self.index, forward.pads, cache.groups,
-                                                          int(query.shape[2]), dtype)
+        mask: Any = None
+        if structured and not storage.aligned:
+            mask = storage.chunk_mask(self.index, forward.pads)
+        if mask is None:
+            mask = stock if storage.aligned else storage.mask(self.index, forward.pads, cache.groups,
+                                                              int(query.shape[2]), dtype)
         cache.stats.bookkeeping_seconds += time.perf_counter() - start
         return mask
 
@@ -317,16 +332,21 @@ class EvictingLayer(CacheLayerMixin):
         if weights is not None:
             for observer in list(cache._observers):
                 observer(self.layer, weights.detach())
-        if weights is not None and weights.shape[-2] > 1 and cache._policies_read:
-            # A chunk's rows are reduced to the policy heads as each layer hands them in,
-            # so that the forward never holds every layer's full-head rows at once
-            # (30 layers x 9 heads x 256 x 1,280 float32 is 354 MB); per element the
-            # same arithmetic as reducing them all together at the last layer.
+        if weights is not None and cache._policies_read and cache._decodes(forward):
+            forward.pending.append(weights.detach())  # a decode step's: all layers in one call
+        elif weights is not None and cache._policies_read:
+            # Each chunk layer's rows are reduced to the policy heads and gathered into kept
+            # order as the layer hands them in (one C pass, sh_gqa_gather), so that the
+            # forward never holds every layer's full-head rows at once (30 layers x 9
+            # heads x 256 x 1,280 float32 is 354 MB); per element the same arithmetic as
+            # reducing them all together at the last layer, then gathering.
             start = time.perf_counter()
-            forward.pending[e] = group_mean(weights.detach().cpu(), cache.policy_heads)
+            columns, held, gathered = cache._gather_target(forward)
+            per_layer = len(columns) // cache.evicting_layers
+            part = slice(e * per_layer, (e + 1) * per_layer)
+            gather_group_mean(weights.detach().cpu(), cache.policy_heads, columns[part],
+                              None if held is None else held[part], gathered[part])
             cache.stats.bookkeeping_seconds += time.perf_counter() - start
-        else:
-            forward.pending[e] = weights.detach() if weights is not None and cache._policies_read else None
         forward.observed[e] = True
         if e == cache.evicting_layers - 1:
             cache._finish(forward)
@@ -720,12 +740,13 @@ class EvictingCache(Cache):
         delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
         assert forward.positions is not None
         delta_query = new_rank[: batch * heads: heads] - forward.positions  # (batch, q)
-        # The rotary embedding of each distinct angle once (a few hundred of them),
-        # then gathered: the same values as embedding every slot's.
+        # The rotary embedding of each angle in the deltas' range once (a few hundred to a
+        # few thousand), then gathered: the same values as embedding every slot's (each
+        # angle is one product of a frequency and a position), without sorting the deltas.
         deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
-        distinct, inverse = np.unique(deltas, return_inverse=True)
-        cos_d, sin_d = self.rotary(query, torch.from_numpy(distinct)[None])
-        index = torch.from_numpy(inverse.reshape(-1))
+        low = int(deltas.min())
+        cos_d, sin_d = self.rotary(query, torch.arange(low, int(deltas.max()) + 1)[None])
+        index = torch.from_numpy(deltas - low)
         cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
         width = cos_all.shape[-1]
         keys_end = delta_keys.size
@@ -735,6 +756,31 @@ class EvictingCache(Cache):
         sin_q = sin_all[keys_end:].reshape(batch, 1, q, width)
         return cos, sin, cos_q, sin_q
 
+    def _decodes(self, forward: _Forward) -> bool:
+        """Whether the forward is a decode step for the policies (one token after others,
+        no padding); else a chunk (a prompt, even of one token)."""
+        return forward.q == 1 and self.seen != 0 and (forward.pads is None or not forward.pads.any())
+
+    def _gather_target(self, forward: _Forward) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """The forward's physical columns per policy row in the policies' order, ``(rows,
+        width)`` (each row's held slots in kept order; for a chunk then its tokens, in
+        ``extend``'s layout), for a chunk the positions each row held before it (else
+        None), and the ``(rows, q, width)`` float32 array their weights go to; made at the
+        first layer that hands weights in."""
+        if forward.gathered is None or forward.columns is None:
+            storage = self.storage
+            repeat = self.num_kv_heads // self.policy_heads
+            most = int(storage.counts.max(initial=0))
+            if self._decodes(forward):
+                columns, held = storage.kept_columns(most)[::repeat], None
+            else:
+                fresh = self.seen == 0
+                columns = storage.chunk_columns((0 if fresh else most) + forward.q)[::repeat]
+                held = np.zeros(len(columns), dtype=np.int64) if fresh else storage.counts[::repeat].copy()
+            forward.columns, forward.held = columns, held
+            forward.gathered = np.empty((len(columns), forward.q, columns.shape[1]), dtype=np.float32)
+        return forward.columns, forward.held, forward.gathered
+
     def _finish(self, forward: _Forward) -> None:
         """After the last evicting layer: hand every row's weights to the policies, free
         the victims' slots, drop the forward."""
@@ -742,25 +788,20 @@ class EvictingCache(Cache):
         storage, bank = self.storage, self.bank
         assert bank is not None
         q = storage.q
-        pending = forward.pending
         if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
-        means = None
-        if self._policies_read:  # (layers, batch, policy heads, q, extent)
-            if isinstance(pending[0], np.ndarray):  # a chunk's, reduced as they came
-                means = np.stack(pending)  # type: ignore[arg-type]
-            else:
-                means = group_mean(torch.stack(pending).cpu(), self.policy_heads)  # type: ignore[arg-type]
+        if self._policies_read and forward.pending:  # a decode step: every layer's rows in one C call
+            columns, _, out = self._gather_target(forward)
+            stacked = torch.stack(forward.pending).cpu()  # (layers, batch, heads, 1, extent)
+            gather_group_mean(stacked.reshape(-1, *stacked.shape[2:]), self.policy_heads, columns, None, out)
+        gathered = forward.gathered if self._policies_read else None  # (rows, q, width), kept order
         repeat = self.num_kv_heads // self.policy_heads
         pads = forward.pads
         policy_seconds = 0.0
         fresh = self.seen == 0
-        # A decode step: one token after others; a prompt (even of one token) is a chunk.
-        if q == 1 and not fresh and (pads is None or not pads.any()):
-            width = int(storage.counts.max(initial=0))
-            weights = None if means is None else self._contained(storage.gather_kept(means.reshape(rows, -1), width,
-                                                                                     repeat))
+        if self._decodes(forward):
+            weights = None if gathered is None else self._contained(gathered.reshape(rows, -1))
             t0 = time.perf_counter()
             victims, slots = bank.step(self.seen, weights)
             policy_seconds = time.perf_counter() - t0
@@ -771,11 +812,7 @@ class EvictingCache(Cache):
                 storage.apply_step(victims, slots)
             self.stats.steps += 1
         else:
-            width = (0 if fresh else int(storage.counts.max(initial=0))) + q
-            columns = storage.chunk_columns(width)[::repeat]
-            chunk_weights = None
-            if means is not None:
-                chunk_weights = np.take_along_axis(means.reshape(rows, q, -1), columns[:, None, :], axis=2)
+            chunk_weights = gathered
             admit = None
             if pads is not None and pads.any():
                 per_sequence = ~pads  # (batch, q)

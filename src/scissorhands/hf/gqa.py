@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["group_mean"]
+from .._native import check, ffi, lib
+
+__all__ = ["gather_group_mean", "group_mean"]
 
 
 def group_mean(weights: torch.Tensor, rows: int) -> np.ndarray:
@@ -37,3 +39,57 @@ def group_mean(weights: torch.Tensor, rows: int) -> np.ndarray:
         total += grouped[..., head, :, :]
     total /= np.float32(grouped.shape[-3])
     return total
+
+
+def gather_group_mean(weights: torch.Tensor, rows: int, columns: np.ndarray, held: np.ndarray | None = None,
+                      out: np.ndarray | None = None) -> np.ndarray:
+    """:func:`group_mean` and a gather into each row's kept order in one C pass over the
+    weights where the attention left them (``sh_gqa_gather``): for every policy row
+    ``r`` of the leading ``batch * rows``, query row ``t`` and ``j < width``,
+    ``out[r, t, j] = group_mean(weights)[r, t, columns[r, j]]``, the same float32
+    arithmetic; a column outside ``[0, extent)`` gives 0.  With ``held`` (a chunk in
+    ``extend``'s layout), ``out[r, t, j]`` is 0 for ``j > held[r] + t`` without reading
+    the weights: the chunk's later tokens, which the causal mask gave weight 0.
+
+    Parameters
+    ----------
+    weights : torch.Tensor
+        ``(batch, num_heads, q, extent)`` attention weights, any float dtype (widened
+        to float32 exactly first when not float32), on the CPU.
+    rows : int
+        Policy rows per sequence (divides ``num_heads``; consecutive heads).
+    columns : numpy.ndarray
+        ``(batch * rows, width)`` int64 physical columns, kept order (rows may be
+        strided views of a wider table).
+    held : numpy.ndarray, optional
+        ``(batch * rows,)`` int64: the positions each row held before the chunk.
+    out : numpy.ndarray, optional
+        ``(batch * rows, q, width)`` float32 C-contiguous to write into.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out`` (or a new array), ``(batch * rows, q, width)`` float32.
+    """
+    w = weights.detach()
+    if w.dtype != torch.float32:
+        w = w.float()
+    w = w.contiguous()
+    batch, heads, q, extent = w.shape
+    total = batch * rows
+    columns = np.asarray(columns)
+    if (columns.dtype != np.int64 or columns.ndim != 2 or columns.shape[0] != total or columns.strides[1] != 8
+            or columns.strides[0] % 8 or columns.strides[0] < 8 * columns.shape[1]):
+        columns = np.ascontiguousarray(columns, dtype=np.int64).reshape(total, -1)
+    width = columns.shape[1]
+    stride = columns.strides[0] // 8 if total > 1 else width
+    if out is None:
+        out = np.empty((total, q, width), dtype=np.float32)
+    held_c = ffi.NULL
+    if held is not None:
+        held = np.ascontiguousarray(held, dtype=np.int64)
+        held_c = ffi.cast("const int64_t *", held.ctypes.data)
+    check(lib.sh_gqa_gather(ffi.cast("const float *", w.data_ptr()), total, heads // rows, q, extent,
+                            ffi.cast("const int64_t *", columns.ctypes.data), stride, width,
+                            held_c, ffi.from_buffer("float[]", out)), "gather_group_mean")
+    return out

@@ -23,6 +23,7 @@ expects, so the mask it builds is used as it is (``aligned``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ import torch
 
 from ..errors import InvalidInputError
 
-__all__ = ["CACHE_MODES", "CompactStorage", "SlotStorage", "make_storage"]
+__all__ = ["CACHE_MODES", "ChunkMask", "CompactStorage", "SlotStorage", "make_storage"]
 
 #: ``reuse``: a decode token takes the last victim's slot; ``compact``: gather every step.
 CACHE_MODES = ("reuse", "compact")
@@ -38,6 +39,41 @@ CACHE_MODES = ("reuse", "compact")
 
 #: A layer's mask not built yet in this forward (``None`` means: no mask needed).
 _UNBUILT: Any = object()
+
+_TRIANGLE: dict[int, torch.Tensor] = {}
+
+
+def causal_triangle(q: int) -> torch.Tensor:
+    """``(q, q)`` float32: 0 on and below the diagonal, float32's lowest above it (the
+    additive form of a chunk's causal block; the last one built is kept)."""
+    tri = _TRIANGLE.get(q)
+    if tri is None:
+        _TRIANGLE.clear()
+        low = torch.finfo(torch.float32).min
+        tri = _TRIANGLE[q] = torch.zeros(q, q).masked_fill_(torch.ones(q, q, dtype=torch.bool).triu(1), low)
+    return tri
+
+
+@dataclass(frozen=True)
+class ChunkMask:
+    """A chunk's mask (no padding) as what it is made of, for float32 scores: the held
+    slots ``[0, start)`` (those a row does not hold masked) and the chunk's ``q`` tokens
+    at ``[start, start + q)``, each seeing the earlier ones and itself.  Applying it adds
+    float32's lowest to every masked score, as the additive form of :meth:`SlotStorage.mask`
+    does, without building that ``(batch, heads, q, extent)`` mask.
+
+    ``held``: ``(batch, kv_heads, 1, 1, start)`` float32, 0 where the row holds the slot
+    and float32's lowest where not; None when every row holds every held slot."""
+
+    start: int
+    q: int
+    held: torch.Tensor | None
+
+    def apply_(self, scores: torch.Tensor) -> None:
+        """Mask ``scores`` ``(batch, kv_heads, group, q, start + q)`` float32 in place."""
+        scores[..., self.start:] += causal_triangle(self.q)
+        if self.held is not None:
+            scores[..., : self.start] += self.held
 
 
 class SlotStorage:
@@ -48,7 +84,12 @@ class SlotStorage:
     layers : int
         Evicting layers.
     capacity : int
-        Slots per row to start with (grown by doubling when needed).
+        Slots per row the budget needs (the budget plus the decode token's slot): a
+        hint only.  The buffers are sized by what is held, never by it: they grow to
+        what a forward needs, by at least a sixteenth at a time, and a compaction
+        leaves room for exactly the next decode token, so that the keys and values
+        take at most 1/16 more than the positions held (a stock ``DynamicCache``
+        holds exactly them) and a huge budget costs nothing until it is used.
     """
 
     compact_every_step = False
@@ -96,7 +137,7 @@ class SlotStorage:
         """Size the bookkeeping for ``batch`` sequences of ``heads`` KV heads (the
         buffers are allocated at the first write, when dtype and head size are known)."""
         self.batch, self.heads = batch, heads
-        self.capacity = self.hint
+        self.capacity = 0  # grown by the first forward's plan
         self.extent = 0
         self.aligned = True
         self.slots = np.zeros((self.rows, self.capacity), dtype=np.int64)
@@ -145,12 +186,12 @@ class SlotStorage:
         self.start(0, 0)
 
     def _grow(self, need: int) -> None:
-        """Make every row hold at least ``need`` slots (doubling), keeping the contents."""
+        """Make every row hold at least ``need`` slots (by at least a sixteenth, so that
+        growing one token at a time copies each key a bounded number of times), keeping
+        the contents."""
         if need <= self.capacity:
             return
-        capacity = self.capacity
-        while capacity < need:
-            capacity *= 2
+        capacity = max(need, self.capacity + self.capacity // 16)
         pad = capacity - self.capacity
         self.slots = np.pad(self.slots, ((0, 0), (0, pad)))
         self.rope = np.pad(self.rope, ((0, 0), (0, pad)))
@@ -253,6 +294,20 @@ class SlotStorage:
             masks[:] = [_UNBUILT] * self.layers  # one layer's at a time: a chunk's are large
             mask = masks[e] = self._layer_mask(pads, groups, q, dtype, e)[0]
         return mask
+
+    def chunk_mask(self, e: int, pads: np.ndarray | None) -> ChunkMask | None:
+        """Layer ``e``'s mask of a chunk once positions were evicted, as a
+        :class:`ChunkMask`; None (use :meth:`mask`) for a single token, a layout still
+        aligned, or a chunk with padding."""
+        if self.q == 1 or self.aligned or pads is not None:
+            return None
+        start = self.chunk_start
+        valid = self.valid4()[e, :, :, :start]
+        held = None
+        if not valid.all():
+            held = torch.zeros(valid.shape, dtype=torch.float32).masked_fill_(
+                torch.from_numpy(~valid), torch.finfo(torch.float32).min)[:, :, None, None, :]
+        return ChunkMask(start, self.q, held)
 
     def _decode_masks(self, groups: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """The additive masks of a single-token forward, one view per layer of a store
@@ -515,11 +570,10 @@ class SlotStorage:
 
     def _relayout(self, index: np.ndarray, counts: np.ndarray) -> None:
         """Rebuild the buffers: row ``r`` keeps physical slots ``index[r, :counts[r]]``,
-        moved to ``[0, counts[r])``; the capacity shrinks back to the hint if it can."""
+        moved to ``[0, counts[r])``; the capacity becomes what they need and the next
+        decode token."""
         width = index.shape[1]
-        capacity = self.hint
-        while capacity < width + 1:
-            capacity *= 2
+        capacity = width + 1
         for e in range(self.layers):
             rows = slice(e * self.batch * self.heads, (e + 1) * self.batch * self.heads)
             gather = torch.from_numpy(index[rows].reshape(self.batch, self.heads, width))

@@ -1,0 +1,98 @@
+"""What a decode step costs the cache beside the model: ``python -m bench.decode``.
+
+``python -m bench.decode [--held 512 1024] [--steps 32] [--json PATH]``
+
+For each held count ``H``: the first ``H`` tokens of
+:func:`scissorhands.evaluate.default_text` in chunks of 256, then ``--steps`` decode
+steps (one token per forward, teacher-forced), with transformers' ``DynamicCache`` and
+with ``EvictingCache.from_model(model, "scissorhands", budget=H, recent_window=0.75,
+sinks=4)`` in both position modes (``original``, ``cache``: at the budget, every step
+evicts) and with budget ``4 H`` (``unevicted``: nothing evicted yet, the rows computed
+beside sdpa); alternately in one process, one torch thread.  Reported per configuration:
+ms per step, the policy calls and the cache's bookkeeping as a share of the step, the
+rows beside sdpa and the re-rotation (``positions="cache"``) in ms per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.decode", description=__doc__.splitlines()[0])
+    parser.add_argument("--held", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    if args.json:
+        parent = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(parent):
+            parser.error(f"--json: no directory {parent}")
+
+    import torch
+    from transformers import DynamicCache
+
+    from scissorhands import hf
+    from scissorhands.evaluate import default_text
+
+    torch.set_num_threads(1)
+    model, tokenizer = hf.load_model(progress=False)
+    ids = tokenizer(default_text(), return_tensors="pt")["input_ids"][0]
+
+    def run(held: int, kind: str) -> dict[str, Any]:
+        cache: Any
+        if kind == "dynamic":
+            hf.uninstall(model)
+            cache = DynamicCache(config=model.config)
+        else:
+            budget = 4 * held if kind == "unevicted" else held
+            cache = hf.EvictingCache.from_model(model, "scissorhands", budget=budget, recent_window=0.75, sinks=4,
+                                                positions="cache" if kind == "cache" else "original")
+        prompt = held + 8  # a little over the budget: the decode steps evict
+        with torch.no_grad():
+            for start in range(0, prompt, args.chunk):
+                piece = ids[start:min(prompt, start + args.chunk)][None]
+                model(input_ids=piece, cache=cache, use_cache=True)
+            before = None if kind == "dynamic" else (cache.stats.policy_seconds, cache.stats.bookkeeping_seconds,
+                                                     cache.stats.rows_seconds, cache.stats.rerotate_seconds)
+            start_time = time.perf_counter()
+            for t in range(prompt, prompt + args.steps):
+                model(input_ids=ids[t:t + 1][None], cache=cache, use_cache=True)
+            seconds = time.perf_counter() - start_time
+        ms = 1e3 * seconds / args.steps
+        row: dict[str, Any] = {"held": held, "cache": kind, "ms_per_step": ms}
+        if before is not None:
+            s = cache.stats
+            policy = (s.policy_seconds - before[0]) * 1e3 / args.steps
+            book = (s.bookkeeping_seconds - before[1]) * 1e3 / args.steps
+            row.update(policy_ms=policy, bookkeeping_ms=book, overhead_percent=100 * (policy + book) / ms,
+                       rows_ms=(s.rows_seconds - before[2]) * 1e3 / args.steps,
+                       rerotate_ms=(s.rerotate_seconds - before[3]) * 1e3 / args.steps)
+        return row
+
+    rows = []
+    for held in args.held:
+        for kind in ("dynamic", "unevicted", "original", "cache"):
+            row = run(held, kind)
+            rows.append(row)
+            extra = "" if kind == "dynamic" else (
+                f"; policy {row['policy_ms']:.2f} ms + bookkeeping {row['bookkeeping_ms']:.2f} ms "
+                f"= {row['overhead_percent']:.2f}%, rerotate {row['rerotate_ms']:.2f} ms")
+            print(f"held {held:5d} {kind:8s}: {row['ms_per_step']:7.2f} ms/step{extra}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": args.steps, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

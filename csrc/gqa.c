@@ -1,0 +1,76 @@
+/*
+ * gqa.c - the cache's reduction of attention rows from query heads to policy rows.
+ *
+ * A transformers cache (scissorhands.hf) hands each policy row the mean of its group
+ * of query heads' attention weights over the row's held positions, in kept order.
+ * sh_gqa_gather does the group mean and the gather into kept order in one pass over
+ * the weights, where the attention left them, with the arithmetic of the NumPy
+ * statement it replaces (scissorhands/hf/gqa.py): the group's weights added in head
+ * order in float32, then divided by the group's size.
+ */
+#include <stdlib.h>
+
+#include "scissorhands.h"
+
+int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, size_t extent,
+                  const int64_t *columns, size_t col_stride, size_t width, const int64_t *held,
+                  float *out)
+{
+    if (weights == NULL || columns == NULL || out == NULL || group < 1 || extent < 1 ||
+        col_stride < width)
+        return SH_ERR_ARG;
+    /* Per query row, the group's mean over the columns it needs first (a loop the
+       compiler vectorises), then the gather from it: the same additions and division
+       per weight. */
+    float *mean = malloc(extent * sizeof *mean);
+    size_t *reach = malloc((width + 1) * sizeof *reach);
+    if (mean == NULL || reach == NULL) {
+        free(mean);
+        free(reach);
+        return SH_ERR_NOMEM;
+    }
+    const float divisor = (float)group;
+    const size_t plane = q * extent; /* one query head's weights */
+    for (size_t r = 0; r < rows; r++) {
+        const int64_t *col = columns + r * col_stride;
+        /* reach[j]: one past the largest column among the first j (within the extent). */
+        reach[0] = 0;
+        for (size_t j = 0; j < width; j++) {
+            int64_t c = col[j];
+            size_t next = c >= 0 && (uint64_t)c < extent ? (size_t)c + 1 : 0;
+            reach[j + 1] = next > reach[j] ? next : reach[j];
+        }
+        size_t base = 0;
+        if (held != NULL)
+            base = held[r] < 0 ? 0 : (size_t)held[r];
+        for (size_t t = 0; t < q; t++) {
+            /* A chunk's token t reads its row's held columns and the tokens up to itself;
+               the later ones are masked, their weights 0. */
+            size_t limit = held == NULL ? width : base + t + 1;
+            if (limit > width)
+                limit = width;
+            size_t hi = reach[limit];
+            const float *first = weights + r * group * plane + t * extent;
+            for (size_t c = 0; c < hi; c++)
+                mean[c] = first[c];
+            for (size_t g = 1; g < group; g++) {
+                const float *w = first + g * plane;
+                for (size_t c = 0; c < hi; c++)
+                    mean[c] += w[c];
+            }
+            for (size_t c = 0; c < hi; c++)
+                mean[c] /= divisor;
+            float *dst = out + (r * q + t) * width;
+            for (size_t j = 0; j < limit; j++) {
+                int64_t c = col[j];
+                /* A column outside the extent is a slot past the row's count: never read. */
+                dst[j] = c >= 0 && (uint64_t)c < extent ? mean[c] : 0.0f;
+            }
+            for (size_t j = limit; j < width; j++)
+                dst[j] = 0.0f;
+        }
+    }
+    free(reach);
+    free(mean);
+    return SH_OK;
+}

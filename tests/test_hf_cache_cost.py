@@ -1,0 +1,166 @@
+"""What the cache computes beside the model, computed at less cost: the same numbers.
+
+The C reduction of attention rows to policy rows against the NumPy statement it
+replaces; the cheaper forms of the masks against the dense ones; float16 rows that
+stay finite where sdpa does; storage that grows with what is held, not the budget.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
+
+from scissorhands import hf  # noqa: E402
+from scissorhands.hf.attention import attention_rows  # noqa: E402
+from scissorhands.hf.gqa import gather_group_mean, group_mean  # noqa: E402
+from scissorhands.hf.storage import ChunkMask  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+
+class _Module:
+    head_dim = 16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("batch", "heads", "rows", "q", "extent"),
+                         [(2, 6, 3, 5, 17), (1, 9, 1, 1, 30), (3, 4, 4, 1, 8)])
+def test_gather_group_mean_equals_group_mean_then_gather(dtype, batch, heads, rows, q, extent):
+    """sh_gqa_gather gives bit for bit group_mean's weights at each row's columns (strided
+    views of a wider slot table too), 0 for a column outside the extent."""
+    gen = torch.Generator().manual_seed(extent)
+    weights = torch.softmax(torch.randn(batch, heads, q, extent, generator=gen), -1).to(dtype)
+    reference = group_mean(weights, rows).reshape(batch * rows, q, extent)
+    rng = np.random.default_rng(q)
+    table = np.stack([rng.permutation(extent + 3)[: extent - 2] for _ in range(2 * batch * rows)])
+    columns = table[::2]  # every other row of the table: a strided view
+    got = gather_group_mean(weights, rows, columns)
+    inside = (columns < extent)[:, None, :]
+    expected = np.take_along_axis(reference, np.minimum(columns, extent - 1)[:, None, :].repeat(q, 1), 2)
+    assert np.array_equal(got, np.where(inside, expected, 0.0))
+    held = rng.integers(0, extent, size=batch * rows)
+    later = np.arange(columns.shape[1])[None, None, :] > (held[:, None, None] + np.arange(q)[None, :, None])
+    chunk = gather_group_mean(weights, rows, columns, held=held)
+    assert np.array_equal(chunk, np.where(inside & ~later, expected, 0.0))
+
+
+def _dense(valid: torch.Tensor, start: int, q: int, group: int) -> torch.Tensor:
+    """The additive mask SlotStorage.mask builds for a chunk: (batch, heads * group, q, start + q)."""
+    batch, kv_heads, _ = valid.shape
+    held = valid[:, :, None, :].expand(-1, -1, q, -1)
+    chunk = torch.ones(q, q, dtype=torch.bool).tril().expand(batch, kv_heads, q, q)
+    allowed = torch.cat((held, chunk), -1).repeat_interleave(group, dim=1)
+    return torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+
+
+@pytest.mark.parametrize("all_held", [True, False])
+def test_chunk_mask_gives_the_dense_masks_weights(all_held):
+    """A ChunkMask (the causal block and the held slots' column bias) gives bit for bit the
+    weights of the dense additive mask of the same chunk."""
+    gen = torch.Generator().manual_seed(3)
+    batch, kv_heads, group, q, start, dim = 2, 2, 3, 7, 11, 16
+    query = torch.randn(batch, kv_heads * group, q, dim, generator=gen) * 3
+    key = torch.randn(batch, kv_heads, start + q, dim, generator=gen) * 3
+    valid = torch.ones(batch, kv_heads, start, dtype=torch.bool)
+    if not all_held:
+        valid[0, 1, [2, 5]] = False
+        valid[1, 0, 0] = False
+    held = None if all_held else torch.zeros(valid.shape).masked_fill_(
+        ~valid, torch.finfo(torch.float32).min)[:, :, None, None, :]
+    structured = attention_rows(_Module(), query, key, ChunkMask(start, q, held), {})
+    dense = attention_rows(_Module(), query, key, _dense(valid, start, q, group), {})
+    assert torch.equal(structured, dense)
+    assert not all_held or bool((structured[..., start:].triu(1) == 0).all())
+
+
+@pytest.mark.parametrize("form", ["none", "bool"])
+def test_causal_rows_equal_the_boolean_masks(form):
+    """Rows of a causal chunk (sdpa's is_causal, or transformers' boolean mask of it) equal
+    bit for bit those of the boolean mask applied with masked_fill."""
+    gen = torch.Generator().manual_seed(5)
+    q, kv, dim = 6, 15, 16
+    query = torch.randn(1, 4, q, dim, generator=gen) * 3
+    key = torch.randn(1, 2, kv, dim, generator=gen) * 3
+    causal = torch.ones(q, kv, dtype=torch.bool).tril(kv - q)[None, None]
+    got = attention_rows(_Module(), query, key, None if form == "none" else causal, {})
+    scores = torch.matmul(query.reshape(1, 2, 2 * q, dim), key.transpose(2, 3)).reshape(1, 4, q, kv) * 0.25
+    expected = torch.softmax(scores.masked_fill(~causal, torch.finfo(torch.float32).min), -1)
+    assert torch.equal(got, expected)
+
+
+VOCAB = 97
+
+
+def _tiny(dtype: torch.dtype = torch.float32, head_dim: int = 16) -> object:
+    """A small random Llama (GQA: 4 query heads, 2 KV heads) under sdpa."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=4 * head_dim, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=VOCAB - 1)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+
+
+def _greedy(model, cache, ids, **kwargs):
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, pad_token_id=0,
+                              do_sample=False, max_new_tokens=10, **kwargs)
+
+
+def test_float16_large_logits_without_eviction_equals_the_stock_cache():
+    """A float16 model whose attention logits overflow float16 (sdpa stays finite): with
+    nothing evicted the cache gives exactly the stock cache's tokens, in one forward
+    and in prompt chunks (rows computed in float32), and evicting runs too."""
+    from transformers import DynamicCache
+
+    model = _tiny(torch.float16)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(40.0)
+            layer.self_attn.k_proj.weight.mul_(32000.0)
+    ids = torch.randint(2, VOCAB - 1, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # the scaled logits of the first layer do overflow float16
+        attn = model.model.layers[0].self_attn
+        hidden = model.model.layers[0].input_layernorm(model.model.embed_tokens(ids)).float()
+        q = hidden @ attn.q_proj.weight.float().T
+        k = hidden @ attn.k_proj.weight.float().T
+        assert float((q[..., :16] @ k[..., :16].transpose(-1, -2)).abs().max()) * 0.25 > 65504
+    stock = _greedy(model, DynamicCache(config=model.config), ids)
+    for chunk in (None, 5):
+        hf.uninstall(model)
+        extra = {} if chunk is None else {"prefill_chunk_size": chunk}
+        ours = _greedy(model, hf.EvictingCache.from_model(model, "scissorhands", budget=64), ids, **extra)
+        assert torch.equal(stock, ours)
+    cache = hf.EvictingCache.from_model(model, "h2o", budget=8, recent_window=2)
+    _greedy(model, cache, ids, prefill_chunk_size=5)
+    assert int(cache.held_counts().max()) <= 8
+
+
+def _dynamic_bytes(cache) -> int:
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+@pytest.mark.parametrize("budget", [512, 8192, 2**31])
+def test_key_value_memory_follows_what_is_held_not_the_budget(budget):
+    """Below the budget the cache's keys and values take at most 1.1x the stock cache's
+    for the same tokens at every length (a 14-token prompt, then one token at a time,
+    then a chunk), whatever the budget, 2**31 included, with the same tokens."""
+    from transformers import DynamicCache
+
+    model = _tiny(head_dim=64)
+    ids = torch.randint(2, VOCAB - 1, (1, 90), generator=torch.Generator().manual_seed(1))
+    stock = DynamicCache(config=model.config)
+    cache = hf.EvictingCache.from_model(model, "scissorhands", budget=budget, recent_window=4, sinks=4)
+    pieces = [(0, 14), *[(t, t + 1) for t in range(14, 60)], (60, 90)]
+    with torch.no_grad():
+        for start, end in pieces:
+            hf.uninstall(model)
+            expected = model(ids[:, start:end], cache=stock, use_cache=True).logits
+            got = hf.prefill(model, cache, ids[0, start:end])
+            assert torch.equal(expected[0], got)
+            assert cache.storage.nbytes() <= 1.1 * _dynamic_bytes(stock), (end, cache.storage.nbytes())
+    assert cache.seen == 90 and int(cache.held_counts().min()) == 90
