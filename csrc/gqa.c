@@ -12,6 +12,35 @@
 
 #include "scissorhands.h"
 
+/* reach[j]: one past the largest column among the first j of the row's `width`
+   columns (within the extent), so a token reading j columns needs the mean of the
+   first reach[j] weights only. */
+static void column_reach(const int64_t *col, size_t width, size_t extent, size_t *reach)
+{
+    reach[0] = 0;
+    for (size_t j = 0; j < width; j++) {
+        int64_t c = col[j];
+        size_t next = c >= 0 && (uint64_t)c < extent ? (size_t)c + 1 : 0;
+        reach[j + 1] = next > reach[j] ? next : reach[j];
+    }
+}
+
+/* mean[c] for c < hi: the group's weights added in head order in float32, then divided
+   by the group's size (a loop the compiler vectorises). */
+static void group_mean(const float *first, size_t group, size_t plane, size_t hi, float *mean)
+{
+    const float divisor = (float)group;
+    for (size_t c = 0; c < hi; c++)
+        mean[c] = first[c];
+    for (size_t g = 1; g < group; g++) {
+        const float *w = first + g * plane;
+        for (size_t c = 0; c < hi; c++)
+            mean[c] += w[c];
+    }
+    for (size_t c = 0; c < hi; c++)
+        mean[c] /= divisor;
+}
+
 int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, size_t extent,
                   const int64_t *columns, size_t col_stride, size_t width, const int64_t *held,
                   float *out)
@@ -19,9 +48,8 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
     if (weights == NULL || columns == NULL || out == NULL || group < 1 || extent < 1 ||
         col_stride < width)
         return SH_ERR_ARG;
-    /* Per query row, the group's mean over the columns it needs first (a loop the
-       compiler vectorises), then the gather from it: the same additions and division
-       per weight. */
+    /* Per query row, the group's mean over the columns it needs first, then the gather
+       from it: the same additions and division per weight. */
     float *mean = malloc(extent * sizeof *mean);
     size_t *reach = malloc((width + 1) * sizeof *reach);
     if (mean == NULL || reach == NULL) {
@@ -29,17 +57,10 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
         free(reach);
         return SH_ERR_NOMEM;
     }
-    const float divisor = (float)group;
     const size_t plane = q * extent; /* one query head's weights */
     for (size_t r = 0; r < rows; r++) {
         const int64_t *col = columns + r * col_stride;
-        /* reach[j]: one past the largest column among the first j (within the extent). */
-        reach[0] = 0;
-        for (size_t j = 0; j < width; j++) {
-            int64_t c = col[j];
-            size_t next = c >= 0 && (uint64_t)c < extent ? (size_t)c + 1 : 0;
-            reach[j + 1] = next > reach[j] ? next : reach[j];
-        }
+        column_reach(col, width, extent, reach);
         size_t base = 0;
         if (held != NULL)
             base = held[r] < 0 ? 0 : (size_t)held[r];
@@ -49,17 +70,7 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
             size_t limit = held == NULL ? width : base + t + 1;
             if (limit > width)
                 limit = width;
-            size_t hi = reach[limit];
-            const float *first = weights + r * group * plane + t * extent;
-            for (size_t c = 0; c < hi; c++)
-                mean[c] = first[c];
-            for (size_t g = 1; g < group; g++) {
-                const float *w = first + g * plane;
-                for (size_t c = 0; c < hi; c++)
-                    mean[c] += w[c];
-            }
-            for (size_t c = 0; c < hi; c++)
-                mean[c] /= divisor;
+            group_mean(weights + r * group * plane + t * extent, group, plane, reach[limit], mean);
             float *dst = out + (r * q + t) * width;
             for (size_t j = 0; j < limit; j++) {
                 int64_t c = col[j];
