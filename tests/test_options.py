@@ -902,12 +902,12 @@ def test_the_cache_and_generate_say_the_window_is_the_default(monkeypatch, capsy
 
 
 def test_replay_says_the_window_is_the_default_in_flags(capsys):
-    """replay --budgets 16 (scissorhands' default window of 32): exits 2 on one line naming
-    the default and the flag to pass, as the command line writes fractions."""
+    """replay --budgets 16 (scissorhands' default window of 32): exits 2, after the usage, on
+    one line naming the default and the flag to pass, as the command line writes fractions."""
     from scissorhands.cli import main
 
     assert main(["--policies", "scissorhands", "--budgets", "16", "--no-progress"]) == 2
-    assert capsys.readouterr().err == (
-        "scissorhands: error: scissorhands (recent window 32) at budget 16: --recent-window 32 (the scissorhands "
+    assert capsys.readouterr().err.splitlines(keepends=True)[-1] == (
+        "scissorhands replay: error: scissorhands (recent window 32) at budget 16: --recent-window 32 (the scissorhands "
         "default) needs a budget above 32, got budget 16: pass a smaller --recent-window (a count, or a fraction "
         "of the budget such as 75%)\n")
