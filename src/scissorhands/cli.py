@@ -13,6 +13,9 @@ canonical trace):
     A real model's full-cache attention, as a trace for ``replay --trace``.
 ``report``
     Several ``eval --json`` files as one table and one plot (:mod:`scissorhands.report`).
+``tasks``
+    Retrieval accuracy through lm-eval under each policy and budget
+    (:mod:`scissorhands.retrieval.driver`).
 
 The option flags (``--recent-window``, ``--sinks``, ``--history-window``,
 ``--vote-rate``) come from the option declarations of :mod:`scissorhands.options`;
@@ -34,7 +37,7 @@ from .options import BACKENDS, MODEL_POLICIES, OPTIONS, POLICY_NAMES, policy_spe
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = ("replay", "eval", "record", "report", "generate", "longctx")
+COMMANDS = ("replay", "eval", "record", "report", "generate", "longctx", "tasks")
 _PROG = "scissorhands"
 
 
@@ -246,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the model's attention implementation (default: sdpa)")
     long.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
 
+    from .retrieval.driver import add_parser as add_tasks_parser
+
+    add_tasks_parser(sub, [common])
+
     report = sub.add_parser(
         "report", help="combine 'eval --json' (or 'longctx --json') files into one table and plot",
         description="One row per configuration, one column per (text, budget): perplexity "
@@ -301,6 +308,10 @@ def _run(args: argparse.Namespace) -> int:
         return run_replay(args.policies or list(POLICY_NAMES), args.budgets, option_values(args), backend=args.backend,
                           trace=args.trace, json_path=args.json, plot=args.plot,
                           progress=not args.no_progress)
+    if args.command == "tasks":
+        from .retrieval.driver import run_tasks
+
+        return run_tasks(args)
     if args.command == "report":
         from .report import run_report
 

@@ -95,15 +95,14 @@ def _render(tokenizer: Any, turns: Sequence[tuple[str, str]], answer_start: str)
     return "".join(f"{names[role]}: {content}\n\n" for role, content in turns) + f"Assistant: {answer_start}"
 
 
-def _document(sentences: Sequence[str], facts: Mapping[int, str]) -> str:
-    """The sentences with each fact inserted before the sentence of its index."""
+def _document(sentences: Sequence[str], facts: Sequence[tuple[int, str]]) -> str:
+    """The sentences with each fact inserted before the sentence of its index (at the
+    end for the index ``len(sentences)``); facts at one index keep their order."""
     out: list[str] = []
-    for i, sentence in enumerate(sentences):
-        if i in facts:
-            out.append(facts[i])
-        out.append(sentence)
-    if len(sentences) in facts:
-        out.append(facts[len(sentences)])
+    for i in range(len(sentences) + 1):
+        out.extend(fact for at, fact in facts if at == i)
+        if i < len(sentences):
+            out.append(sentences[i])
     return " ".join(out)
 
 
@@ -125,7 +124,7 @@ def _sample(task: str, index: int, length: int, tokenizer: Any, rng: random.Rand
 
     def prompt(n: int) -> str:
         sentences = pool[start:start + n]
-        facts = {min(round(d * n), n): fact for d in depths}
+        facts = [(min(round(d * n), n), fact) for d in depths]
         document = _document(sentences, facts)
         if task == "sh_later_turn":
             turns = [("user", f"{_INTRO}\n\n{document}"), ("assistant", _REPLY), ("user", _question(key))]

@@ -26,7 +26,8 @@ name; default SmolLM2-135M-Instruct; or a loaded model object with ``tokenizer``
 ``policy``, ``budget``, every option of :data:`scissorhands.options.OPTIONS`
 (``recent_window``, ``sinks``, ``history_window``, ``vote_rate``, ``pool``) by its
 name, ``prefill_chunk`` (default 64; ``none``: one forward), ``backend``, ``head_mode``,
-``positions``, ``attention`` (sdpa or eager), and any of ``HFLM``'s own.
+``positions``, ``attention`` (sdpa or eager), ``quiet`` (no progress bars), and any of
+``HFLM``'s own.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class ScissorhandsLM(HFLM):
 
     def __init__(self, pretrained: Any = None, **kwargs: Any) -> None:
         args = dict(kwargs)
+        quiet = bool(args.pop("quiet", False))
         config = pop_cache_config(args)
         check_modes(config)
         batch_size = args.pop("batch_size", 1)
@@ -108,6 +110,7 @@ class ScissorhandsLM(HFLM):
         args.setdefault("device", "cpu")
         super().__init__(pretrained=pretrained, batch_size=1, **args)
         self.cache_config = config
+        self.quiet = quiet
         self._splits: dict[tuple[int, ...], int] | None = None
 
     # ------------------------------------------------------------------ the cache
@@ -129,6 +132,9 @@ class ScissorhandsLM(HFLM):
 
     # ------------------------------------------------------------------ generation
 
+    def generate_until(self, requests: Any, disable_tqdm: bool = False) -> Any:
+        return super().generate_until(requests, disable_tqdm=disable_tqdm or self.quiet)
+
     def _model_generate(self, context: Any, max_length: int, stop: list[str], **generation_kwargs: Any) -> Any:
         generation_kwargs["cache"] = self.fresh_cache()
         if self.cache_config.evicts and self.cache_config.prefill_chunk is not None:
@@ -136,6 +142,9 @@ class ScissorhandsLM(HFLM):
         return super()._model_generate(context, max_length, stop, **generation_kwargs)
 
     # ------------------------------------------------------------------ log-likelihood
+
+    def loglikelihood(self, requests: Any, disable_tqdm: bool = False) -> Any:
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.quiet)
 
     def _loglikelihood_tokens(self, requests: Any, disable_tqdm: bool = False, override_bs: Any = None) -> Any:
         # lm-eval hands the model only context + continuation[:-1]; record where each
