@@ -61,6 +61,8 @@ _ADJECTIVES = ("crimson", "silent", "amber", "hollow", "brisk", "gentle", "coppe
 _NOUNS = ("otter", "lantern", "harbor", "falcon", "meadow", "anchor", "violin", "glacier", "pepper", "compass",
           "orchid", "badger", "canyon", "marble", "willow", "comet", "thistle", "beacon", "walrus", "saddle")
 _INTRO = "Read the document below carefully; I will ask you about it afterwards."
+#: The first words of every document prompt (also the peer script's context).
+INTRO = _INTRO
 _REPLY = "I have read the document carefully. What would you like to know about it?"
 
 
@@ -122,10 +124,11 @@ def _sample(task: str, index: int, length: int, tokenizer: Any, rng: random.Rand
     else:
         depths = (ONCE_DEPTHS[index % len(ONCE_DEPTHS)],) if task == "sh_fact_once" else (DEPTHS[index % len(DEPTHS)],)
 
+    def document_of(n: int) -> str:
+        return _document(pool[start:start + n], [(min(round(d * n), n), fact) for d in depths])
+
     def prompt(n: int) -> str:
-        sentences = pool[start:start + n]
-        facts = [(min(round(d * n), n), fact) for d in depths]
-        document = _document(sentences, facts)
+        document = document_of(n)
         if task == "sh_later_turn":
             turns = [("user", f"{_INTRO}\n\n{document}"), ("assistant", _REPLY), ("user", _question(key))]
         else:
@@ -144,6 +147,7 @@ def _sample(task: str, index: int, length: int, tokenizer: Any, rng: random.Rand
         low, high = (mid, high) if _count(tokenizer, prompt(mid)) <= limit else (low, mid)
     text = prompt(low)
     return {"index": index, "input": text, "outputs": [value], "key": key, "depth": depths[0],
+            "document": document_of(low), "question": _question(key), "answer_start": _answer_start(key),
             "mentions": len(depths), "max_length": length, "length": _count(tokenizer, text) + ANSWER_ROOM}
 
 
@@ -172,7 +176,9 @@ def generate(task: str, tokenizer: Any, lengths: Sequence[int], num_samples: int
     list of dict
         ``input`` (the prompt), ``outputs`` (the number, in a list), ``key``, ``depth``
         (of the first statement, a fraction of the document), ``mentions``,
-        ``max_length``, ``length``, ``index``.
+        ``max_length``, ``length``, ``index``, and the prompt's parts: ``document``,
+        ``question``, ``answer_start`` (for a peer that compresses the context before
+        the question, ``scripts/kvpress_peer.py``).
 
     Raises
     ------
