@@ -487,6 +487,7 @@ def plot_tasks(documents: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
             ax.set_title(f"{config}" + (f" @ {fraction}" if fraction else ""), fontsize=9)
             ax.set_xlabel("length")
             ax.set_ylabel("needle depth")
+        fig.subplots_adjust(wspace=0.6, hspace=0.6)
         fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
         depth_path = f"{stem}-depth{suffix}"
         fig.savefig(depth_path, dpi=110)
