@@ -7,10 +7,10 @@ kvpress (NVIDIA, ``pip install kvpress==0.5.5``) pins ``transformers<5.3``, whic
 package's ``[hf]`` extra does not allow, so it runs in a separate virtual environment
 and is no dependency of the package::
 
-    python -m venv /tmp/kvpress-venv
-    /tmp/kvpress-venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
-    /tmp/kvpress-venv/bin/pip install kvpress==0.5.5 datasets
-    PYTHONPATH=src HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 /tmp/kvpress-venv/bin/python scripts/kvpress_peer.py \\
+    python -m venv .kvpress-venv
+    .kvpress-venv/bin/pip install torch  # the CPU build, as the README installs it
+    .kvpress-venv/bin/pip install kvpress==0.5.5 datasets
+    PYTHONPATH=src HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .kvpress-venv/bin/python scripts/kvpress_peer.py \\
         --model DIR --tasks sh_fact_once,sh_prose_needle --lengths 512 --budgets 1/4 1/2 --samples 10 \\
         --json kvpress.json
 
