@@ -194,7 +194,7 @@ def test_help_exits_0(capsys):
     """--help at the top level and per subcommand exits 0."""
     for argv in (["--help"], ["replay", "--help"], ["eval", "--help"], ["record", "--help"]):
         assert main(argv) == 0
-    assert "{replay,eval,record,report,generate,longctx}" in capsys.readouterr().out
+    assert "{replay,eval,record,report,generate,longctx,tasks}" in capsys.readouterr().out
 
 
 def test_python_dash_m(tmp_path):

@@ -908,6 +908,6 @@ def test_replay_says_the_window_is_the_default_in_flags(capsys):
 
     assert main(["--policies", "scissorhands", "--budgets", "16", "--no-progress"]) == 2
     assert capsys.readouterr().err.splitlines(keepends=True)[-1] == (
-        "scissorhands replay: error: scissorhands (recent window 32) at budget 16: --recent-window 32 (the scissorhands "
-        "default) needs a budget above 32, got budget 16: pass a smaller --recent-window (a count, or a fraction "
-        "of the budget such as 75%)\n")
+        "scissorhands replay: error: scissorhands (recent window 32) at budget 16: --recent-window 32 "
+        "(the scissorhands default) needs a budget above 32, got budget 16: pass a smaller --recent-window "
+        "(a count, or a fraction of the budget such as 75%)\n")

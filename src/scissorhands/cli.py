@@ -13,6 +13,9 @@ canonical trace):
     A real model's full-cache attention, as a trace for ``replay --trace``.
 ``report``
     Several ``eval --json`` files as one table and one plot (:mod:`scissorhands.report`).
+``tasks``
+    Retrieval accuracy through lm-eval under each policy and budget
+    (:mod:`scissorhands.retrieval.driver`).
 
 The option flags (``--recent-window``, ``--sinks``, ``--history-window``,
 ``--vote-rate``) come from the option declarations of :mod:`scissorhands.options`;
@@ -39,7 +42,7 @@ from .options import BACKENDS, MODEL_POLICIES, OPTIONS, POLICY_NAMES, policy_spe
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = ("replay", "eval", "record", "report", "generate", "longctx")
+COMMANDS = ("replay", "eval", "record", "report", "generate", "longctx", "tasks")
 _PROG = "scissorhands"
 
 
@@ -267,6 +270,12 @@ def _add_longctx(sub: Any, common: Any, policy_opts: Any) -> None:
     long.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
 
 
+def _add_tasks(sub: Any, common: Any) -> None:
+    from .retrieval.driver import add_parser as add_tasks_parser
+
+    add_tasks_parser(sub, [common])
+
+
 def _add_report(sub: Any) -> None:
     report = sub.add_parser(
         "report", help="combine 'eval --json' (or 'longctx --json') files into one table and plot",
@@ -300,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_record(sub, common, model_opts)
     _add_generate(sub, common)
     _add_longctx(sub, common, policy_opts)
+    _add_tasks(sub, common)
     _add_report(sub)
     return parser
 
@@ -340,6 +350,12 @@ def _run_replay(args: argparse.Namespace) -> int:
     return run_replay(args.policies or list(POLICY_NAMES), args.budgets, option_values(args), backend=args.backend,
                       trace=args.trace, json_path=args.json, plot=args.plot,
                       progress=not args.no_progress)
+
+
+def _run_tasks(args: argparse.Namespace) -> int:
+    from .retrieval.driver import run_tasks
+
+    return run_tasks(args)
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -400,7 +416,7 @@ def _run_record(args: argparse.Namespace) -> int:
 
 _RUNNERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": _run_replay, "eval": _run_eval, "record": _run_record, "report": _run_report,
-    "generate": _run_generate, "longctx": _run_longctx,
+    "generate": _run_generate, "longctx": _run_longctx, "tasks": _run_tasks,
 }
 
 

@@ -26,6 +26,8 @@ from .paths import check_inputs_and_outputs
 
 __all__ = ["combine_reports", "format_longctx", "format_report", "plot_longctx", "plot_report", "run_report"]
 
+#: The ``format`` of ``tasks --json`` documents (:mod:`scissorhands.retrieval.driver`).
+TASKS_FORMAT = "scissorhands.tasks"
 #: The policy name of ``eval --hindsight``'s reference rows.
 HINDSIGHT = "hindsight"
 
@@ -329,12 +331,24 @@ def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
     kinds: dict[str, str] = {}
     for path, doc in zip(files, documents):
         kind = doc.get("format") if isinstance(doc, dict) else None
-        if kind not in ("scissorhands.eval", "scissorhands.longctx"):
-            raise ScissorhandsError(f"{path} is not a 'scissorhands eval --json' or 'longctx --json' result")
+        if kind not in ("scissorhands.eval", "scissorhands.longctx", TASKS_FORMAT):
+            raise ScissorhandsError(f"{path} is not a 'scissorhands eval --json', 'longctx --json' or "
+                                    "'tasks --json' result")
         kinds.setdefault(kind, os.fspath(path))
     if len(kinds) > 1:
-        raise ScissorhandsError(f"{kinds['scissorhands.longctx']} is a longctx result and "
-                                f"{kinds['scissorhands.eval']} an eval result: report combines one kind")
+        first, second = list(kinds.items())[:2]
+        raise ScissorhandsError(f"{first[1]} is a {first[0]} result and {second[1]} a {second[0]} result: "
+                                "report combines one kind")
+    if TASKS_FORMAT in kinds:
+        from .retrieval.driver import format_tasks, plot_tasks
+
+        try:
+            print(format_tasks(documents, markdown=markdown))
+            if plot:
+                plot_tasks(documents, plot)
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+            raise ScissorhandsError(f"cannot combine the files: malformed field ({exc!r})") from None
+        return 0
     if "scissorhands.longctx" in kinds:
         try:
             print(format_longctx(documents, markdown=markdown))

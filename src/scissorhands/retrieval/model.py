@@ -1,0 +1,185 @@
+"""The lm-eval model ``scissorhands``: lm-eval's ``HFLM`` with a fresh evicting cache per
+request.
+
+Importing this module registers the model with lm-eval's registry (``@register_model``;
+nothing of lm-eval is patched), so that ``lm_eval.simple_evaluate(model="scissorhands",
+model_args="policy=h2o,budget=128")`` and ``python -m scissorhands.retrieval --model
+scissorhands ...`` find it.  It overrides only what an evicting cache changes:
+
+* generation (``generate_until``): the model's own ``generate`` runs with a fresh
+  :class:`~scissorhands.hf.EvictingCache` for the request, the prompt read in forwards of
+  ``prefill_chunk`` tokens (transformers' ``prefill_chunk_size``), the cache evicting
+  after each, and every generated token one more forward;
+* log-likelihood (``loglikelihood``, ``loglikelihood_rolling``): the context is read as a
+  prompt (in forwards of ``prefill_chunk`` tokens, evicting after each), then the
+  continuation that is scored (in forwards of ``prefill_chunk`` tokens), its logits
+  those of the cache as it then holds; lm-eval's own code scores them.
+
+A cache that never evicts (``policy=full``) reads every request in one forward, as the
+stock model does, so that its results are the stock ``hf`` model's sample for sample
+(``tests/test_tasks.py`` checks it).  Requests run one at a time (``batch_size=1``; a
+fresh cache is a cache per request).
+
+Model arguments (``--model_args``): ``pretrained`` (what
+:func:`scissorhands.hf.load_model` takes: a GGUF file, a checkpoint directory or a model
+name; default SmolLM2-135M-Instruct; or a loaded model object with ``tokenizer``),
+``policy``, ``budget``, every option of :data:`scissorhands.options.OPTIONS`
+(``recent_window``, ``sinks``, ``history_window``, ``vote_rate``, ``pool``) by its
+name, ``prefill_chunk`` (default 64; ``none``: one forward), ``backend``, ``head_mode``,
+``positions``, ``attention`` (sdpa or eager), ``quiet`` (no progress bars), and any of
+``HFLM``'s own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from ..errors import InvalidInputError
+from . import NLTK_DIR
+from .config import CacheConfig, pop_cache_config
+
+__all__ = ["ScissorhandsLM", "check_modes", "use_offline_nltk"]
+
+
+def use_offline_nltk() -> None:
+    """Put :data:`scissorhands.retrieval.NLTK_DIR` last on NLTK's data path, so that
+    lm-eval's RULER generators find ``punkt_tab`` without downloading it (NLTK's own,
+    where installed, comes first)."""
+    import nltk
+
+    if NLTK_DIR not in nltk.data.path:
+        nltk.data.path.append(NLTK_DIR)
+
+
+def check_modes(config: CacheConfig) -> None:
+    """The cache's head mode, position mode and attention, checked before any model loads.
+
+    Raises
+    ------
+    InvalidInputError
+        A value the cache does not take, named as given.
+    """
+    from ..hf import HEAD_MODES, POSITION_MODES, WRAPPED
+
+    for name, value, known in (("head_mode", config.head_mode, HEAD_MODES),
+                               ("positions", config.positions, POSITION_MODES),
+                               ("attention", config.attention, WRAPPED)):
+        if value not in known:
+            raise InvalidInputError(f"{name} must be one of {', '.join(known)}, got {value!r}")
+
+
+@register_model("scissorhands")
+class ScissorhandsLM(HFLM):
+    """lm-eval's ``HFLM`` whose every request runs with a fresh
+    :class:`~scissorhands.hf.EvictingCache` (see the module's docstring).
+
+    Parameters
+    ----------
+    pretrained : str, PathLike, transformers model or None
+        A model for :func:`scissorhands.hf.load_model` (None: its default), or a loaded
+        model (then give ``tokenizer``).
+    **kwargs
+        The cache's configuration (:func:`scissorhands.retrieval.config.pop_cache_config`)
+        and ``HFLM``'s own arguments.
+
+    Raises
+    ------
+    InvalidInputError, InvalidTypeError
+        A bad cache configuration or a batch size other than 1, before any model loads.
+    """
+
+    def __init__(self, pretrained: Any = None, **kwargs: Any) -> None:
+        args = dict(kwargs)
+        quiet = bool(args.pop("quiet", False))
+        config = pop_cache_config(args)
+        check_modes(config)
+        batch_size = args.pop("batch_size", 1)
+        if str(batch_size) != "1":
+            raise InvalidInputError(f"the scissorhands model runs one request at a time (a fresh cache each): "
+                                    f"batch_size must be 1, got {batch_size!r}")
+        if pretrained is None or isinstance(pretrained, (str, os.PathLike)):
+            from ..hf import load_model
+
+            pretrained, args["tokenizer"] = load_model(pretrained, attn_implementation=config.attention,
+                                                       progress=False)
+        args.setdefault("device", "cpu")
+        super().__init__(pretrained=pretrained, batch_size=1, **args)
+        self.cache_config = config
+        self.quiet = quiet
+        self._splits: dict[tuple[int, ...], int] | None = None
+
+    # ------------------------------------------------------------------ the cache
+
+    def fresh_cache(self) -> Any:
+        """A new :class:`~scissorhands.hf.EvictingCache` for one request (and the
+        library's attention installed in the model)."""
+        from ..hf import EvictingCache
+
+        return EvictingCache.from_model(self.model, **self.cache_config.cache_kwargs())
+
+    def get_model_info(self) -> dict[str, Any]:
+        """lm-eval's model facts, and the cache's configuration."""
+        info = super().get_model_info()
+        config = self.cache_config
+        info["scissorhands_cache"] = {"label": config.label(), "policy": config.policy, "budget": config.budget,
+                                      **dict(config.values), "prefill_chunk": config.prefill_chunk}
+        return info
+
+    # ------------------------------------------------------------------ generation
+
+    def generate_until(self, requests: Any, disable_tqdm: bool = False) -> Any:
+        return super().generate_until(requests, disable_tqdm=disable_tqdm or self.quiet)
+
+    def _model_generate(self, context: Any, max_length: int, stop: list[str], **generation_kwargs: Any) -> Any:
+        generation_kwargs["cache"] = self.fresh_cache()
+        if self.cache_config.evicts and self.cache_config.prefill_chunk is not None:
+            generation_kwargs["prefill_chunk_size"] = self.cache_config.prefill_chunk
+        return super()._model_generate(context, max_length, stop, **generation_kwargs)
+
+    # ------------------------------------------------------------------ log-likelihood
+
+    def loglikelihood(self, requests: Any, disable_tqdm: bool = False) -> Any:
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.quiet)
+
+    def _loglikelihood_tokens(self, requests: Any, disable_tqdm: bool = False, override_bs: Any = None) -> Any:
+        # lm-eval hands the model only context + continuation[:-1]; record where each
+        # input's context ends, so that the context is read before the continuation.
+        splits: dict[tuple[int, ...], int] = {}
+        for _, context, continuation in requests:
+            whole = (list(context) + list(continuation))[-(self.max_length + 1):][:-1]
+            split = max(len(whole) - len(continuation) + 1, 1)
+            key = tuple(whole)
+            splits[key] = min(splits.get(key, split), split)  # one input, several splits: the longest continuation
+        self._splits = splits
+        try:
+            return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+        finally:
+            self._splits = None
+
+    def _model_call(self, inps: torch.Tensor, attn_mask: Any = None, labels: Any = None) -> torch.Tensor:
+        if attn_mask is not None or labels is not None:  # an encoder-decoder's call: no cache of ours
+            return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        cache = self.fresh_cache()
+        config = self.cache_config
+        if not config.evicts:
+            pieces = [inps]
+        else:
+            split = (self._splits or {}).get(tuple(inps[0].tolist()), inps.shape[1]) if inps.shape[0] == 1 \
+                else inps.shape[1]
+            chunk = config.prefill_chunk or inps.shape[1]
+            pieces = [inps[:, start:min(start + chunk, end)]
+                      for begin, end in ((0, split), (split, inps.shape[1]))
+                      for start in range(begin, end, chunk)]
+        with (torch.no_grad(),
+              torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                             enabled=self.mixed_precision_dtype is not None)):
+            logits = [self.model(piece, cache=cache, use_cache=True).logits for piece in pieces]
+        return logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)
+
+
+use_offline_nltk()
