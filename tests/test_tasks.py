@@ -200,7 +200,7 @@ def test_lm_eval_command_line_gets_the_package_tasks_on_its_include_path():
     (["--configs", "lru"], 2, "unknown configuration"),
     (["--tasks", "niah_multikey_1"], 2, "unknown task"),
     (["--lengths", "100"], 2, "leaves no prompt"),
-    (["--budgets", "1/64", "--lengths", "256"], 1, "--budgets 1/64 of --lengths 256"),
+    (["--budgets", "1/64", "--lengths", "256"], 2, "--budgets 1/64 of --lengths 256"),
 ])
 def test_tasks_refuses_bad_flags_before_the_model_loads(monkeypatch, capsys, argv, status, message):
     """Bad tasks flags exit with a message naming the flag, before any model loads."""
