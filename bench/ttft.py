@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from bench.real_model import check_json, load_smollm2
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -35,20 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--profile", metavar="PATH")
     args = parser.parse_args(argv)
-    if args.json:
-        parent = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(parent):
-            parser.error(f"--json: no directory {parent}")
+    check_json(parser, args.json)
 
     import torch
     from transformers import DynamicCache
 
     from scissorhands import hf
-    from scissorhands.evaluate import default_text
 
-    torch.set_num_threads(1)
-    model, tokenizer = hf.load_model(progress=False)
-    ids = tokenizer(default_text(), return_tensors="pt")["input_ids"]
+    model, tokenizer, ids = load_smollm2()
     profiler = cProfile.Profile() if args.profile else None
 
     def run(length: int, evicting: bool) -> tuple[float, Any]:
