@@ -815,68 +815,77 @@ def sweep(policies: Iterable[str], budgets: Sequence[int], values: Mapping[str, 
     names = list(dict.fromkeys(policies))
     for name in names:
         policy_spec(name)
-    runs: list[Run] = []
-    notes: list[str] = []
-    seen: set[tuple[Any, ...]] = set()
+    state = _Sweep(values, strict)
+    if by == "budget":
+        state.runs.append(Run("full", None, {}))
+        if "full" not in names:
+            state.notes.append("full cache run anyway: it is the reference for agreement")
+        for budget in dict.fromkeys(budgets):
+            for name in names:
+                if SPECS[name].evicts:
+                    for combo in state.combos(name):
+                        state.add(name, budget, combo)
+    elif by == "policy":
+        for name in names:
+            if not SPECS[name].evicts:
+                state.runs.append(Run(name, None, {}))
+                continue
+            for combo in state.combos(name):
+                for budget in dict.fromkeys(budgets):
+                    state.add(name, budget, combo)
+    else:
+        raise InvalidInputError(f"by must be 'budget' or 'policy', got {by!r}")
+    _check_ran(names, budgets, values, state.ran, state.refusals)
+    return state.runs, state.notes
 
-    refusals: dict[Any, str] = {}  # policy, or (option, value): why its first run was refused
-    ran: set[Any] = set()  # the policies, and the (option, value) pairs, that run somewhere
 
-    def add(name: str, budget: int, combo: tuple[Any, ...]) -> None:
+class _Sweep:
+    """The runs and notes of one :func:`sweep` as it is built, and what ran or was refused."""
+
+    def __init__(self, values: Mapping[str, Sequence[Any] | None], strict: bool) -> None:
+        self.values = values
+        self.strict = strict
+        self.runs: list[Run] = []
+        self.notes: list[str] = []
+        self.seen: set[tuple[Any, ...]] = set()
+        self.refusals: dict[Any, str] = {}  # policy, or (option, value): why its first run was refused
+        self.ran: set[Any] = set()  # the policies, and the (option, value) pairs, that run somewhere
+
+    def combos(self, name: str) -> list[tuple[Any, ...]]:
+        """Every combination of the values given (or the defaults) for ``name``'s options."""
+        spec = SPECS[name]
+        axes = [list(dict.fromkeys(self.values.get(o.name) or [spec.default(o.name)])) for o in spec.options]
+        return list(itertools.product(*axes))
+
+    def add(self, name: str, budget: int, combo: tuple[Any, ...]) -> None:
+        """Add one run, or note (or, strict, raise) why it is skipped."""
         spec = SPECS[name]
         given = dict(zip((o.name for o in spec.options), combo))
-        asked = [(o, v) for o, v in given.items() if _hashable(v) and v in (values.get(o) or ())]
+        asked = [(o, v) for o, v in given.items() if _hashable(v) and v in (self.values.get(o) or ())]
         window_spec = given["recent_window"] if isinstance(given.get("recent_window"), str) else None
         try:
             if window_spec is not None:
                 given["recent_window"] = resolve_recent_window(window_spec, budget)
             resolved = spec.check(budget, given)
         except ScissorhandsError as exc:
-            if strict:
+            if self.strict:
                 where = f"{name} ({setting(name, given)}) at budget {budget}"
                 if isinstance(exc, DefaultRefusedError):  # what to pass, as the commands take it
                     raise DefaultRefusedError(f"{where}: {exc.cli_message}", f"{where}: {exc.cli_message}") from None
                 raise type(exc)(f"{where}: {exc}") from None
-            notes.append(f"skipped {name} budget {budget} ({config_label(name, given, window_spec)}): {exc}")
+            self.notes.append(f"skipped {name} budget {budget} ({config_label(name, given, window_spec)}): {exc}")
             for key in (name, *asked):
-                refusals.setdefault(key, (f"{name} at budget {budget}: " if key != name else "") + flag_text(exc))
+                self.refusals.setdefault(key, (f"{name} at budget {budget}: " if key != name else "") + flag_text(exc))
             return
-        ran.update((name, *asked))
+        self.ran.update((name, *asked))
         key = (name, budget, tuple(resolved.items()))
-        if key in seen:
-            if not strict:
-                notes.append(f"skipped {name} budget {budget} ({config_label(name, resolved, window_spec)}): "
-                             "the same run as an earlier configuration")
+        if key in self.seen:
+            if not self.strict:
+                self.notes.append(f"skipped {name} budget {budget} ({config_label(name, resolved, window_spec)}): "
+                                  "the same run as an earlier configuration")
             return
-        seen.add(key)
-        runs.append(Run(name, budget, resolved, window_spec))
-
-    def combos(name: str) -> list[tuple[Any, ...]]:
-        spec = SPECS[name]
-        axes = [list(dict.fromkeys(values.get(o.name) or [spec.default(o.name)])) for o in spec.options]
-        return list(itertools.product(*axes))
-
-    if by == "budget":
-        runs.append(Run("full", None, {}))
-        if "full" not in names:
-            notes.append("full cache run anyway: it is the reference for agreement")
-        for budget in dict.fromkeys(budgets):
-            for name in names:
-                if SPECS[name].evicts:
-                    for combo in combos(name):
-                        add(name, budget, combo)
-    elif by == "policy":
-        for name in names:
-            if not SPECS[name].evicts:
-                runs.append(Run(name, None, {}))
-                continue
-            for combo in combos(name):
-                for budget in dict.fromkeys(budgets):
-                    add(name, budget, combo)
-    else:
-        raise InvalidInputError(f"by must be 'budget' or 'policy', got {by!r}")
-    _check_ran(names, budgets, values, ran, refusals)
-    return runs, notes
+        self.seen.add(key)
+        self.runs.append(Run(name, budget, resolved, window_spec))
 
 
 def _hashable(value: Any) -> bool:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -352,6 +352,45 @@ class EvictingLayer(CacheLayerMixin):
             cache._finish(forward)
 
 
+def _check_modes(positions: str, head_mode: str, cache_mode: str) -> None:
+    """Refuse an unknown positions, head or cache mode (:class:`InvalidInputError`)."""
+    if positions not in POSITION_MODES:
+        raise InvalidInputError(f"positions must be one of {', '.join(POSITION_MODES)}, got {positions!r}")
+    if head_mode not in HEAD_MODES:
+        raise InvalidInputError(f"head_mode must be one of {', '.join(HEAD_MODES)}, got {head_mode!r}")
+    if cache_mode not in CACHE_MODES:
+        raise InvalidInputError(f"cache_mode must be one of {', '.join(CACHE_MODES)}, got {cache_mode!r}")
+
+
+def _policy_configs(policy: str, budget: int | None, options: PolicyOptions | None, backend: str,
+                    positions: str, configs: Sequence[PolicyConfig] | None,
+                    option_values: Mapping[str, Any]) -> tuple[list[PolicyConfig], bool]:
+    """The checked policy configurations (one per sequence, or one for all) and whether per sequence."""
+    if configs is not None:
+        if options is not None or option_values:
+            raise InvalidInputError("give either configs or a policy with its options, not both")
+        configs = list(configs)
+        if not configs or not all(isinstance(c, PolicyConfig) for c in configs):
+            raise InvalidTypeError("configs must be a non-empty sequence of PolicyConfig")
+        per_sequence = True
+    else:
+        if options is not None and not isinstance(options, PolicyOptions):
+            raise InvalidTypeError(f"options must be a PolicyOptions, not {type(options).__name__}")
+        try:
+            options = (options or PolicyOptions()).replace(**option_values)
+        except TypeError:
+            known = ", ".join(f.name for f in PolicyOptions.__dataclass_fields__.values())
+            raise InvalidTypeError(f"unknown option among {sorted(option_values)}; options are {known}") from None
+        configs = [PolicyConfig(policy, budget, options, backend)]
+        per_sequence = False
+    for c in configs:
+        c.check()
+        if positions == "cache" and c.pooled:
+            raise InvalidInputError("positions='cache' gives each sequence one query rank, which rows of a "
+                                    "shared budget (pool) do not have: use positions='original' with pool")
+    return configs, per_sequence
+
+
 class EvictingCache(Cache):
     """A transformers cache that keeps, per (sequence, layer, KV head), only the
     positions an eviction policy holds.
@@ -424,53 +463,16 @@ class EvictingCache(Cache):
                  options: PolicyOptions | None = None, *, head_mode: str = "per-head",
                  cache_mode: str = "reuse", backend: str = "native", positions: str = "original",
                  configs: Sequence[PolicyConfig] | None = None, **option_values: Any) -> None:
-        if positions not in POSITION_MODES:
-            raise InvalidInputError(f"positions must be one of {', '.join(POSITION_MODES)}, got {positions!r}")
-        if head_mode not in HEAD_MODES:
-            raise InvalidInputError(f"head_mode must be one of {', '.join(HEAD_MODES)}, got {head_mode!r}")
-        if cache_mode not in CACHE_MODES:
-            raise InvalidInputError(f"cache_mode must be one of {', '.join(CACHE_MODES)}, got {cache_mode!r}")
-        if configs is not None:
-            if options is not None or option_values:
-                raise InvalidInputError("give either configs or a policy with its options, not both")
-            configs = list(configs)
-            if not configs or not all(isinstance(c, PolicyConfig) for c in configs):
-                raise InvalidTypeError("configs must be a non-empty sequence of PolicyConfig")
-            self.per_sequence = True
-        else:
-            if options is not None and not isinstance(options, PolicyOptions):
-                raise InvalidTypeError(f"options must be a PolicyOptions, not {type(options).__name__}")
-            try:
-                options = (options or PolicyOptions()).replace(**option_values)
-            except TypeError:
-                known = ", ".join(f.name for f in PolicyOptions.__dataclass_fields__.values())
-                raise InvalidTypeError(f"unknown option among {sorted(option_values)}; options are {known}") from None
-            configs = [PolicyConfig(policy, budget, options, backend)]
-            self.per_sequence = False
-        for c in configs:
-            c.check()
-            if positions == "cache" and c.pooled:
-                raise InvalidInputError("positions='cache' gives each sequence one query rank, which rows of a "
-                                        "shared budget (pool) do not have: use positions='original' with pool")
+        _check_modes(positions, head_mode, cache_mode)
+        configs, self.per_sequence = _policy_configs(policy, budget, options, backend, positions, configs,
+                                                     option_values)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         self.num_heads = int(text.num_attention_heads)
         self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or self.num_heads)
         if self.num_heads % self.num_kv_heads:
             raise InvalidInputError(f"{self.num_heads} query heads do not split into {self.num_kv_heads} KV heads")
         self.groups = self.num_heads // self.num_kv_heads
-        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(text)
-        layers: list[Any] = []
-        evicting = 0
-        for kind, kwargs in zip(layer_types, per_layer_kwargs):
-            if kind == "full_attention":
-                layers.append(EvictingLayer(self, evicting, len(layers)))
-                evicting += 1
-            elif kind in ("sliding_attention", "chunked_attention"):
-                layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
-            else:
-                raise InvalidInputError(f"an EvictingCache holds attention layers only, not {kind!r} layers")
-        if not evicting:
-            raise InvalidInputError("the model has no full-attention layer to evict from")
+        layers, evicting = self._build_layers(text)
         super().__init__(layers=layers)
         self.configs = configs
         #: Whether any policy reads attention (else the cache gathers no weights).
@@ -493,6 +495,23 @@ class EvictingCache(Cache):
         #: wrote to them: model layer index -> (keys, values, tokens seen, initialized).
         self._slid: dict[int, tuple[Any, ...]] = {}
         self._observers: list[AttentionObserver] = []
+
+    def _build_layers(self, text: Any) -> tuple[list[Any], int]:
+        """The cache's layers (evicting ones for full attention) and how many evict; refuses other kinds."""
+        layer_types, per_layer_kwargs = get_layer_types_and_kwargs(text)
+        layers: list[Any] = []
+        evicting = 0
+        for kind, kwargs in zip(layer_types, per_layer_kwargs):
+            if kind == "full_attention":
+                layers.append(EvictingLayer(self, evicting, len(layers)))
+                evicting += 1
+            elif kind in ("sliding_attention", "chunked_attention"):
+                layers.append(DYNAMIC_LAYER_TYPE_MAPPING[kind](**kwargs))
+            else:
+                raise InvalidInputError(f"an EvictingCache holds attention layers only, not {kind!r} layers")
+        if not evicting:
+            raise InvalidInputError("the model has no full-attention layer to evict from")
+        return layers, evicting
 
     # ------------------------------------------------------------------ construction
 

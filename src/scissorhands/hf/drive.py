@@ -127,7 +127,7 @@ def evaluate_batch(model: Any, ids: Sequence[int], configs: Sequence[PolicyConfi
     tokens = torch.tensor(list(ids), dtype=torch.long)
     nll = np.empty((batch, n - 1), dtype=np.float64)
     argmax = np.empty((batch, n - 1), dtype=np.int64)
-    held: list[np.ndarray] = []
+    held: list[np.ndarray] = []  # per decode step, (layers, batch)
     start = time.perf_counter()
     logits = prefill(model, cache, tokens[:prompt_tokens].expand(batch, -1))
     prefill_forward = time.perf_counter() - start
@@ -142,17 +142,7 @@ def evaluate_batch(model: Any, ids: Sequence[int], configs: Sequence[PolicyConfi
     policy_after_prefill = list(bank.seconds)
     if progress is not None:
         progress(1)
-    forward = 0.0
-    for t in range(prompt_tokens, n - 1):
-        step_start = time.perf_counter()
-        logits = decode_step(model, cache, tokens[t].expand(batch))
-        forward += time.perf_counter() - step_start
-        logp = torch.log_softmax(logits.double(), dim=-1)
-        nll[:, t] = -logp[:, ids[t + 1]].numpy()
-        argmax[:, t] = logits.argmax(dim=-1).numpy()
-        held.append(cache.held_counts().max(axis=2))  # (layers, batch)
-        if progress is not None:
-            progress(1)
+    forward = _decode_all(model, cache, tokens, ids, prompt_tokens, nll, argmax, held, progress)
     tapped = 0.0
     if tap is not None:
         tap.remove()
@@ -181,3 +171,23 @@ def evaluate_batch(model: Any, ids: Sequence[int], configs: Sequence[PolicyConfi
             "tap_seconds": tapped,
         })
     return out
+
+
+def _decode_all(model: Any, cache: EvictingCache, tokens: torch.Tensor, ids: Sequence[int], prompt_tokens: int,
+                nll: np.ndarray, argmax: np.ndarray, held: list[np.ndarray],
+                progress: Callable[[int], Any] | None) -> float:
+    """Teacher-force the tokens after the prompt one forward each, filling ``nll``,
+    ``argmax`` and ``held`` in place; returns the forwards' seconds."""
+    batch = nll.shape[0]
+    forward = 0.0
+    for t in range(prompt_tokens, len(ids) - 1):
+        step_start = time.perf_counter()
+        logits = decode_step(model, cache, tokens[t].expand(batch))
+        forward += time.perf_counter() - step_start
+        logp = torch.log_softmax(logits.double(), dim=-1)
+        nll[:, t] = -logp[:, ids[t + 1]].numpy()
+        argmax[:, t] = logits.argmax(dim=-1).numpy()
+        held.append(cache.held_counts().max(axis=2))  # (layers, batch)
+        if progress is not None:
+            progress(1)
+    return forward

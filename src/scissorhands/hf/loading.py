@@ -243,7 +243,6 @@ def load_model(
     about twice that); loading its converted checkpoint 1.5-2.1 s on the same machine
     busy, 28 times less (see docs/development.md).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     if threads is not _UNSET and threads is not None and (
@@ -268,43 +267,59 @@ def load_model(
     gguf_utils: Any = None
     gguf_tqdm: Any = None
     if not progress:
-        hf_logging.disable_progress_bar()
-        # The GGUF de-quantisation bar is a bare tqdm that ignores the switch above.
-        try:
-            gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
-        except ImportError:  # pragma: no cover - older transformers
-            gguf_utils = None
-        gguf_tqdm = getattr(gguf_utils, "tqdm", None)
-        if gguf_tqdm is not None:
-            gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
+        gguf_utils, gguf_tqdm = _silence_progress(hf_logging)
     try:
-        model = tokenizer = None
-        if converted is not None and os.path.isdir(converted):
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(converted)
-                model = AutoModelForCausalLM.from_pretrained(
-                    converted, attn_implementation=attn_implementation, dtype=torch.float32)
-            except Exception as exc:  # a damaged checkpoint: convert again
-                warnings.warn(f"the converted checkpoint {converted} did not load ({exc}); converting {path} again",
-                              RuntimeWarning, stacklevel=2)
-                shutil.rmtree(converted, ignore_errors=True)
-                model = tokenizer = None
-        if model is None:
-            if gguf:
-                directory, kwargs = os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
-            else:
-                directory, kwargs = path, {}
-            tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(
-                directory, attn_implementation=attn_implementation, dtype=torch.float32, **kwargs)
-            if converted is not None and _dequantised(model):
-                _save_checkpoint(model, tokenizer, path, converted)
+        model, tokenizer = _load(path, gguf, converted, attn_implementation)
     finally:
         if gguf_tqdm is not None:
             gguf_utils.tqdm = gguf_tqdm
         if bars and not progress:
             hf_logging.enable_progress_bar()
     model.eval()
+    return model, tokenizer
+
+
+def _silence_progress(hf_logging: Any) -> tuple[Any, Any]:
+    """Turn transformers' progress bars off, and the GGUF one; returns its module and tqdm to restore."""
+    hf_logging.disable_progress_bar()
+    # The GGUF de-quantisation bar is a bare tqdm that ignores the switch above.
+    gguf_utils: Any
+    try:
+        gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    except ImportError:  # pragma: no cover - older transformers
+        gguf_utils = None
+    gguf_tqdm = getattr(gguf_utils, "tqdm", None)
+    if gguf_tqdm is not None:
+        gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
+    return gguf_utils, gguf_tqdm
+
+
+def _load(path: str, gguf: bool, converted: str | None, attn_implementation: str) -> tuple[Any, Any]:
+    """The model and tokenizer: from the converted checkpoint if it loads, else from ``path`` (converting a GGUF)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model: Any = None
+    tokenizer: Any = None
+    if converted is not None and os.path.isdir(converted):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(converted)
+            model = AutoModelForCausalLM.from_pretrained(
+                converted, attn_implementation=attn_implementation, dtype=torch.float32)
+        except Exception as exc:  # a damaged checkpoint: convert again
+            warnings.warn(f"the converted checkpoint {converted} did not load ({exc}); converting {path} again",
+                          RuntimeWarning, stacklevel=3)
+            shutil.rmtree(converted, ignore_errors=True)
+            model = tokenizer = None
+    if model is None:
+        if gguf:
+            directory, kwargs = os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
+        else:
+            directory, kwargs = path, {}
+        tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, attn_implementation=attn_implementation, dtype=torch.float32, **kwargs)
+        if converted is not None and _dequantised(model):
+            _save_checkpoint(model, tokenizer, path, converted)
     return model, tokenizer
 
 

@@ -236,26 +236,17 @@ def run_tasks(args: argparse.Namespace) -> int:
         A bad value (before the model loads), or lm-eval not installed.
     """
     grid = plan(args)
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ScissorhandsError("--plot needs matplotlib: pip install 'scissorhands[plot]'") from None
-    for path in (args.json, args.plot):
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise ScissorhandsError(f"{path}: the directory does not exist")
+    _check_outputs(args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         import lm_eval
-        from lm_eval.tasks import TaskManager
+        from lm_eval.tasks import TaskManager  # noqa: F401  (refused here, before the model loads)
     except ImportError as exc:
         raise ScissorhandsError(f"tasks needs lm-eval: pip install 'scissorhands[tasks]' ({exc})") from None
     from tqdm import tqdm
 
     from .. import hf
-    from . import TASKS_DIR
-    from .model import ScissorhandsLM
 
     hf.set_threads(args.threads)
     import logging
@@ -265,9 +256,48 @@ def run_tasks(args: argparse.Namespace) -> int:
     started = time.time()
     model, tokenizer = hf.load_model(args.model, progress=False)
     chat = bool(getattr(tokenizer, "chat_template", None))
-    rows: list[dict[str, Any]] = []
     total = len(grid["runs"]) * len(grid["lengths"]) * len(grid["tasks"]) * grid["samples"]
     bar = tqdm(total=total, unit="sample", desc="tasks", disable=args.no_progress, file=sys.stderr)
+    rows = _run_grid(args, grid, model, tokenizer, chat, bar)
+    bar.close()
+    document = {
+        "format": FORMAT, "version": 1, "model": hf.model_info(model, args.model), "environment": hf.environment(),
+        "grid": {"tasks": grid["tasks"], "lengths": grid["lengths"], "budgets": [str(b) for b in grid["budgets"]],
+                 "samples": grid["samples"], "configs": list(dict.fromkeys(r.name for r in grid["runs"])),
+                 "prefill_chunk": args.prefill_chunk, "max_gen_toks": args.max_gen_toks, "seed": args.seed,
+                 "chat_template": chat, "lm_eval": lm_eval.__version__},
+        "seconds": round(time.time() - started, 1), "rows": rows}
+    print(format_tasks([document], markdown=args.markdown))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+    if args.plot:
+        plot_tasks([document], args.plot)
+    return 0
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse ``--plot`` without matplotlib and a ``--json``/``--plot`` file in no directory."""
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ScissorhandsError("--plot needs matplotlib: pip install 'scissorhands[plot]'") from None
+    for path in (args.json, args.plot):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ScissorhandsError(f"{path}: the directory does not exist")
+
+
+def _run_grid(args: argparse.Namespace, grid: Mapping[str, Any], model: Any, tokenizer: Any, chat: bool,
+              bar: Any) -> list[dict[str, Any]]:
+    """Evaluate every length, configuration and task of the grid; one row per sample."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from . import TASKS_DIR
+    from .model import ScissorhandsLM
+
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tokenizer_dir:
         tokenizer.save_pretrained(tokenizer_dir)
         for length in grid["lengths"]:
@@ -291,32 +321,23 @@ def run_tasks(args: argparse.Namespace) -> int:
                         task_manager=manager, verbosity="ERROR", bootstrap_iters=0)
                     for task, samples in (out or {}).get("samples", {}).items():
                         for sample in samples:
-                            doc = sample["doc"]
-                            rows.append({
-                                "task": task, "length": length, "config": run.name,
-                                "fraction": None if run.fraction is None else str(run.fraction),
-                                "policy": config.policy, "budget": config.budget, "label": config.label(),
-                                "index": int(sample.get("doc_id", 0)), "depth": doc.get("depth"),
-                                "mentions": doc.get("mentions"), "prompt_tokens": doc.get("length"),
-                                "answer": list(doc.get("outputs") or []),
-                                "response": (sample.get("filtered_resps") or [""])[0],
-                                "score": _sample_score(task, sample, length)})
+                            rows.append(_sample_row(task, sample, length, run, config))
                             bar.update(1)
-    bar.close()
-    document = {
-        "format": FORMAT, "version": 1, "model": hf.model_info(model, args.model), "environment": hf.environment(),
-        "grid": {"tasks": grid["tasks"], "lengths": grid["lengths"], "budgets": [str(b) for b in grid["budgets"]],
-                 "samples": grid["samples"], "configs": list(dict.fromkeys(r.name for r in grid["runs"])),
-                 "prefill_chunk": args.prefill_chunk, "max_gen_toks": args.max_gen_toks, "seed": args.seed,
-                 "chat_template": chat, "lm_eval": lm_eval.__version__},
-        "seconds": round(time.time() - started, 1), "rows": rows}
-    print(format_tasks([document], markdown=args.markdown))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=1)
-    if args.plot:
-        plot_tasks([document], args.plot)
-    return 0
+    return rows
+
+
+def _sample_row(task: str, sample: Mapping[str, Any], length: int, run: Run, config: CacheConfig) -> dict[str, Any]:
+    """One ``tasks --json`` row: a sample lm-eval logged, with its run and score."""
+    doc = sample["doc"]
+    return {
+        "task": task, "length": length, "config": run.name,
+        "fraction": None if run.fraction is None else str(run.fraction),
+        "policy": config.policy, "budget": config.budget, "label": config.label(),
+        "index": int(sample.get("doc_id", 0)), "depth": doc.get("depth"),
+        "mentions": doc.get("mentions"), "prompt_tokens": doc.get("length"),
+        "answer": list(doc.get("outputs") or []),
+        "response": (sample.get("filtered_resps") or [""])[0],
+        "score": _sample_score(task, sample, length)}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -443,6 +464,17 @@ def plot_tasks(documents: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
     tasks = list(dict.fromkeys(c["task"] for c in cells))
     fractions: list[Fraction | None] = [*sorted({Fraction(c["fraction"]) for c in cells
                                                  if c["fraction"] is not None})] or [None]
+    _plot_lengths(plt, cells, tasks, fractions, path)
+    written = [os.fspath(path)]
+    deep = [r for r in rows if r.get("depth") is not None and r["task"] in ("sh_prose_needle", "sh_later_turn")]
+    if deep:
+        written.append(_plot_depths(plt, deep, path))
+    return written
+
+
+def _plot_lengths(plt: Any, cells: Sequence[Mapping[str, Any]], tasks: Sequence[str],
+                  fractions: Sequence[Fraction | None], path: str | os.PathLike[str]) -> None:
+    """Draw accuracy against length, one panel per task and budget, to ``path``."""
     fig, axes = plt.subplots(len(tasks), len(fractions), figsize=(4 * len(fractions), 2.8 * len(tasks)),
                              squeeze=False, sharey=True)
     for i, task in enumerate(tasks):
@@ -463,37 +495,38 @@ def plot_tasks(documents: Sequence[Mapping[str, Any]], path: str | os.PathLike[s
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    written = [os.fspath(path)]
-    deep = [r for r in rows if r.get("depth") is not None and r["task"] in ("sh_prose_needle", "sh_later_turn")]
-    if deep:
-        stem, suffix = os.path.splitext(os.fspath(path))
-        keys = sorted({(r["config"], r["fraction"]) for r in deep},
-                      key=lambda k: (_order({"config": k[0]}), Fraction(k[1]) if k[1] else Fraction(0)))
-        lengths = sorted({r["length"] for r in deep})
-        depths = sorted({r["depth"] for r in deep})
-        cols = min(len(keys), 4)
-        lines = math.ceil(len(keys) / cols)
-        fig, axes = plt.subplots(lines, cols, figsize=(3.2 * cols, 2.8 * lines), squeeze=False)
-        for ax in axes.flat[len(keys):]:
-            ax.axis("off")
-        for ax, (config, fraction) in zip(axes.flat, keys):
-            grid = [[_mean([r["score"] for r in deep if r["config"] == config and r["fraction"] == fraction
-                            and r["length"] == length and r["depth"] == depth]) for length in lengths]
-                    for depth in depths]
-            image = ax.imshow([[math.nan if v is None else v for v in line] for line in grid], vmin=0, vmax=1,
-                              cmap="RdYlGn", aspect="auto", origin="upper")
-            ax.set_xticks(range(len(lengths)), [str(v) for v in lengths])
-            ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
-            ax.set_title(f"{config}" + (f" @ {fraction}" if fraction else ""), fontsize=9)
-            ax.set_xlabel("length")
-            ax.set_ylabel("needle depth")
-        fig.subplots_adjust(wspace=0.6, hspace=0.6)
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
-        depth_path = f"{stem}-depth{suffix}"
-        fig.savefig(depth_path, dpi=110)
-        plt.close(fig)
-        written.append(depth_path)
-    return written
+
+
+def _plot_depths(plt: Any, deep: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> str:
+    """Draw accuracy per needle depth and length, a heat map per configuration and budget,
+    to ``<stem>-depth<suffix>``; returns that file."""
+    stem, suffix = os.path.splitext(os.fspath(path))
+    keys = sorted({(r["config"], r["fraction"]) for r in deep},
+                  key=lambda k: (_order({"config": k[0]}), Fraction(k[1]) if k[1] else Fraction(0)))
+    lengths = sorted({r["length"] for r in deep})
+    depths = sorted({r["depth"] for r in deep})
+    cols = min(len(keys), 4)
+    lines = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(lines, cols, figsize=(3.2 * cols, 2.8 * lines), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.axis("off")
+    for ax, (config, fraction) in zip(axes.flat, keys):
+        grid = [[_mean([r["score"] for r in deep if r["config"] == config and r["fraction"] == fraction
+                        and r["length"] == length and r["depth"] == depth]) for length in lengths]
+                for depth in depths]
+        image = ax.imshow([[math.nan if v is None else v for v in line] for line in grid], vmin=0, vmax=1,
+                          cmap="RdYlGn", aspect="auto", origin="upper")
+        ax.set_xticks(range(len(lengths)), [str(v) for v in lengths])
+        ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
+        ax.set_title(f"{config}" + (f" @ {fraction}" if fraction else ""), fontsize=9)
+        ax.set_xlabel("length")
+        ax.set_ylabel("needle depth")
+    fig.subplots_adjust(wspace=0.6, hspace=0.6)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
+    depth_path = f"{stem}-depth{suffix}"
+    fig.savefig(depth_path, dpi=110)
+    plt.close(fig)
+    return depth_path
 
 
 def _mean(values: Sequence[float]) -> float | None:
