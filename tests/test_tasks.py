@@ -140,6 +140,7 @@ def test_an_evicting_cache_holds_its_budget_in_every_request(loaded, monkeypatch
     ({"policy": "scissorhands", "budget": 64, "recent_window": "150%"}, "recent_window=150%"),
     ({"policy": "scissorhands", "budget": 64, "head_mode": "sideways"}, "head_mode"),
     ({"policy": "full", "batch_size": 4}, "batch_size must be 1"),
+    ({"policy": "h2o", "budget": 128, "recnt_window": 4}, "unknown model argument recnt_window"),
 ])
 def test_bad_model_args_fail_before_the_model_loads(monkeypatch, args, message):
     """Each bad --model_args value raises the library's error naming it, and no model is loaded."""

@@ -32,6 +32,7 @@ name, ``prefill_chunk`` (default 64; ``none``: one forward), ``backend``, ``head
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -44,6 +45,11 @@ from . import NLTK_DIR
 from .config import CacheConfig, pop_cache_config
 
 __all__ = ["ScissorhandsLM", "check_modes", "use_offline_nltk"]
+
+#: What lm-eval's HFLM takes by name; any other model argument left after the cache's own
+#: would go to its ``**kwargs``, which a loaded model ignores, so a misspelt option would
+#: pass unseen.
+_HFLM_ARGUMENTS = frozenset(inspect.signature(HFLM.__init__).parameters) - {"self", "kwargs"}
 
 
 def use_offline_nltk() -> None:
@@ -102,6 +108,12 @@ class ScissorhandsLM(HFLM):
         if str(batch_size) != "1":
             raise InvalidInputError(f"the scissorhands model runs one request at a time (a fresh cache each): "
                                     f"batch_size must be 1, got {batch_size!r}")
+        unknown = sorted(set(args) - _HFLM_ARGUMENTS)
+        if unknown:
+            raise InvalidInputError(f"unknown model argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+                                    "neither a cache option (policy, budget, the policy's options, prefill_chunk, "
+                                    "backend, head_mode, positions, attention; docs/tasks.md) nor an argument of "
+                                    "lm-eval's HFLM")
         if pretrained is None or isinstance(pretrained, (str, os.PathLike)):
             from ..hf import load_model
 
