@@ -557,3 +557,24 @@ def test_gemma_generates_the_stock_caches_tokens_and_bounds_its_full_attention_l
     generate(bounded)
     held = bounded.held_counts()
     assert len(held) == 3 and int(held.max()) == 64
+
+
+@pytest.mark.parametrize("kind", ["empty directory", "not a GGUF"])
+def test_a_path_that_is_not_a_model_is_refused_by_the_library(tmp_path, kind, monkeypatch, capsys):
+    """An existing path transformers cannot read a model from raises InvalidInputError
+    naming it (no raw transformers error), and a command exits 2 on one line."""
+    hf = pytest.importorskip("scissorhands.hf", reason="needs the [hf] extra")
+    from scissorhands.cli import main
+    from scissorhands.errors import InvalidInputError
+
+    monkeypatch.setenv("SCISSORHANDS_CACHE", "off")
+    if kind == "empty directory":
+        path = tmp_path / "model"
+        path.mkdir()
+    else:
+        path = tmp_path / "fake.gguf"
+        path.write_bytes(b"not a gguf file at all")
+    with pytest.raises(InvalidInputError, match="is not a model transformers can load"):
+        hf.load_model(str(path), progress=False)
+    assert main(["generate", "--no-progress", "--model", str(path), "hi"]) == 2
+    assert "is not a model transformers can load" in capsys.readouterr().err.strip().splitlines()[-1]

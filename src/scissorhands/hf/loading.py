@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ScissorhandsError
+from ..errors import InvalidInputError, ScissorhandsError
 from ..models import (
     CACHE_ENV,
     DEFAULT_MODEL,
@@ -233,6 +233,9 @@ def load_model(
     ModelNotFoundError
         An unknown name, a ``path`` that does not exist, or a named model whose package
         is not installed (the message gives the install line).
+    InvalidInputError
+        ``path`` exists but transformers cannot read a model from it (an empty or foreign
+        directory, a file that is not a GGUF): its reason, with the path.
     ScissorhandsError
         ``threads`` is not a positive integer.
 
@@ -315,9 +318,13 @@ def _load(path: str, gguf: bool, converted: str | None, attn_implementation: str
             directory, kwargs = os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
         else:
             directory, kwargs = path, {}
-        tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            directory, attn_implementation=attn_implementation, dtype=torch.float32, **kwargs)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                directory, attn_implementation=attn_implementation, dtype=torch.float32, **kwargs)
+        except (OSError, ValueError, KeyError) as exc:  # transformers' words for "not a model it reads"
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InvalidInputError(f"{path} is not a model transformers can load: {reason}") from exc
         if converted is not None and _dequantised(model):
             _save_checkpoint(model, tokenizer, path, converted)
     return model, tokenizer
