@@ -911,3 +911,14 @@ def test_replay_says_the_window_is_the_default_in_flags(capsys):
         "scissorhands replay: error: scissorhands (recent window 32) at budget 16: --recent-window 32 "
         "(the scissorhands default) needs a budget above 32, got budget 16: pass a smaller --recent-window "
         "(a count, or a fraction of the budget such as 75%)\n")
+
+
+def test_a_sweeps_skip_notes_speak_the_command_lines_words():
+    """A combination skipped at one budget (the default window of 32 at budget 16) is noted
+    with the flag to pass, as the commands that print the notes take it."""
+    from scissorhands.options import sweep
+
+    runs, notes = sweep(["scissorhands"], [16, 256], {})
+    assert [(r.policy, r.budget) for r in runs] == [("full", None), ("scissorhands", 256)]
+    (note,) = [n for n in notes if n.startswith("skipped")]
+    assert "--recent-window" in note and "recent_window=" not in note

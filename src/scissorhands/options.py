@@ -873,7 +873,8 @@ class _Sweep:
                 if isinstance(exc, DefaultRefusedError):  # what to pass, as the commands take it
                     raise DefaultRefusedError(f"{where}: {exc.cli_message}", f"{where}: {exc.cli_message}") from None
                 raise type(exc)(f"{where}: {exc}") from None
-            self.notes.append(f"skipped {name} budget {budget} ({config_label(name, given, window_spec)}): {exc}")
+            self.notes.append(f"skipped {name} budget {budget} ({config_label(name, given, window_spec)}): "
+                              f"{flag_text(exc)}")
             for key in (name, *asked):
                 self.refusals.setdefault(key, (f"{name} at budget {budget}: " if key != name else "") + flag_text(exc))
             return
