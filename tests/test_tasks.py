@@ -289,3 +289,21 @@ def test_the_documented_lm_eval_command_runs_from_a_shell(tiny, tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "niah_single_1" in done.stdout and "sh_prose_needle" in done.stdout
+
+
+def test_a_part_without_the_full_cache_says_so_and_ranks_nothing():
+    """A --configs part that left `full` out prints why it has no shares, instead of an
+    empty full-cache heading, and merging the full cache's part gives the shares."""
+    model = {"architecture": "llama", "layers": 2, "kv_heads": 1}
+    grid = {"seed": 1234, "prefill_chunk": 64, "max_gen_toks": 32}
+
+    def doc(config, fraction, scores):
+        rows = [{"task": "sh_fact_once", "length": 512, "config": config, "fraction": fraction, "index": i,
+                 "score": s} for i, s in enumerate(scores)]
+        return {"format": driver.FORMAT, "model": model, "grid": grid, "rows": rows}
+
+    part = doc("h2o", "1/4", [1.0, 0.0])
+    alone = driver.format_tasks([part])
+    assert "full cache: not run at 512" in alone and "(-)" in alone
+    merged = driver.format_tasks([part, doc("full", None, [1.0, 1.0])])
+    assert "full cache: 512: 1.00 (n=2)" in merged and "0.50 (50%)" in merged

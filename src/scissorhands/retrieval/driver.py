@@ -417,6 +417,10 @@ def format_tasks(documents: Sequence[Mapping[str, Any]], markdown: bool = False)
             f"{length}: {full[length]['accuracy']:.2f} (n={full[length]['n']})" + (
                 "" if full[length]["accuracy"] >= FULL_FLOOR else " fails: not ranked")
             for length in lengths if length in full)
+        missing = [str(length) for length in lengths if length not in full]
+        if missing:  # a part run without `full` (--configs): shares need it merged in
+            header += ("; " if full else "") + (f"not run at {', '.join(missing)}: no shares until a part "
+                                                "with it is merged (report)")
         columns = [(length, f) for length in lengths for f in fractions]
         titles = ["configuration", *(f"{length} @ {f}" for length, f in columns)]
         body = []
