@@ -70,12 +70,10 @@ int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap)
     return SH_OK;
 }
 
-/* The work of both imports: row h holds counts[h] positions, or n each when counts
-   is NULL; the arrays hold the rows one after another. */
-static int import_rows(sh_policy *p, size_t heads, const uint32_t *counts, size_t n,
-                       const uint32_t *positions, const uint32_t *votes,
-                       const double *scores, const uint64_t *history,
-                       const uint32_t *held, uint32_t last_position)
+/* The checks both imports make first: the object, the positions, the optional arrays
+   the object's options need, and the number of rows. */
+static int check_import(const sh_policy *p, size_t heads, const uint32_t *positions,
+                        const uint64_t *history, const uint32_t *held)
 {
     if (p == NULL || positions == NULL)
         return SH_ERR_ARG;
@@ -83,6 +81,19 @@ static int import_rows(sh_policy *p, size_t heads, const uint32_t *counts, size_
         return SH_ERR_ARG;
     if (heads != p->heads)
         return SH_ERR_LENGTH;
+    return SH_OK;
+}
+
+/* The work of both imports: row h holds counts[h] positions, or n each when counts
+   is NULL; the arrays hold the rows one after another. */
+static int import_rows(sh_policy *p, size_t heads, const uint32_t *counts, size_t n,
+                       const uint32_t *positions, const uint32_t *votes,
+                       const double *scores, const uint64_t *history,
+                       const uint32_t *held, uint32_t last_position)
+{
+    int rc = check_import(p, heads, positions, history, held);
+    if (rc != SH_OK)
+        return rc;
     if (sh_ops(p)->values == SH_VALUES_U32 && votes == NULL)
         return SH_ERR_ARG;
     if (sh_ops(p)->values == SH_VALUES_F64 && scores == NULL)
@@ -93,7 +104,7 @@ static int import_rows(sh_policy *p, size_t heads, const uint32_t *counts, size_
         for (size_t h = 0; h < heads; h++)
             need = counts[h] > need ? counts[h] : need;
     }
-    int rc = sh_ensure_capacity(p, need);
+    rc = sh_ensure_capacity(p, need);
     if (rc != SH_OK)
         return rc;
 
@@ -122,12 +133,9 @@ int sh_policy_import_state(sh_policy *p, size_t heads, size_t n,
                            const double *scores, const uint64_t *history,
                            const uint32_t *held, uint32_t last_position)
 {
-    if (p == NULL || positions == NULL)
-        return SH_ERR_ARG;
-    if ((history != NULL) != (p->history != NULL) || (held != NULL) != (p->vote_rate != 0))
-        return SH_ERR_ARG;
-    if (heads != p->heads)
-        return SH_ERR_LENGTH;
+    int rc = check_import(p, heads, positions, history, held);
+    if (rc != SH_OK)
+        return rc;
     if (n < 1 || n > UINT32_MAX)
         return SH_ERR_STATE;
     return import_rows(p, heads, NULL, n, positions, votes, scores, history, held,
