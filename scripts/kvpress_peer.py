@@ -8,7 +8,7 @@ package's ``[hf]`` extra does not allow, so it runs in a separate virtual enviro
 and is no dependency of the package::
 
     python -m venv .kvpress-venv
-    .kvpress-venv/bin/pip install torch  # the CPU build, as the README installs it
+    .kvpress-venv/bin/pip install torch==2.13.0  # the CPU build, pinned as the README installs it
     .kvpress-venv/bin/pip install kvpress==0.5.5 datasets
     PYTHONPATH=src HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .kvpress-venv/bin/python scripts/kvpress_peer.py \\
         --model DIR --tasks sh_fact_once,sh_prose_needle --lengths 512 --budgets 1/4 1/2 --samples 10 \\
