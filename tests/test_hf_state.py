@@ -343,3 +343,13 @@ def test_a_compiled_forward_drives_the_cache_like_the_stock_cache(backend):
             torch._dynamo.reset()
         assert torch.equal(compiled, plain)
     assert cache.held_counts().max() == 5
+
+
+@pytest.mark.parametrize("thing", [object(), None, "smollm2-135m"])
+def test_from_model_refuses_what_is_not_a_model(thing):
+    """from_model on something without a transformers config raises the library's
+    InvalidTypeError naming what was passed, not a raw AttributeError."""
+    from scissorhands.errors import InvalidTypeError
+
+    with pytest.raises(InvalidTypeError, match=f"got {type(thing).__name__}"):
+        hf.EvictingCache.from_model(thing, "h2o", budget=8)

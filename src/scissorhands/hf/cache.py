@@ -532,6 +532,9 @@ class EvictingCache(Cache):
         The parameters are the constructor's; the cache is checked before the model is
         touched.
         """
+        if not hasattr(getattr(model, "config", None), "get_text_config"):
+            raise InvalidTypeError(f"from_model needs a transformers model (one with a .config), "
+                                   f"got {type(model).__name__}")
         cache = cls(model.config, policy, budget, options, **kwargs)
         if cache.positions == "cache":
             cache.rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
