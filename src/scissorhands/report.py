@@ -306,6 +306,19 @@ def plot_report(report: dict[str, Any], path: str | os.PathLike[str], title: str
     fig.savefig(path, dpi=120)
 
 
+def _table_and_plot(table: Any, draw: Any, documents: list[Any], markdown: bool,
+                    plot: str | os.PathLike[str] | None) -> int:
+    """Print ``table(documents)`` and draw ``draw(documents, plot)`` when asked, a malformed
+    field in any file refused as the library's error."""
+    try:
+        print(table(documents, markdown=markdown))
+        if plot:
+            draw(documents, plot)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        raise ScissorhandsError(f"cannot combine the files: malformed field ({exc!r})") from None
+    return 0
+
+
 def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
                plot: str | os.PathLike[str] | None = None) -> int:
     """``python -m scissorhands report``: combine ``eval --json`` files into one table
@@ -342,21 +355,9 @@ def run_report(files: Sequence[str | os.PathLike[str]], markdown: bool = False,
     if TASKS_FORMAT in kinds:
         from .retrieval.driver import format_tasks, plot_tasks
 
-        try:
-            print(format_tasks(documents, markdown=markdown))
-            if plot:
-                plot_tasks(documents, plot)
-        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
-            raise ScissorhandsError(f"cannot combine the files: malformed field ({exc!r})") from None
-        return 0
+        return _table_and_plot(format_tasks, plot_tasks, documents, markdown, plot)
     if "scissorhands.longctx" in kinds:
-        try:
-            print(format_longctx(documents, markdown=markdown))
-            if plot:
-                plot_longctx(documents, plot)
-        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
-            raise ScissorhandsError(f"cannot combine the files: malformed field ({exc!r})") from None
-        return 0
+        return _table_and_plot(format_longctx, plot_longctx, documents, markdown, plot)
     try:
         report = combine_reports(documents)
         table = format_report(report, markdown=markdown)
