@@ -376,6 +376,16 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
                   const int64_t *columns, size_t col_stride, size_t width, const int64_t *held,
                   float *out);
 
+/* The cache's rotary re-rotation (rope.c): turns in place the count vectors of x
+   (float32, length elements) starting at x + offsets[i], vector i by table row
+   which[i]: for j < half, (a, b) = (v[j], v[j + half]) becomes (a c - b s, b c + a s)
+   with c = cos_table[which[i] * half + j] and s = sin_table[...], computed in double
+   and rounded once to float32; elements past 2 half are untouched (the rotate-half
+   layout of transformers' rotary embeddings). SH_ERR_ARG, nothing turned, for a NULL
+   pointer (count > 0), half 0, a vector past length or a table row past table_rows. */
+int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_t *which, size_t count,
+                   const double *cos_table, const double *sin_table, size_t table_rows, size_t half);
+
 #ifdef __cplusplus
 }
 #endif

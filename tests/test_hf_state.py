@@ -19,7 +19,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
-from scissorhands.options import PolicyOptions  # noqa: E402
+from scissorhands.options import SPECS, PolicyOptions  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -76,6 +76,49 @@ def test_reset_after_an_interrupted_forward_leaves_the_next_prompts_rotary_posit
     cache.reset()
     fresh = hf.EvictingCache.from_model(model, policy, 6, options, positions="cache")
     assert torch.equal(_run(model, cache, second), _run(model, fresh, second))
+
+
+def _rank_run(model, cache, ids, mask):
+    """Every forward's logits over a long run of ``cache`` (budget 6): a left-padded prompt,
+    24 steps, a beam reorder, an interrupted step, a new turn of 3 tokens, 24 more steps."""
+    out = [hf.prefill(model, cache, ids, attention_mask=mask)[:, -1]]
+    batch = ids.shape[0]
+    for t in range(24):
+        out.append(hf.decode_step(model, cache, torch.full((batch,), 3 + t % 7)))
+    cache.reorder_cache(torch.tensor([1, 1, 0]))
+    handle = _interrupting(model)
+    try:
+        with pytest.raises(_Interrupt):
+            hf.decode_step(model, cache, torch.full((batch,), 4))
+    finally:
+        handle.remove()
+    turn = torch.tensor([[5, 6, 7]] * batch)
+    seen = torch.ones(batch, cache.seen + 3, dtype=mask.dtype)
+    seen[:, : mask.shape[1]] = mask[torch.tensor([1, 1, 0])]
+    out.append(hf.prefill(model, cache, turn, attention_mask=seen)[:, -1])
+    for t in range(24):
+        out.append(hf.decode_step(model, cache, torch.full((batch,), 2 + t % 5)))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("policy", ["scissorhands", "tova", "streaming-llm"])
+def test_keys_kept_at_their_ranks_give_the_logits_of_keys_turned_from_scratch(policy, impl, monkeypatch):
+    """positions="cache" keeps float32 keys at their ranks and turns in place only those
+    whose rank changed: over 50 forwards with evictions every step, left padding, a beam
+    reorder, an interrupted step and a new turn, every forward's logits equal (float32
+    rounding) those of turning every held key from its stored rotation at each step."""
+    from scissorhands.hf import cache as cache_module
+
+    model = _model("llama", impl)
+    takes = SPECS[policy].takes
+    options = PolicyOptions(recent_window=2 if takes("recent_window") else None, sinks=1 if takes("sinks") else None)
+    ids, mask = _prompts(batch=3, length=9, seed=5)
+    ours = _rank_run(model, hf.EvictingCache.from_model(model, policy, 6, options, positions="cache"), ids, mask)
+    monkeypatch.setattr(cache_module, "rank_rotatable", lambda query, key: False)
+    scratch = _rank_run(model, hf.EvictingCache.from_model(model, policy, 6, options, positions="cache"), ids, mask)
+    assert torch.isfinite(ours).all()
+    assert torch.allclose(ours, scratch, rtol=1e-5, atol=1e-5), float((ours - scratch).abs().max())
 
 
 # ----------------------------------------------------------------------------- the observer hook

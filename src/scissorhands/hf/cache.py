@@ -49,6 +49,7 @@ from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions
 from . import attention
 from .gqa import gather_group_mean
+from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, make_storage
 
@@ -148,7 +149,7 @@ class _Forward:
         self.observed = [False] * layers
         self.pads: np.ndarray | None = None
         self.positions: np.ndarray | None = None
-        self.rotations: tuple[torch.Tensor, ...] | None = None
+        self.rotations: RankPlan | tuple[torch.Tensor, ...] | None = None
         #: Every policy row's weights in kept order, ``(rows, q, width)`` float32, filled
         #: layer by layer as the layers hand theirs in, and the columns they come from.
         self.gathered: np.ndarray | None = None
@@ -310,10 +311,13 @@ class EvictingLayer(CacheLayerMixin):
         forward = self._in_flight()
         start = time.perf_counter()
         if forward.rotations is None:
-            forward.rotations = cache._rotations(forward, query)
-        cos, sin, cos_q, sin_q = forward.rotations
-        key = _rotate(key, cos[self.index], sin[self.index])
-        query = _rotate(query, cos_q, sin_q)
+            forward.rotations = cache._rotations(forward, query, key)
+        if isinstance(forward.rotations, RankPlan):  # keys kept at their ranks: turn what moved
+            query = forward.rotations.apply(self.index, cache.storage, query)
+        else:
+            cos, sin, cos_q, sin_q = forward.rotations
+            key = _rotate(key, cos[self.index], sin[self.index])
+            query = _rotate(query, cos_q, sin_q)
         cache.stats.rerotate_seconds += time.perf_counter() - start
         return query, key
 
@@ -748,19 +752,26 @@ class EvictingCache(Cache):
             extent = storage.extent + q
         return extent, self.seen + q - extent
 
-    def _rotations(self, forward: _Forward, query: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``positions="cache"``: the forward's rotations, every layer's keys ``(layers,
-        batch, kv_heads, extent, width)`` and the query ``(batch, 1, q, width)`` (cos and sin
-        each), from the stored rotations to the ranks."""
+    def _rotations(self, forward: _Forward, query: torch.Tensor,
+                   key: torch.Tensor) -> RankPlan | tuple[torch.Tensor, ...]:
+        """``positions="cache"``: the forward's rotations.  For float32 keys and queries a
+        :class:`~scissorhands.hf.rope.RankPlan` (the keys kept at their ranks, only those
+        whose rank changed turned in place); else every layer's keys ``(layers, batch,
+        kv_heads, extent, width)`` and the query ``(batch, 1, q, width)`` (cos and sin
+        each), from the stored rotations to the ranks, applied to copies."""
         storage = self.storage
         q = int(query.shape[2])
         layers, batch, heads = self.evicting_layers, storage.batch, self.num_kv_heads
         admitted = None
         if forward.pads is not None:
             admitted = np.broadcast_to((~forward.pads)[None, :, None, :], (layers, batch, heads, q)).reshape(-1, q)
+        assert forward.positions is not None
+        inv_freq = getattr(self.rotary, "inv_freq", None)
+        if isinstance(inv_freq, torch.Tensor) and rank_rotatable(query, key):
+            return rank_plan(storage, admitted, forward.positions, inv_freq.detach().cpu().double().numpy(),
+                             self.groups, int(key.shape[-1]))
         rank, new_rank = storage.ranks(admitted)
         delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
-        assert forward.positions is not None
         delta_query = new_rank[: batch * heads: heads] - forward.positions  # (batch, q)
         # The rotary embedding of each angle in the deltas' range once (a few hundred to a
         # few thousand), then gathered: the same values as embedding every slot's (each

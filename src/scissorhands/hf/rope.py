@@ -1,0 +1,153 @@
+"""``positions="cache"`` without a pass over every held key: keys kept at their ranks.
+
+Per row (layer, sequence, KV head) the stored keys are kept rotated at ``rank + offset``
+(``rank`` the key's index in the row's kept order, ``offset`` one integer per row), and
+the query is turned to ``n + offset`` (``n`` the row's held count): the attention logits
+depend only on the distance ``n - rank`` (RoPE's relative property), so they are those
+of keys rotated at ranks ``0..n-1`` and a query at ``n`` (StreamingLLM, Xiao et al.,
+ICLR 2024, §3.2).  ``storage.rope[row, slot]`` records the rotation each stored key has.
+
+At each forward (its first evicting layer) :func:`rank_plan` compares, per held key, the
+rotation it has with the one it needs; the offset of a row is chosen so that its last
+held key needs none.  After a step that evicted one key in the older part of a row
+(Scissorhands, H2O and TOVA with a recent window; StreamingLLM's victim next to its
+sinks), only the keys before the victim turn, by one step; the newest keys, the recent
+window, never move.  A new token's key turns once, from the position the model rotated
+it with to its rank.  Each layer then turns its keys in place and its query
+(:meth:`RankPlan.apply`: ``sh_rope_rotate``, in double, rounded once to float32).
+
+A failed forward needs no undoing here: what it turned is what the next forward would
+turn (the plan depends only on what the cache held after the last step), and
+``storage.rope`` always says what each key holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .._native import check, ffi, lib
+from .storage import SlotStorage
+
+__all__ = ["RankPlan", "rank_plan", "rank_rotatable"]
+
+#: A table of every angle between the smallest and the largest turn while it has at most
+#: this many rows more than the turns it serves; else the distinct turns only.
+_RANGE_SLACK = 4096
+
+
+def rank_rotatable(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether the keys can be kept at their ranks (float32 CPU tensors outside autograd);
+    else the cache turns every held key each step from the rotation it has."""
+    return (query.dtype == torch.float32 and key.dtype == torch.float32 and key.device.type == "cpu"
+            and query.device.type == "cpu" and not (query.requires_grad or key.requires_grad))
+
+
+@dataclass
+class RankPlan:
+    """One forward's turns, every layer's (see the module docstring).
+
+    ``cos``/``sin``: ``(turns, half)`` float64, one row per distinct turn; per key entry
+    (rows layer-major, ``bounds[e]:bounds[e + 1]`` layer ``e``'s): its storage ``row``,
+    ``slot``, element ``offset`` in its layer's key buffer, table row ``which`` and the
+    rotation it ends at (``target``); ``query_which``: ``(layers, batch * heads * q)``
+    the table row of every query vector."""
+
+    cos: np.ndarray
+    sin: np.ndarray
+    bounds: np.ndarray
+    row: np.ndarray
+    slot: np.ndarray
+    offset: np.ndarray
+    which: np.ndarray
+    target: np.ndarray
+    query_which: np.ndarray
+    query_offset: np.ndarray
+    half: int
+
+    def _turn(self, x: torch.Tensor, offset: np.ndarray, which: np.ndarray) -> None:
+        check(lib.sh_rope_rotate(ffi.cast("float *", x.data_ptr()), x.numel(),
+                                 ffi.cast("const int64_t *", offset.ctypes.data),
+                                 ffi.cast("const int64_t *", which.ctypes.data), len(offset),
+                                 ffi.cast("const double *", self.cos.ctypes.data),
+                                 ffi.cast("const double *", self.sin.ctypes.data), len(self.cos), self.half),
+              "rerotate")
+
+    def apply(self, e: int, storage: SlotStorage, query: torch.Tensor) -> torch.Tensor:
+        """Turn layer ``e``'s stored keys in place (recording their rotations in
+        ``storage.rope``) and return its query ``(batch, heads, q, head_dim)`` turned, a
+        new contiguous tensor."""
+        keys = storage.keys[e]
+        assert keys is not None and keys.is_contiguous()
+        lo, hi = int(self.bounds[e]), int(self.bounds[e + 1])
+        if hi > lo:
+            self._turn(keys, self.offset[lo:hi], self.which[lo:hi])
+            storage.rope[self.row[lo:hi], self.slot[lo:hi]] = self.target[lo:hi]
+        turned = query.clone(memory_format=torch.contiguous_format)
+        self._turn(turned, self.query_offset, self.query_which[e])
+        return turned
+
+
+def rank_plan(storage: SlotStorage, admitted: np.ndarray | None, positions: np.ndarray, inv_freq: np.ndarray,
+              groups: int, head_dim: int) -> RankPlan:
+    """The turns of a forward whose new tokens sit at ``storage.new_columns()``.
+
+    Parameters
+    ----------
+    storage : SlotStorage
+        The cache's layout, the forward planned (its new keys' rotations in ``rope``).
+    admitted : numpy.ndarray or None
+        ``(rows, q)`` bool: the new tokens that take a rank (padding does not); None: all.
+    positions : numpy.ndarray
+        ``(batch, q)`` int64: the rotary positions the model rotated the new tokens with.
+    inv_freq : numpy.ndarray
+        ``(half,)``: the rotary embedding's frequencies (radians per position).
+    groups : int
+        Query heads per KV head.
+    head_dim : int
+        Elements per key and query vector.
+    """
+    rows, batch, heads, layers = storage.rows, storage.batch, storage.heads, storage.layers
+    per_layer = batch * heads
+    q = storage.q
+    counts = storage.counts
+    width = int(counts.max(initial=0))
+    slots = storage.slots[:, :width]
+    order = np.arange(width)
+    held = order[None, :] < counts[:, None]
+    have = np.take_along_axis(storage.rope, slots, axis=1)  # (rows, width): the rotation each key has
+    last = np.maximum(counts - 1, 0)
+    offset = (have[np.arange(rows), last] - last) if width else np.zeros(rows, dtype=np.int64)
+    offset = np.where(counts > 0, offset, 0)
+    steps = np.ones((rows, q), dtype=np.int64) if admitted is None else admitted.astype(np.int64)
+    new_target = counts[:, None] + np.cumsum(steps, axis=1) - steps + offset[:, None]  # (rows, q)
+    per_row = np.broadcast_to(positions[None, :, None, :], (layers, batch, heads, q)).reshape(rows, q)
+    new_turn = new_target - per_row
+    target = np.concatenate((order[None, :] + offset[:, None], new_target), axis=1)
+    turn = np.concatenate((np.where(held, target[:, :width] - have, 0), new_turn), axis=1)
+    columns = np.concatenate((slots, storage.new_columns()), axis=1)
+    row, j = np.nonzero(turn)
+    key_turn = turn[row, j]
+    query_turn = np.repeat(new_turn.reshape(layers, batch, heads, 1, q), groups, axis=3).reshape(layers, -1)
+    every = np.concatenate((key_turn, query_turn.reshape(-1)))
+    low, high = int(every.min()), int(every.max())
+    if high - low <= every.size + _RANGE_SLACK:
+        angles = np.arange(low, high + 1, dtype=np.float64)
+        which = every - low
+    else:
+        angles, which = np.unique(every, return_inverse=True)
+        angles = angles.astype(np.float64)
+    which = np.ascontiguousarray(which, dtype=np.int64).reshape(-1)
+    theta = angles[:, None] * np.asarray(inv_freq, dtype=np.float64)[None, :]
+    slot = columns[row, j]
+    capacity = storage.capacity
+    return RankPlan(
+        cos=np.ascontiguousarray(np.cos(theta)), sin=np.ascontiguousarray(np.sin(theta)),
+        bounds=np.searchsorted(row, np.arange(layers + 1) * per_layer),
+        row=row, slot=slot, offset=((row % per_layer) * capacity + slot) * head_dim,
+        which=which[: len(key_turn)], target=target[row, j],
+        query_which=np.ascontiguousarray(which[len(key_turn):].reshape(layers, -1)),
+        query_offset=np.arange(batch * heads * groups * q, dtype=np.int64) * head_dim,
+        half=int(theta.shape[1]))
