@@ -85,3 +85,35 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
     free(mean);
     return SH_OK;
 }
+
+int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                         const int64_t *columns, size_t col_stride, size_t width, float *out)
+{
+    if (weights == NULL || columns == NULL || out == NULL || group < 1 || extent < 1 || col_stride < width)
+        return SH_ERR_ARG;
+    for (size_t e = 0; e < layers; e++) {
+        if (weights[e] == NULL)
+            return SH_ERR_ARG;
+    }
+    const float divisor = (float)group;
+    for (size_t e = 0; e < layers; e++) {
+        for (size_t r = 0; r < rows; r++) {
+            const float *first = weights[e] + r * group * extent;
+            const int64_t *col = columns + (e * rows + r) * col_stride;
+            float *dst = out + (e * rows + r) * width;
+            for (size_t j = 0; j < width; j++) {
+                int64_t c = col[j];
+                if (c < 0 || (uint64_t)c >= extent) {
+                    dst[j] = 0.0f;
+                    continue;
+                }
+                /* group_mean's additions in head order, then its division: the same float32. */
+                float sum = first[c];
+                for (size_t g = 1; g < group; g++)
+                    sum += first[g * extent + c];
+                dst[j] = sum / divisor;
+            }
+        }
+    }
+    return SH_OK;
+}

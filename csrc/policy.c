@@ -150,6 +150,27 @@ int sh_grow_capacity(sh_policy *p, uint64_t need)
     return SH_OK;
 }
 
+int sh_policy_fit_capacity(sh_policy *p, uint64_t capacity)
+{
+    if (p == NULL || capacity < 1 || capacity > UINT32_MAX)
+        return SH_ERR_ARG;
+    for (size_t h = 0; h < p->heads; h++) {
+        if (p->counts[h] > capacity)
+            return SH_ERR_ARG;
+    }
+    if (capacity == p->capacity)
+        return SH_OK;
+    storage s;
+    int rc = storage_like(&s, p, p->heads, (size_t)capacity);
+    if (rc != SH_OK)
+        return rc;
+    for (size_t h = 0; h < p->heads; h++)
+        copy_row(p, h, &s, p->heads, (size_t)capacity, h);
+    storage_install(p, &s);
+    p->capacity = (uint32_t)capacity;
+    return SH_OK;
+}
+
 /* Every row back to {0} with a zero value (and an empty vote register, no steps
    held). */
 static void hold_origin(sh_policy *p)

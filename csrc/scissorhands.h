@@ -376,7 +376,12 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
                   const int64_t *columns, size_t col_stride, size_t width, const int64_t *held,
                   float *out);
 
-/* The cache's rotary re-rotation (rope.c): turns in place the count vectors of x
+/* Reallocates every row to capacity slots (>= each row's count, else SH_ERR_ARG, as
+   for capacity 0 or above UINT32_MAX), keeping the contents; later growth doubles
+   from there as usual. The transformers cache starts its policies at what they hold. */
+int sh_policy_fit_capacity(sh_policy *p, uint64_t capacity);
+
+/* The cache's rotary re-rotation (layout.c): turns in place the count vectors of x
    (float32, length elements) starting at x + offsets[i], vector i by table row
    which[i]: for j < half, (a, b) = (v[j], v[j + half]) becomes (a c - b s, b c + a s)
    with c = cos_table[which[i] * half + j] and s = sin_table[...], computed in double
@@ -385,6 +390,24 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
    pointer (count > 0), half 0, a vector past length or a table row past table_rows. */
 int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_t *which, size_t count,
                    const double *cos_table, const double *sin_table, size_t table_rows, size_t half);
+
+/* The cache's slot table after a step evicting one position per row (layout.c): row r
+   (slots + r * stride) holds count + 1 slots in kept order, the new token's last;
+   the one at kept index index[r] (0..count) is removed, the later ones move one
+   left, and freed[r] is the removed slot. SH_ERR_ARG, nothing changed, for a NULL
+   pointer (rows > 0), count + 1 > stride or an index past count. */
+int sh_slots_drop_one(int64_t *slots, size_t rows, size_t stride, size_t count, const int64_t *index,
+                      int64_t *freed);
+
+/* sh_gqa_gather for one query row of every layer, each layer's weights where the
+   attention left them (gqa.c): weights[e] is layer e's float32 (rows * group) x extent;
+   out[e * rows + r, j] (float32, layers * rows x width) is the mean of the group's
+   weights at column columns[(e * rows + r) * col_stride + j], with sh_gqa_gather's
+   arithmetic (heads added in order in float32, divided by group), 0 for a column
+   outside [0, extent). SH_ERR_ARG for a NULL pointer, group or extent 0, or
+   col_stride < width. */
+int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                         const int64_t *columns, size_t col_stride, size_t width, float *out);
 
 #ifdef __cplusplus
 }

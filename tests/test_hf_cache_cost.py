@@ -25,6 +25,54 @@ class _Module:
     head_dim = 16
 
 
+@pytest.mark.parametrize(("layers", "batch", "heads", "rows", "extent"), [(3, 2, 6, 3, 17), (2, 1, 9, 1, 30)])
+def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, heads, rows, extent):
+    """sh_gqa_gather_layers (a decode step's layers read where they are) gives bit for bit
+    sh_gqa_gather's weights over the layers stacked, strided columns and columns past
+    the extent included."""
+    from scissorhands.hf.gqa import gather_group_mean_layers
+
+    gen = torch.Generator().manual_seed(layers * 7 + extent)
+    weights = [torch.softmax(torch.randn(batch, heads, 1, extent, generator=gen) * 3, -1) for _ in range(layers)]
+    total = layers * batch * rows
+    table = torch.randint(-1, extent + 2, (total, extent + 5), generator=gen).numpy().astype(np.int64)
+    columns = table[:, :extent]  # strided rows of a wider table
+    stacked = torch.stack(weights).reshape(layers * batch, heads, 1, extent)
+    expect = gather_group_mean(stacked, rows, columns)
+    got = gather_group_mean_layers(weights, rows, columns, np.full((total, 1, extent), np.nan, dtype=np.float32))
+    assert np.array_equal(got, expect)
+
+
+def test_the_steady_slot_step_equals_the_general_one():
+    """SlotStorage.apply_steady (one C pass) leaves the slot table, free slots and
+    validity of apply_step's general path, for every row's victim at any kept index."""
+    from scissorhands.hf.storage import SlotStorage
+
+    rng = np.random.default_rng(3)
+    states = []
+    for steady in (True, False):
+        storage = SlotStorage(2, 8)
+        storage.start(1, 3)
+        storage.capacity = 9
+        storage.slots = np.tile(rng.permutation(9)[None], (6, 1)) if steady else states[0][3].copy()
+        storage.counts = np.full(6, 8, dtype=np.int64)
+        storage.free = storage.slots[:, 8].copy()
+        storage.valid = np.ones((6, 9), dtype=bool)
+        storage.rope = np.zeros((6, 9), dtype=np.int64)
+        storage.aligned = False
+        storage.extent = 9
+        start = storage.slots.copy()
+        victims = np.array([0, 8, 3, 5, 1, 7]) if steady else states[0][4]
+        if steady:
+            assert storage.apply_steady(victims)
+        else:
+            storage.compact_every_step = False
+            storage._apply_ragged(np.ones(6, dtype=np.int64), victims, storage.free.copy())
+        states.append((storage.slots[:, :8].copy(), storage.free.copy(), storage.valid.copy(), start, victims))
+    (a_slots, a_free, a_valid, _, _), (b_slots, b_free, b_valid, _, _) = states
+    assert np.array_equal(a_slots, b_slots) and np.array_equal(a_free, b_free) and np.array_equal(a_valid, b_valid)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("batch", "heads", "rows", "q", "extent"),
                          [(2, 6, 3, 5, 17), (1, 9, 1, 1, 30), (3, 4, 4, 1, 8)])
@@ -144,17 +192,19 @@ def _dynamic_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
+@pytest.mark.parametrize("policy", ["scissorhands", "h2o"])
 @pytest.mark.parametrize("budget", [512, 8192, 2**31])
-def test_key_value_memory_follows_what_is_held_not_the_budget(budget):
-    """Below the budget the cache's keys and values take at most 1.1x the stock cache's
-    for the same tokens at every length (a 14-token prompt, then one token at a time,
-    then a chunk), whatever the budget, 2**31 included, with the same tokens."""
+def test_key_value_memory_follows_what_is_held_not_the_budget(budget, policy):
+    """Below the budget the cache's keys and values, and its whole ``memory_bytes()`` (the
+    policies' state included), take at most 1.1x the stock cache's for the same tokens at
+    every length (a 14-token prompt, then one token at a time, then a chunk), whatever
+    the budget, 2**31 included, with the same tokens."""
     from transformers import DynamicCache
 
     model = _tiny(head_dim=64)
     ids = torch.randint(2, VOCAB - 1, (1, 90), generator=torch.Generator().manual_seed(1))
     stock = DynamicCache(config=model.config)
-    cache = hf.EvictingCache.from_model(model, "scissorhands", budget=budget, recent_window=4, sinks=4)
+    cache = hf.EvictingCache.from_model(model, policy, budget=budget, recent_window=4, sinks=4)
     pieces = [(0, 14), *[(t, t + 1) for t in range(14, 60)], (60, 90)]
     with torch.no_grad():
         for start, end in pieces:
@@ -163,4 +213,5 @@ def test_key_value_memory_follows_what_is_held_not_the_budget(budget):
             got = hf.prefill(model, cache, ids[0, start:end])
             assert torch.equal(expected[0], got)
             assert cache.storage.nbytes() <= 1.1 * _dynamic_bytes(stock), (end, cache.storage.nbytes())
+            assert cache.memory_bytes() <= 1.1 * _dynamic_bytes(stock), (end, cache.memory_bytes())
     assert cache.seen == 90 and int(cache.held_counts().min()) == 90

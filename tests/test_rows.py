@@ -82,6 +82,32 @@ def test_memory_formula_helper_matches_the_policies(backend):
     assert p.memory_bytes() == _shared.memory_bytes(5, 1, 9)
 
 
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_fit_capacity_then_growth_follows_what_is_held(backend, name):
+    """fit_capacity(1) starts every row at one slot; admitting then doubles it to budget + 1
+    (the memory formula at each capacity), the victims those of a policy never fitted;
+    a capacity below a row's count is refused, nothing changed."""
+    from scissorhands.errors import InvalidInputError
+
+    fitted, plain = (make_policy(backend, name, budget=12, protected=2, heads=2) for _ in range(2))
+    fitted.fit_capacity(1)
+    start = 64 if name == "full" else 13  # the unfitted first capacity (Full has no budget)
+    slot_bytes = (plain.memory_bytes() - 64 - 8) // (2 * start)
+    assert fitted.memory_bytes() == _shared.memory_bytes(1, 2, slot_bytes)
+    rng = np.random.default_rng(0)
+    seen = []
+    for pos in range(1, 40):
+        attn = rng.random((2, int(np.asarray(plain.counts).max()))).astype(np.float32)
+        a, b = fitted.step_rows(pos, attn, 12), plain.step_rows(pos, attn, 12)
+        assert np.array_equal(np.asarray(a.slots), np.asarray(b.slots))
+        seen.append(fitted.memory_bytes())
+    assert seen[-1] == plain.memory_bytes()
+    before = (fitted.state_dict(), fitted.memory_bytes())
+    with pytest.raises(InvalidInputError, match="capacity"):
+        fitted.fit_capacity(5)
+    assert (fitted.state_dict(), fitted.memory_bytes()) == before
+
+
 # ---------------------------------------------------------------- rows of different counts
 
 

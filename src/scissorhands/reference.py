@@ -930,6 +930,20 @@ class _Policy:
         return memory_bytes(self._capacity, self.heads, self._slot_bytes())
 
     @_locked
+    def fit_capacity(self, capacity: int) -> None:
+        """Every row's storage becomes ``capacity`` slots (at least each row's count);
+        growth doubles from there as usual (:meth:`memory_bytes`).  The transformers
+        cache starts its policies at what they hold, so that their state follows it.
+
+        Raises
+        ------
+        InvalidInputError
+            ``capacity`` below a row's count, below 1 or above 2**32 - 1.
+        """
+        low = max(1, int(max(self._counts(), default=1)))
+        self._capacity = check_int("capacity", capacity, low, 2**32 - 1)
+
+    @_locked
     def reset(self) -> None:
         """Go back to holding ``{0}`` with nothing remembered (capacity is kept)."""
         self._kept = [[0] for _ in range(self.heads)]

@@ -48,7 +48,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLay
 from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions
 from . import attention
-from .gqa import gather_group_mean
+from .gqa import gather_group_mean, gather_group_mean_layers
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, make_storage
@@ -499,6 +499,8 @@ class EvictingCache(Cache):
         #: wrote to them: model layer index -> (keys, values, tokens seen, initialized).
         self._slid: dict[int, tuple[Any, ...]] = {}
         self._observers: list[AttentionObserver] = []
+        #: The last decode step's gathered weights, reused while the shape stays.
+        self._gathered: np.ndarray | None = None
 
     def _build_layers(self, text: Any) -> tuple[list[Any], int]:
         """The cache's layers (evicting ones for full attention) and how many evict; refuses other kinds."""
@@ -599,6 +601,7 @@ class EvictingCache(Cache):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_observers"] = []
+        state["_gathered"] = None
         return state
 
     # ------------------------------------------------------------------ inspection
@@ -811,7 +814,15 @@ class EvictingCache(Cache):
                 columns = storage.chunk_columns((0 if fresh else most) + forward.q)[::repeat]
                 held = np.zeros(len(columns), dtype=np.int64) if fresh else storage.counts[::repeat].copy()
             forward.columns, forward.held = columns, held
-            forward.gathered = np.empty((len(columns), forward.q, columns.shape[1]), dtype=np.float32)
+            shape = (len(columns), forward.q, columns.shape[1])
+            # A decode step's array is the last one's when the shape is the same (the
+            # steady state): written whole by the gather, read only by this step's policies.
+            kept = self._gathered if self._decodes(forward) else None
+            if kept is None or kept.shape != shape:
+                kept = np.empty(shape, dtype=np.float32)
+                if self._decodes(forward):
+                    self._gathered = kept
+            forward.gathered = kept
         return forward.columns, forward.held, forward.gathered
 
     def _finish(self, forward: _Forward) -> None:
@@ -826,8 +837,7 @@ class EvictingCache(Cache):
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
         if self._policies_read and forward.pending:  # a decode step: every layer's rows in one C call
             columns, _, out = self._gather_target(forward)
-            stacked = torch.stack(forward.pending).cpu()  # (layers, batch, heads, 1, extent)
-            gather_group_mean(stacked.reshape(-1, *stacked.shape[2:]), self.policy_heads, columns, None, out)
+            gather_group_mean_layers([w.cpu() for w in forward.pending], self.policy_heads, columns, out)
         gathered = forward.gathered if self._policies_read else None  # (rows, q, width), kept order
         repeat = self.num_kv_heads // self.policy_heads
         pads = forward.pads

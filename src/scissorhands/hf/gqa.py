@@ -12,7 +12,7 @@ import torch
 
 from .._native import check, ffi, lib
 
-__all__ = ["gather_group_mean", "group_mean"]
+__all__ = ["gather_group_mean", "gather_group_mean_layers", "group_mean"]
 
 
 def group_mean(weights: torch.Tensor, rows: int) -> np.ndarray:
@@ -92,4 +92,48 @@ def gather_group_mean(weights: torch.Tensor, rows: int, columns: np.ndarray, hel
     check(lib.sh_gqa_gather(ffi.cast("const float *", w.data_ptr()), total, heads // rows, q, extent,
                             ffi.cast("const int64_t *", columns.ctypes.data), stride, width,
                             held_c, ffi.from_buffer("float[]", out)), "gather_group_mean")
+    return out
+
+
+def gather_group_mean_layers(weights: list[torch.Tensor], rows: int, columns: np.ndarray,
+                             out: np.ndarray) -> np.ndarray:
+    """:func:`gather_group_mean` of a decode step's every layer at once, each layer's
+    weights read where the attention left them (``sh_gqa_gather_layers``: no stacked
+    copy): ``out[e * batch * rows + r, 0, j]`` is layer ``e``'s ``group_mean`` at row ``r``
+    and column ``columns[e * batch * rows + r, j]``, the same float32 arithmetic.
+
+    Parameters
+    ----------
+    weights : list of torch.Tensor
+        Per layer ``(batch, num_heads, 1, extent)`` attention weights on the CPU (the same
+        shape in every layer; widened to float32 exactly first when not float32).
+    rows : int
+        Policy rows per sequence (divides ``num_heads``; consecutive heads).
+    columns : numpy.ndarray
+        ``(layers * batch * rows, width)`` int64 physical columns, kept order (rows may
+        be strided views of a wider table).
+    out : numpy.ndarray
+        ``(layers * batch * rows, 1, width)`` float32 C-contiguous to write into.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out``.
+    """
+    layers = [w.detach() if w.dtype == torch.float32 else w.detach().float() for w in weights]
+    layers = [w if w.is_contiguous() else w.contiguous() for w in layers]
+    batch, heads, q, extent = layers[0].shape
+    if q != 1 or any(w.shape != layers[0].shape for w in layers):
+        raise ValueError("gather_group_mean_layers: one query row, the same shape in every layer")
+    total = len(layers) * batch * rows
+    columns = np.asarray(columns)
+    if (columns.dtype != np.int64 or columns.ndim != 2 or columns.shape[0] != total or columns.strides[1] != 8
+            or columns.strides[0] % 8 or columns.strides[0] < 8 * columns.shape[1]):
+        columns = np.ascontiguousarray(columns, dtype=np.int64).reshape(total, -1)
+    width = columns.shape[1]
+    stride = columns.strides[0] // 8 if total > 1 else width
+    pointers = ffi.new("const float *[]", [ffi.cast("const float *", w.data_ptr()) for w in layers])
+    check(lib.sh_gqa_gather_layers(pointers, len(layers), batch * rows, heads // rows, extent,
+                                   ffi.cast("const int64_t *", columns.ctypes.data), stride, width,
+                                   ffi.from_buffer("float[]", out)), "gather_group_mean_layers")
     return out

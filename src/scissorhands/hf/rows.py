@@ -113,6 +113,8 @@ class PolicyRows:
         self.starts = np.cumsum([0, *self.sizes])
         pools = check_pools(self.configs, layers, heads)
         self.policies = [c.build(layers * n * heads, pools) for c, n in zip(self.configs, self.sizes)]
+        for policy in self.policies:  # their state grows with what they hold, as the keys and values do
+            policy.fit_capacity(1)
         #: The single policy's rows are the global rows, in order (the fast paths).
         self._plain = len(self.policies) == 1 and not self.configs[0].pooled
         #: Seconds spent in each group's policy calls.

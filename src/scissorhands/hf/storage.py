@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._native import check, ffi, lib
 from ..errors import InvalidInputError
 
 __all__ = ["CACHE_MODES", "ChunkMask", "CompactStorage", "SlotStorage", "make_storage"]
@@ -86,9 +87,9 @@ class SlotStorage:
     capacity : int
         Slots per row the budget needs (the budget plus the decode token's slot): a
         hint only.  The buffers are sized by what is held, never by it: they grow to
-        what a forward needs, by at least a sixteenth at a time, and a compaction
+        what a forward needs, by at least a thirty-second at a time, and a compaction
         leaves room for exactly the next decode token, so that the keys and values
-        take at most 1/16 more than the positions held (a stock ``DynamicCache``
+        take at most 1/32 more than the positions held (a stock ``DynamicCache``
         holds exactly them) and a huge budget costs nothing until it is used.
     """
 
@@ -186,12 +187,12 @@ class SlotStorage:
         self.start(0, 0)
 
     def _grow(self, need: int) -> None:
-        """Make every row hold at least ``need`` slots (by at least a sixteenth, so that
+        """Make every row hold at least ``need`` slots (by at least a thirty-second, so that
         growing one token at a time copies each key a bounded number of times), keeping
         the contents."""
         if need <= self.capacity:
             return
-        capacity = max(need, self.capacity + self.capacity // 16)
+        capacity = max(need, self.capacity + self.capacity // 32)
         pad = capacity - self.capacity
         self.slots = np.pad(self.slots, ((0, 0), (0, pad)))
         self.rope = np.pad(self.rope, ((0, 0), (0, pad)))
@@ -423,12 +424,17 @@ class SlotStorage:
         if not (n == count).all():
             return False
         rows = self._row_index()
-        layout = self.slots[:, : count + 1]
-        layout[:, count] = self.free
-        freed = layout[rows, slots]
-        keep = np.ones((self.rows, count + 1), dtype=bool)
-        keep[rows, slots] = False
-        layout[:, :count] = layout[keep].reshape(self.rows, count)
+        if count + 1 > self.capacity:
+            return False
+        if not self.slots.flags.c_contiguous:
+            self.slots = np.ascontiguousarray(self.slots)
+        self.slots[:, count] = self.free
+        index = np.ascontiguousarray(slots, dtype=np.int64)
+        freed = np.empty(self.rows, dtype=np.int64)
+        # Each row's victim out of its kept order, the later slots one left (one C pass).
+        check(lib.sh_slots_drop_one(ffi.cast("int64_t *", self.slots.ctypes.data), self.rows, self.slots.shape[1],
+                                    count, ffi.cast("const int64_t *", index.ctypes.data),
+                                    ffi.cast("int64_t *", freed.ctypes.data)), "apply_steady")
         self.valid[rows, freed] = False
         if not self._mask_stale:
             self._mask_changes.append((rows, freed, np.zeros(self.rows, dtype=bool)))

@@ -888,6 +888,21 @@ class NativePolicy:
         vote rate), 13 H2O and TOVA, 4 StreamingLLM and Full."""
         return int(lib.sh_policy_memory_bytes(self._ptr))
 
+    def fit_capacity(self, capacity: int) -> None:
+        """Every row's storage becomes ``capacity`` slots (at least each row's count);
+        growth doubles from there as usual (:meth:`memory_bytes`).  The transformers
+        cache starts its policies at what they hold, so that their state follows it.
+
+        Raises
+        ------
+        InvalidInputError
+            ``capacity`` below a row's count, below 1 or above 2**32 - 1.
+        """
+        with self._lock:
+            low = max(1, int(self._counts_locked().max(initial=1)))
+            capacity = check_int("capacity", capacity, low, 2**32 - 1)
+            check(lib.sh_policy_fit_capacity(self._ptr, capacity), type(self).__name__)
+
     def reset(self) -> None:
         """Back to holding ``{0}`` in every row with nothing remembered, for a new
         sequence (the number of rows and the capacity stay)."""

@@ -1,5 +1,6 @@
 /*
- * rope.c - the cache's rotary re-rotation of stored vectors (positions="cache").
+ * layout.c - kernels of the transformers cache's layout (scissorhands.hf): the rotary
+ * re-rotation of stored keys (positions="cache") and the slot table's steady step.
  *
  * A transformers cache (scissorhands.hf) keeps each held key rotated at its rank in
  * its row's kept order; when the kept order changes, only the keys whose rank changed
@@ -31,6 +32,27 @@ int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_
             v[j] = (float)(a * c[j] - b * s[j]);
             v[j + half] = (float)(b * c[j] + a * s[j]);
         }
+    }
+    return SH_OK;
+}
+
+int sh_slots_drop_one(int64_t *slots, size_t rows, size_t stride, size_t count, const int64_t *index,
+                      int64_t *freed)
+{
+    if (rows == 0)
+        return SH_OK;
+    if (slots == NULL || index == NULL || freed == NULL || count + 1 > stride)
+        return SH_ERR_ARG;
+    for (size_t r = 0; r < rows; r++) {
+        if (index[r] < 0 || (uint64_t)index[r] > count)
+            return SH_ERR_ARG;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        int64_t *row = slots + r * stride;
+        size_t v = (size_t)index[r];
+        freed[r] = row[v];
+        for (size_t j = v; j < count; j++)
+            row[j] = row[j + 1];
     }
     return SH_OK;
 }
