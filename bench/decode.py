@@ -1,6 +1,6 @@
 """What a decode step costs the cache beside the model: ``python -m bench.decode``.
 
-``python -m bench.decode [--held 512 1024] [--steps 32] [--json PATH]``
+``python -m bench.decode [--held 512 1024] [--steps 32] [--batch 1] [--json PATH]``
 
 For each held count ``H``: the first ``H`` tokens of
 :func:`scissorhands.evaluate.default_text` in chunks of 256, then ``--steps`` decode
@@ -8,7 +8,8 @@ steps (one token per forward, teacher-forced), with transformers' ``DynamicCache
 with ``EvictingCache.from_model(model, "scissorhands", budget=H, recent_window=0.75,
 sinks=4)`` in both position modes (``original``, ``cache``: at the budget, every step
 evicts) and with budget ``4 H`` (``unevicted``: nothing evicted yet, the rows computed
-beside sdpa); alternately in one process, one torch thread.  Reported per configuration:
+beside sdpa); alternately in one process, one torch thread.  ``--batch B`` runs ``B``
+copies of the text as one batch.  Reported per configuration:
 ms per step, the policy calls and the cache's bookkeeping as a share of the step, the
 rows beside sdpa and the re-rotation (``positions="cache"``) in ms per step.
 """
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held", type=int, nargs="+", default=[512, 1024])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     check_json(parser, args.json)
@@ -57,16 +59,16 @@ def main(argv: list[str] | None = None) -> int:
         prompt = held + 8  # a little over the budget: the decode steps evict
         with torch.no_grad():
             for start in range(0, prompt, args.chunk):
-                piece = ids[start:min(prompt, start + args.chunk)][None]
+                piece = ids[start:min(prompt, start + args.chunk)][None].expand(args.batch, -1)
                 model(input_ids=piece, cache=cache, use_cache=True)
             before = None if kind == "dynamic" else (cache.stats.policy_seconds, cache.stats.bookkeeping_seconds,
                                                      cache.stats.rows_seconds, cache.stats.rerotate_seconds)
             start_time = time.perf_counter()
             for t in range(prompt, prompt + args.steps):
-                model(input_ids=ids[t:t + 1][None], cache=cache, use_cache=True)
+                model(input_ids=ids[t:t + 1][None].expand(args.batch, -1), cache=cache, use_cache=True)
             seconds = time.perf_counter() - start_time
         ms = 1e3 * seconds / args.steps
-        row: dict[str, Any] = {"held": held, "cache": kind, "ms_per_step": ms}
+        row: dict[str, Any] = {"held": held, "batch": args.batch, "cache": kind, "ms_per_step": ms}
         if before is not None:
             s = cache.stats
             policy = (s.policy_seconds - before[0]) * 1e3 / args.steps
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = "" if kind == "dynamic" else (
                 f"; policy {row['policy_ms']:.2f} ms + bookkeeping {row['bookkeeping_ms']:.2f} ms "
                 f"= {row['overhead_percent']:.2f}%, rerotate {row['rerotate_ms']:.2f} ms")
-            print(f"held {held:5d} {kind:8s}: {row['ms_per_step']:7.2f} ms/step{extra}", flush=True)
+            print(f"held {held:5d} batch {args.batch} {kind:8s}: {row['ms_per_step']:7.2f} ms/step{extra}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": args.steps, "rows": rows}, f, indent=1)
