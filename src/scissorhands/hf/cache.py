@@ -24,7 +24,7 @@ dropped after the step or by ``reset()``; observers (:meth:`EvictingCache.add_ob
 see every layer's weights as they come.
 
 Keys keep their original rotary rotation and the model its true positions (as H2O
-does).  Padding is never admitted: a left-padded sequence's rows hold fewer positions.
+does), unless ``positions="cache"``.  Padding is never admitted: a left-padded sequence's rows hold fewer positions.
 Sliding-window layers (Gemma-2's every other layer) are transformers' own, already
 bounded, and not evicted.
 
@@ -456,11 +456,14 @@ class EvictingCache(Cache):
     position is gone.
 
     ``positions="cache"`` (needs :meth:`from_model`, which finds the model's rotary
-    embedding) re-rotates, once positions were evicted, each held key to its rank and the
-    query to the rank after them, in the installed attention: one more pass over the held
-    keys per layer and step (``stats.rerotate_seconds``); the keys are rotated from their
-    stored rotation by the difference, so the attention logits equal those of keys
-    rotated at their ranks from scratch to float32 rounding (about 1e-6 relative).
+    embedding) puts, once positions were evicted, each held key at its rank and the
+    query at the rank after them, in the installed attention (``stats.rerotate_seconds``).
+    Float32 keys are kept rotated at their ranks (plus one offset per row, which the
+    logits do not see) and only those whose rank changed turn, in place
+    (:mod:`scissorhands.hf.rope`: after a one-victim step, the keys before the victim,
+    none of the recent window); other dtypes are turned from their stored rotation each
+    step, on copies.  Either way the attention logits equal those of keys rotated at
+    their ranks from scratch to float32 rounding (about 1e-6 relative).
     """
 
     def __init__(self, config: Any, policy: str = "scissorhands", budget: int | None = 512,
@@ -837,7 +840,10 @@ class EvictingCache(Cache):
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
         if self._policies_read and forward.pending:  # a decode step: every layer's rows in one C call
             columns, _, out = self._gather_target(forward)
-            gather_group_mean_layers([w.cpu() for w in forward.pending], self.policy_heads, columns, out)
+            pending = forward.pending
+            if pending[0].device.type != "cpu":
+                pending = [w.cpu() for w in pending]
+            gather_group_mean_layers(pending, self.policy_heads, columns, out)
         gathered = forward.gathered if self._policies_read else None  # (rows, q, width), kept order
         repeat = self.num_kv_heads // self.policy_heads
         pads = forward.pads

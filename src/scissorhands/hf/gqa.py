@@ -120,11 +120,15 @@ def gather_group_mean_layers(weights: list[torch.Tensor], rows: int, columns: np
     numpy.ndarray
         ``out``.
     """
-    layers = [w.detach() if w.dtype == torch.float32 else w.detach().float() for w in weights]
-    layers = [w if w.is_contiguous() else w.contiguous() for w in layers]
-    batch, heads, q, extent = layers[0].shape
-    if q != 1 or any(w.shape != layers[0].shape for w in layers):
-        raise ValueError("gather_group_mean_layers: one query row, the same shape in every layer")
+    shape = weights[0].shape
+    layers = weights
+    if not all(w.dtype == torch.float32 and w.shape == shape and w.is_contiguous() for w in weights):
+        layers = [w.detach().float().contiguous() for w in weights]
+        if any(w.shape != shape for w in layers):
+            raise ValueError("gather_group_mean_layers: the same shape in every layer")
+    batch, heads, q, extent = shape
+    if q != 1:
+        raise ValueError("gather_group_mean_layers: one query row")
     total = len(layers) * batch * rows
     columns = np.asarray(columns)
     if (columns.dtype != np.int64 or columns.ndim != 2 or columns.shape[0] != total or columns.strides[1] != 8
@@ -132,7 +136,8 @@ def gather_group_mean_layers(weights: list[torch.Tensor], rows: int, columns: np
         columns = np.ascontiguousarray(columns, dtype=np.int64).reshape(total, -1)
     width = columns.shape[1]
     stride = columns.strides[0] // 8 if total > 1 else width
-    pointers = ffi.new("const float *[]", [ffi.cast("const float *", w.data_ptr()) for w in layers])
+    addresses = np.array([w.data_ptr() for w in layers], dtype=np.uintp)
+    pointers = ffi.cast("const float *const *", addresses.ctypes.data)
     check(lib.sh_gqa_gather_layers(pointers, len(layers), batch * rows, heads // rows, extent,
                                    ffi.cast("const int64_t *", columns.ctypes.data), stride, width,
                                    ffi.from_buffer("float[]", out)), "gather_group_mean_layers")
