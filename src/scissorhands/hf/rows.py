@@ -114,7 +114,9 @@ class PolicyRows:
         pools = check_pools(self.configs, layers, heads)
         self.policies = [c.build(layers * n * heads, pools) for c, n in zip(self.configs, self.sizes)]
         for policy in self.policies:  # their state grows with what they hold, as the keys and values do
-            policy.fit_capacity(1)
+            fit = getattr(policy, "fit_capacity", None)  # duck-typed rows (a schedule's) may have none
+            if fit is not None:
+                fit(1)
         #: The single policy's rows are the global rows, in order (the fast paths).
         self._plain = len(self.policies) == 1 and not self.configs[0].pooled
         #: Seconds spent in each group's policy calls.
