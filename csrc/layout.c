@@ -36,6 +36,64 @@ int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_
     return SH_OK;
 }
 
+/* One entry of sh_rope_turns: the key at slot turns by target - rope[slot]. */
+static int emit(int64_t r, int64_t slot, int64_t target, const int64_t *have, size_t rope_stride, size_t room,
+                size_t *n, int64_t *row_out, int64_t *slot_out, int64_t *turn_out, int64_t *target_out)
+{
+    if (slot < 0 || (uint64_t)slot >= rope_stride)
+        return -1;
+    int64_t turn = target - have[slot];
+    if (turn == 0)
+        return 0;
+    if (*n == room)
+        return -1;
+    row_out[*n] = r;
+    slot_out[*n] = slot;
+    turn_out[*n] = turn;
+    target_out[*n] = target;
+    (*n)++;
+    return 0;
+}
+
+int64_t sh_rope_turns(const int64_t *slots, size_t slot_stride, const int64_t *counts, const int64_t *rope,
+                      size_t rope_stride, size_t rows, const int64_t *new_slots, const int64_t *new_rank, size_t q,
+                      int64_t *offset, int64_t *row_out, int64_t *slot_out, int64_t *turn_out, int64_t *target_out,
+                      size_t room)
+{
+    if (rows == 0)
+        return 0;
+    if (slots == NULL || counts == NULL || rope == NULL || offset == NULL || row_out == NULL || slot_out == NULL
+        || turn_out == NULL || target_out == NULL || (q > 0 && (new_slots == NULL || new_rank == NULL)))
+        return -1;
+    size_t n = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const int64_t *row = slots + r * slot_stride;
+        const int64_t *have = rope + r * rope_stride;
+        int64_t count = counts[r];
+        if (count < 0 || (uint64_t)count > slot_stride)
+            return -1;
+        int64_t o = 0;
+        if (count > 0) {
+            int64_t last = row[count - 1];
+            if (last < 0 || (uint64_t)last >= rope_stride)
+                return -1;
+            o = have[last] - (count - 1);
+        }
+        offset[r] = o;
+        for (int64_t j = 0; j < count; j++) {
+            if (emit((int64_t)r, row[j], j + o, have, rope_stride, room, &n, row_out, slot_out, turn_out,
+                     target_out) != 0)
+                return -1;
+        }
+        for (size_t t = 0; t < q; t++) {
+            if (emit((int64_t)r, new_slots[r * q + t], new_rank[r * q + t] + o, have, rope_stride, room, &n,
+                     row_out, slot_out, turn_out, target_out) != 0)
+                return -1;
+        }
+    }
+    return (int64_t)n;
+}
+
 int sh_slots_drop_one(int64_t *slots, size_t rows, size_t stride, size_t count, const int64_t *index,
                       int64_t *freed)
 {

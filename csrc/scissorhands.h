@@ -391,6 +391,21 @@ int sh_policy_fit_capacity(sh_policy *p, uint64_t capacity);
 int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_t *which, size_t count,
                    const double *cos_table, const double *sin_table, size_t table_rows, size_t half);
 
+/* positions="cache" (layout.c): per row r, the held keys' slots slots[r * slot_stride
+   + j] (j < counts[r], kept order), the rotation each stored key has, rope[r *
+   rope_stride + slot], and the forward's q new tokens' slots and ranks (new_slots,
+   new_rank: rows x q). offset[r] becomes the row's rope at its last held key minus that
+   key's kept index (0 for an empty row); every held key whose rotation is not j +
+   offset[r], then every new token whose rotation is not new_rank + offset[r], gives one
+   entry (row_out, slot_out, turn_out = target - rope, target_out), row after row, at
+   most room entries. Returns the entries, or -1 (what was written is not to be used)
+   for a NULL pointer, a count past slot_stride, a slot past rope_stride or more than
+   room entries. */
+int64_t sh_rope_turns(const int64_t *slots, size_t slot_stride, const int64_t *counts, const int64_t *rope,
+                      size_t rope_stride, size_t rows, const int64_t *new_slots, const int64_t *new_rank, size_t q,
+                      int64_t *offset, int64_t *row_out, int64_t *slot_out, int64_t *turn_out, int64_t *target_out,
+                      size_t room);
+
 /* The cache's slot table after a step evicting one position per row (layout.c): row r
    (slots + r * stride) holds count + 1 slots in kept order, the new token's last;
    the one at kept index index[r] (0..count) is removed, the later ones move one

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .._native import check, ffi, lib
+from ..errors import ScissorhandsError
 from .storage import SlotStorage
 
 __all__ = ["RankPlan", "rank_plan", "rank_rotatable"]
@@ -52,8 +53,9 @@ class RankPlan:
     ``cos``/``sin``: ``(turns, half)`` float64, one row per distinct turn; per key entry
     (rows layer-major, ``bounds[e]:bounds[e + 1]`` layer ``e``'s): its storage ``row``,
     ``slot``, element ``offset`` in its layer's key buffer, table row ``which`` and the
-    rotation it ends at (``target``); ``query_which``: ``(layers, batch * heads * q)``
-    the table row of every query vector."""
+    rotation it ends at (``target``), its index in ``storage.rope`` flattened
+    (``rope_index``, for rows ``rope_width`` wide); ``query_which``: ``(layers, batch *
+    heads * q)`` the table row of every query vector, at ``query_offset``."""
 
     cos: np.ndarray
     sin: np.ndarray
@@ -66,6 +68,8 @@ class RankPlan:
     query_which: np.ndarray
     query_offset: np.ndarray
     half: int
+    rope_index: np.ndarray
+    rope_width: int
 
     def _turn(self, x: torch.Tensor, offset: np.ndarray, which: np.ndarray) -> None:
         check(lib.sh_rope_rotate(ffi.cast("float *", x.data_ptr()), x.numel(),
@@ -84,7 +88,11 @@ class RankPlan:
         lo, hi = int(self.bounds[e]), int(self.bounds[e + 1])
         if hi > lo:
             self._turn(keys, self.offset[lo:hi], self.which[lo:hi])
-            storage.rope[self.row[lo:hi], self.slot[lo:hi]] = self.target[lo:hi]
+            rope = storage.rope
+            if rope.flags.c_contiguous and rope.shape[1] == self.rope_width:
+                rope.reshape(-1)[self.rope_index[lo:hi]] = self.target[lo:hi]
+            else:
+                rope[self.row[lo:hi], self.slot[lo:hi]] = self.target[lo:hi]
         turned = query.clone(memory_format=torch.contiguous_format)
         self._turn(turned, self.query_offset, self.query_which[e])
         return turned
@@ -112,24 +120,29 @@ def rank_plan(storage: SlotStorage, admitted: np.ndarray | None, positions: np.n
     rows, batch, heads, layers = storage.rows, storage.batch, storage.heads, storage.layers
     per_layer = batch * heads
     q = storage.q
-    counts = storage.counts
-    width = int(counts.max(initial=0))
-    slots = storage.slots[:, :width]
-    order = np.arange(width)
-    held = order[None, :] < counts[:, None]
-    have = np.take_along_axis(storage.rope, slots, axis=1)  # (rows, width): the rotation each key has
-    last = np.maximum(counts - 1, 0)
-    offset = (have[np.arange(rows), last] - last) if width else np.zeros(rows, dtype=np.int64)
-    offset = np.where(counts > 0, offset, 0)
+    counts = np.ascontiguousarray(storage.counts, dtype=np.int64)
+    slots, rope = storage.slots, storage.rope
+    if not (slots.flags.c_contiguous and rope.flags.c_contiguous and slots.dtype == rope.dtype == np.int64):
+        storage.slots = slots = np.ascontiguousarray(slots, dtype=np.int64)
+        storage.rope = rope = np.ascontiguousarray(rope, dtype=np.int64)
     steps = np.ones((rows, q), dtype=np.int64) if admitted is None else admitted.astype(np.int64)
-    new_target = counts[:, None] + np.cumsum(steps, axis=1) - steps + offset[:, None]  # (rows, q)
+    new_rank = np.ascontiguousarray(counts[:, None] + np.cumsum(steps, axis=1) - steps)  # (rows, q)
+    new_slots = np.ascontiguousarray(storage.new_columns(), dtype=np.int64)
+    # Which keys turn, row after row (one C pass over the held slots): sh_rope_turns.
+    room = int(counts.sum()) + rows * q
+    offset = np.empty(rows, dtype=np.int64)
+    out = np.empty((4, max(room, 1)), dtype=np.int64)
+    i64 = "int64_t *"
+    n = lib.sh_rope_turns(ffi.cast(i64, slots.ctypes.data), slots.shape[1], ffi.cast(i64, counts.ctypes.data),
+                          ffi.cast(i64, rope.ctypes.data), rope.shape[1], rows,
+                          ffi.cast(i64, new_slots.ctypes.data), ffi.cast(i64, new_rank.ctypes.data), q,
+                          ffi.cast(i64, offset.ctypes.data), *(ffi.cast(i64, out[k].ctypes.data) for k in range(4)),
+                          room)
+    if n < 0:
+        raise ScissorhandsError("positions='cache': the cache's slot table is inconsistent (sh_rope_turns)")
+    row, slot, key_turn, target = (out[k, :n] for k in range(4))
     per_row = np.broadcast_to(positions[None, :, None, :], (layers, batch, heads, q)).reshape(rows, q)
-    new_turn = new_target - per_row
-    target = np.concatenate((order[None, :] + offset[:, None], new_target), axis=1)
-    turn = np.concatenate((np.where(held, target[:, :width] - have, 0), new_turn), axis=1)
-    columns = np.concatenate((slots, storage.new_columns()), axis=1)
-    row, j = np.nonzero(turn)
-    key_turn = turn[row, j]
+    new_turn = new_rank + offset[:, None] - per_row
     query_turn = np.repeat(new_turn.reshape(layers, batch, heads, 1, q), groups, axis=3).reshape(layers, -1)
     every = np.concatenate((key_turn, query_turn.reshape(-1)))
     low, high = int(every.min()), int(every.max())
@@ -141,13 +154,12 @@ def rank_plan(storage: SlotStorage, admitted: np.ndarray | None, positions: np.n
         angles = angles.astype(np.float64)
     which = np.ascontiguousarray(which, dtype=np.int64).reshape(-1)
     theta = angles[:, None] * np.asarray(inv_freq, dtype=np.float64)[None, :]
-    slot = columns[row, j]
     capacity = storage.capacity
     return RankPlan(
         cos=np.ascontiguousarray(np.cos(theta)), sin=np.ascontiguousarray(np.sin(theta)),
         bounds=np.searchsorted(row, np.arange(layers + 1) * per_layer),
         row=row, slot=slot, offset=((row % per_layer) * capacity + slot) * head_dim,
-        which=which[: len(key_turn)], target=target[row, j],
+        which=np.ascontiguousarray(which[: len(key_turn)]), target=target,
         query_which=np.ascontiguousarray(which[len(key_turn):].reshape(layers, -1)),
         query_offset=np.arange(batch * heads * groups * q, dtype=np.int64) * head_dim,
-        half=int(theta.shape[1]))
+        half=int(theta.shape[1]), rope_index=row * rope.shape[1] + slot, rope_width=int(rope.shape[1]))
