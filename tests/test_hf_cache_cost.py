@@ -215,3 +215,47 @@ def test_key_value_memory_follows_what_is_held_not_the_budget(budget, policy):
             assert cache.storage.nbytes() <= 1.1 * _dynamic_bytes(stock), (end, cache.storage.nbytes())
             assert cache.memory_bytes() <= 1.1 * _dynamic_bytes(stock), (end, cache.memory_bytes())
     assert cache.seen == 90 and int(cache.held_counts().min()) == 90
+
+
+def test_layout_kernels_refuse_bad_arguments_and_change_nothing():
+    """sh_rope_rotate, sh_slots_drop_one and sh_rope_turns refuse a vector past the buffer,
+    a table row past the table, an index past the count or a slot past the rotations, with
+    nothing written; sh_rope_rotate by a table of angle 0 changes nothing."""
+    from scissorhands._native import ffi, lib
+
+    x = np.arange(8, dtype=np.float32)
+    cos, sin = np.ones((1, 2)), np.zeros((1, 2))
+    i64, f, d = "int64_t *", "float *", "double *"
+
+    def rotate(offsets, which, length=8):
+        o, w = np.array(offsets, dtype=np.int64), np.array(which, dtype=np.int64)
+        return lib.sh_rope_rotate(ffi.cast(f, x.ctypes.data), length, ffi.cast(i64, o.ctypes.data),
+                                  ffi.cast(i64, w.ctypes.data), len(o), ffi.cast(d, cos.ctypes.data),
+                                  ffi.cast(d, sin.ctypes.data), 1, 2)
+
+    before = x.copy()
+    assert rotate([0, 5], [0, 0]) == lib.SH_ERR_ARG and np.array_equal(x, before)  # 5 + 4 > 8
+    assert rotate([0, 4], [0, 1]) == lib.SH_ERR_ARG and np.array_equal(x, before)  # table row 1 of 1
+    assert rotate([0, 4], [0, 0]) == lib.SH_OK and np.array_equal(x, before)  # angle 0
+    slots = np.array([[3, 1, 2, 0], [0, 1, 2, 3]], dtype=np.int64)
+    freed = np.zeros(2, dtype=np.int64)
+    bad = np.array([1, 4], dtype=np.int64)  # index 4 past count 3
+    assert lib.sh_slots_drop_one(ffi.cast(i64, slots.ctypes.data), 2, 4, 3, ffi.cast(i64, bad.ctypes.data),
+                                 ffi.cast(i64, freed.ctypes.data)) == lib.SH_ERR_ARG
+    assert np.array_equal(slots, [[3, 1, 2, 0], [0, 1, 2, 3]])
+    good = np.array([1, 3], dtype=np.int64)
+    assert lib.sh_slots_drop_one(ffi.cast(i64, slots.ctypes.data), 2, 4, 3, ffi.cast(i64, good.ctypes.data),
+                                 ffi.cast(i64, freed.ctypes.data)) == lib.SH_OK
+    assert np.array_equal(slots[:, :3], [[3, 2, 0], [0, 1, 2]]) and list(freed) == [1, 3]
+    counts, rope = np.array([2], dtype=np.int64), np.array([[5, 7, 0]], dtype=np.int64)
+    out = np.zeros((5, 4), dtype=np.int64)
+
+    def turns(held):
+        row = np.array([held], dtype=np.int64)
+        return lib.sh_rope_turns(ffi.cast(i64, row.ctypes.data), 3, ffi.cast(i64, counts.ctypes.data),
+                                 ffi.cast(i64, rope.ctypes.data), 3, 1, ffi.NULL, ffi.NULL, 0,
+                                 *(ffi.cast(i64, out[k].ctypes.data) for k in range(5)), 4)
+
+    assert turns([0, 3, 0]) == -1  # slot 3 past the row's 3 rotations
+    assert turns([0, 1, 0]) == 1  # offset 7 - 1 = 6: slot 0 (at 5) turns by +1 to 6
+    assert list(out[:, 0]) == [6, 0, 0, 1, 6]
