@@ -47,6 +47,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLay
 
 from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions
+from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
 from .gqa import gather_group_mean
 from .rows import PolicyConfig, PolicyRows, check_pools
@@ -84,7 +85,9 @@ class CacheStats:
     implementation does not return (``sdpa``); ``update_seconds``: writing keys and
     values; ``rerotate_seconds``: moving keys and queries to their ranks
     (``positions="cache"``).  ``steps``: single-token forwards; ``chunks``: several-token forwards;
-    ``compactions``: rebuilt layouts."""
+    ``compactions``: rebuilt layouts; ``prompt_ends``: prompt-end evictions
+    (``prompt_aware``: the first decode step after a prompt), their time in
+    ``policy_seconds`` and ``bookkeeping_seconds``."""
 
     policy_seconds: float = 0.0
     bookkeeping_seconds: float = 0.0
@@ -94,6 +97,7 @@ class CacheStats:
     steps: int = 0
     chunks: int = 0
     compactions: int = 0
+    prompt_ends: int = 0
 
 
 def _outside_graph(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -391,6 +395,16 @@ def _policy_configs(policy: str, budget: int | None, options: PolicyOptions | No
     return configs, per_sequence
 
 
+def _check_prompt_aware(settings: PromptAware, configs: Sequence[PolicyConfig], per_sequence: bool) -> PromptAware:
+    """The prompt-aware settings checked against the cache's one configuration
+    (:meth:`~scissorhands.prompt_aware.PromptAware.check`); refused with one
+    configuration per sequence."""
+    config = configs[0]
+    if settings.enabled is True and per_sequence:
+        raise InvalidInputError("prompt_aware takes one policy configuration, not configs= (one per sequence)")
+    return settings.check(config.policy, config.budget, config.options)
+
+
 class EvictingCache(Cache):
     """A transformers cache that keeps, per (sequence, layer, KV head), only the
     positions an eviction policy holds.
@@ -422,6 +436,20 @@ class EvictingCache(Cache):
     configs : sequence of PolicyConfig, optional
         One configuration per sequence of the batch instead (``eval`` runs every
         configuration as one batch); excludes ``policy``/``budget``/``options``.
+    prompt_aware : bool, default False
+        Hold the prompt and decide at its end (see Notes): H2O, TOVA and Scissorhands
+        only (StreamingLLM reads no attention, Full never evicts), not with pooled
+        budgets nor ``configs``.
+    prefill_budget : int, default 4096
+        ``prompt_aware``: positions each (sequence, layer, KV head) may hold while a
+        prompt is read, at least ``budget``; each chunk evicts to it by the policy's
+        own rule (memory is bounded by it, not by the prompt).
+    observation_window : int, default 16
+        ``prompt_aware``: the prompt's last rows whose attention scores the held
+        positions at its end; with the policy's sinks below ``budget``.
+    pool_kernel : int, default 15
+        ``prompt_aware``: the max-pooling kernel over held positions (odd, >= 1; 1: no
+        pooling).  Defaults measured in ``docs/prompt-aware-research.md``.
 
     Raises
     ------
@@ -451,6 +479,27 @@ class EvictingCache(Cache):
     ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an evicted
     position is gone.
 
+    ``prompt_aware`` (SnapKV's observation window, Li et al., 2024, arXiv 2404.14469):
+    a *prompt* is every forward of more than one token (the first forward too, and a
+    new turn after decode steps); its chunks evict to ``prefill_budget`` instead of the
+    budget.  The cache keeps the GQA-reduced attention (as the policies get it) of the
+    last ``observation_window`` held positions' rows, over each row's held positions in
+    kept order, across chunk boundaries (a last chunk shorter than the window takes
+    rows of the chunks before; padding is never a row; a position whose row the cache
+    no longer has, such as a decode token before a new turn, gives a zero row).  When
+    the first decode step begins (a forward of one token: at its ``get_mask_sizes``, or
+    its first write, before its attention is computed), every row evicts to the budget
+    by the policy's ``evict_observed_rows`` (the window's summed attention, max-pooled
+    over ``pool_kernel`` held positions; the sinks and the window's own positions
+    protected) and the victims' slots are freed; decoding then goes on by the policy's
+    own rule (``stats.prompt_ends`` counts these evictions).  A prompt never followed
+    by a decode step stays as read.  A chunked prefill whose last chunk is a single
+    token reads that token as the first decode step.  Beams, ``batch_select_indices``
+    and ``batch_repeat_interleave`` move the window with their sequences;
+    ``copy.deepcopy`` copies it, ``reset()`` forgets it.  A first decode step that fails
+    after its mask was sized keeps the prompt-end eviction (it is not part of the
+    forward) and undoes only the step.
+
     ``positions="cache"`` (needs :meth:`from_model`, which finds the model's rotary
     embedding) re-rotates, once positions were evicted, each held key to its rank and the
     query to the rank after them, in the installed attention: one more pass over the held
@@ -462,10 +511,14 @@ class EvictingCache(Cache):
     def __init__(self, config: Any, policy: str = "scissorhands", budget: int | None = 512,
                  options: PolicyOptions | None = None, *, head_mode: str = "per-head",
                  cache_mode: str = "reuse", backend: str = "native", positions: str = "original",
-                 configs: Sequence[PolicyConfig] | None = None, **option_values: Any) -> None:
+                 configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool = False,
+                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, observation_window: int = DEFAULT_OBSERVATION_WINDOW,
+                 pool_kernel: int = DEFAULT_POOL_KERNEL, **option_values: Any) -> None:
         _check_modes(positions, head_mode, cache_mode)
         configs, self.per_sequence = _policy_configs(policy, budget, options, backend, positions, configs,
                                                      option_values)
+        self.prompt_aware = _check_prompt_aware(
+            PromptAware(prompt_aware, prefill_budget, observation_window, pool_kernel), configs, self.per_sequence)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         self.num_heads = int(text.num_attention_heads)
         self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or self.num_heads)
@@ -495,6 +548,12 @@ class EvictingCache(Cache):
         #: wrote to them: model layer index -> (keys, values, tokens seen, initialized).
         self._slid: dict[int, tuple[Any, ...]] = {}
         self._observers: list[AttentionObserver] = []
+        #: ``prompt_aware``: the attention of the last held positions' rows, ``(rows,
+        #: observation_window, width)`` float32 over each policy row's held positions in
+        #: kept order (row ``j`` is kept index ``count - window + j``; zeros where the
+        #: cache has no row), kept from the prompt's chunks until the first decode step
+        #: consumes it; None otherwise.
+        self._window: np.ndarray | None = None
 
     def _build_layers(self, text: Any) -> tuple[list[Any], int]:
         """The cache's layers (evicting ones for full attention) and how many evict; refuses other kinds."""
@@ -689,9 +748,11 @@ class EvictingCache(Cache):
     def _begin(self, key: torch.Tensor) -> _Forward:
         """The first evicting layer's write: the forward's state, its tokens' slots planned."""
         self._settle()
+        q = int(key.shape[2])
+        if q == 1:
+            self._prompt_end()
         storage = self.storage
         fresh = not storage.started()
-        q = int(key.shape[2])
         plan = (storage.extent, storage.chunk_start, storage.q)
         self._forward = _Forward(self.evicting_layers, q, fresh, plan)
         try:
@@ -737,6 +798,30 @@ class EvictingCache(Cache):
             columns, old = forward.rope
             storage.rope[np.arange(storage.rows)[:, None], columns] = old
         storage.unplan(*forward.plan)
+
+    def _prompt_end(self) -> None:
+        """``prompt_aware``: when a prompt was read and the first decode step begins (no
+        forward in flight), evict every row to the budget with the policy's
+        ``evict_observed_rows`` over the prompt's last rows, and free the victims'
+        slots; nothing otherwise.  Refused by the policy: the cache as it was, the
+        window kept."""
+        window = self._window
+        if window is None or self._forward is not None or self.bank is None or not self.storage.started():
+            return
+        start = time.perf_counter()
+        bank, storage = self.bank, self.storage
+        repeat = self.num_kv_heads // self.policy_heads
+        t0 = time.perf_counter()
+        victims, slots = bank.evict_observed(window, self.prompt_aware.pool_kernel)
+        policy_seconds = time.perf_counter() - t0
+        self._window = None
+        if repeat > 1:
+            victims, slots = _repeat_rows(victims, slots, repeat)
+        storage.evict(victims, slots)
+        self.stats.prompt_ends += 1
+        self.stats.compactions = storage.compactions
+        self.stats.policy_seconds += policy_seconds
+        self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
 
     def _mask_sizes(self, q: int) -> tuple[int, int]:
         storage = self.storage
@@ -844,9 +929,15 @@ class EvictingCache(Cache):
                     chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat])
             if chunk_weights is not None:
                 chunk_weights = self._contained(chunk_weights)
+            aware = self.prompt_aware.enabled
             t0 = time.perf_counter()
-            victims, slots = bank.extend(chunk_weights, admit, fresh, q)
+            victims, slots = bank.extend(chunk_weights, admit, fresh, q,
+                                         self.prompt_aware.prefill_budget if aware else None)
             policy_seconds = time.perf_counter() - t0
+            if aware:
+                assert chunk_weights is not None and forward.held is not None
+                self._window = _next_window(self._window, chunk_weights, admit, forward.held, victims, slots,
+                                            self.prompt_aware.observation_window)
             storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
             if repeat > 1:
                 victims, slots = _repeat_rows(victims, slots, repeat)
@@ -913,8 +1004,12 @@ class EvictingCache(Cache):
     @_outside_graph
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         """The mask's key length and offset for layer ``layer_idx`` (transformers' call,
-        before the layers run; a forward that did not finish is undone first)."""
+        before the layers run; a forward that did not finish is undone first).  With
+        ``prompt_aware``, a single token after a prompt is the first decode step: the
+        prompt's end evicts here, so that the sizes are those the step attends over."""
         self._settle()
+        if query_length == 1:
+            self._prompt_end()
         return super().get_mask_sizes(query_length, layer_idx)
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
@@ -930,6 +1025,7 @@ class EvictingCache(Cache):
         self.stats = CacheStats()
         self._forward = None
         self._slid = {}
+        self._window = None
 
     def _select(self, index: Any, what: str) -> None:
         """Sequences become ``index`` (old sequence numbers), checked before anything moves."""
@@ -949,6 +1045,9 @@ class EvictingCache(Cache):
         array = array.astype(np.int64)
         assert self.bank is not None
         self.bank.select(array)
+        if self._window is not None:  # the prompt's rows follow their sequences (layer-major rows)
+            shape = (self.evicting_layers, self.storage.batch, self.policy_heads, *self._window.shape[1:])
+            self._window = np.ascontiguousarray(self._window.reshape(shape)[:, array].reshape(-1, *shape[3:]))
         self.storage.select(array)
         for layer in self.layers:
             if not isinstance(layer, EvictingLayer):
@@ -1000,6 +1099,61 @@ class EvictingCache(Cache):
         names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
         return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
                 f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+
+
+def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarray | None, held: np.ndarray,
+                 victims: np.ndarray, slots: np.ndarray, size: int) -> np.ndarray:
+    """``prompt_aware``: the rows of the last ``size`` held positions after a chunk.
+
+    ``window``: the same before the chunk (None: no rows kept, a fresh prompt or a new
+    turn after decode steps); ``weights``: the chunk's ``(rows, q, width)`` in
+    ``extend``'s layout (a row's ``held`` positions, then chunk token ``j`` at column
+    ``held + j``); ``admit``: ``(rows, q)`` or None; ``victims``/``slots``: the chunk's
+    eviction (kept-order indices after admission, row after row).  Returns ``(rows,
+    size, width')`` float32, ``width'`` the most positions a row holds after the
+    eviction: row ``j`` of row ``r`` is the attention, over ``r``'s held positions in
+    kept order, of the position at kept index ``count - size + j``; rows the cache does
+    not have (a position read before the kept rows, or before the row held ``size``) are
+    zero, columns past a row's count are zero."""
+    rows, q, _ = weights.shape
+    counts = held.astype(np.int64)
+    admitted = np.full(rows, q, dtype=np.int64) if admit is None else admit.sum(axis=1).astype(np.int64)
+    after = counts + admitted - victims
+    out_width = int(after.max(initial=0))
+    out = np.zeros((rows, size, out_width), dtype=np.float32)
+    if admit is None and not victims.any():
+        # No padding, no eviction: kept order is extend's layout, row by row.
+        stacked = np.zeros((rows, size + q, out_width), dtype=np.float32)
+        if window is not None:
+            take = min(window.shape[2], out_width)
+            stacked[:, :size, :take] = window[:, :, :take]
+        stacked[:, size:, :] = weights[:, :, :out_width]
+        # Row r's last `size` rows end at its own count: the chunk's last token.
+        out[:] = stacked[:, q:]
+        tail = np.arange(out_width)[None, None, :] >= after[:, None, None]
+        out[np.broadcast_to(tail, out.shape)] = 0.0
+        return out
+    offsets = np.concatenate(([0], np.cumsum(victims)))
+    for r in range(rows):
+        n = int(counts[r])
+        joined = np.arange(q) if admit is None else np.nonzero(admit[r])[0]
+        m = n + len(joined)
+        keep = np.ones(m, dtype=bool)
+        keep[slots[offsets[r]:offsets[r + 1]]] = False
+        survivors = np.nonzero(keep)[0]
+        last = survivors[-size:]
+        columns = np.concatenate((np.arange(n), n + joined))  # kept index -> extend's column
+        block = np.zeros((len(last), m), dtype=np.float32)
+        new = last >= n
+        if new.any():
+            block[new] = weights[r, joined[last[new] - n]][:, columns]
+        old = (~new) & (last >= n - size)
+        if window is not None and old.any():
+            previous = window[r, last[old] - (n - size)]
+            reach = min(n, previous.shape[1])
+            block[np.nonzero(old)[0], :reach] = previous[:, :reach]
+        out[r, size - len(last):, : len(survivors)] = block[:, survivors]
+    return out
 
 
 def _without_padding(weights: np.ndarray, admit: np.ndarray, counts: np.ndarray) -> np.ndarray:
