@@ -56,6 +56,10 @@ class GenerateRequest:
         Prompt tokens per forward (transformers' ``prefill_chunk_size``).
     positions : {"original", "cache"}
         How keys are positioned (:class:`~scissorhands.hf.EvictingCache`).
+    prompt_aware : bool
+        Hold the prompt (up to ``prefill_budget``) and evict at its end by its last
+        ``observation_window`` rows' attention, max-pooled over ``pool_kernel``
+        (:mod:`scissorhands.prompt_aware`); the three None: their defaults.
     model, attention, threads, backend
         As for ``eval``; ``attention`` defaults to sdpa, transformers' default.
     """
@@ -74,6 +78,10 @@ class GenerateRequest:
     chat: bool | None = None
     prefill_chunk: int = 256
     positions: str = "original"
+    prompt_aware: bool = False
+    prefill_budget: int | None = None
+    observation_window: int | None = None
+    pool_kernel: int | None = None
     model: str | None = None
     attention: str = "sdpa"
     threads: int | None = 1
@@ -148,6 +156,31 @@ def _check_options(request: GenerateRequest) -> PolicyOptions:
     return options
 
 
+_PROMPT_FLAGS = {"prefill_budget": "--prefill-budget", "observation_window": "--observation-window",
+                 "pool_kernel": "--pool-kernel"}
+
+
+def _prompt_kwargs(request: GenerateRequest, options: PolicyOptions) -> dict[str, Any]:
+    """The cache's prompt-aware keywords, checked against the policy and budget (in
+    the flags' names)."""
+    from .prompt_aware import PromptAware
+
+    given = {name: getattr(request, name) for name in _PROMPT_FLAGS if getattr(request, name) is not None}
+    if not request.prompt_aware:
+        if given:
+            raise ScissorhandsError(f"{', '.join(_PROMPT_FLAGS[n] for n in given)} needs --prompt-aware")
+        return {}
+    try:
+        checked = PromptAware(True, **given).check(request.policy, request.budget, options)
+    except ScissorhandsError as exc:
+        text = str(exc).replace("prompt_aware", "--prompt-aware")
+        for name, flag in _PROMPT_FLAGS.items():
+            text = text.replace(name, flag)
+        raise ScissorhandsError(f"{flag_text(type(exc)(text))} (--budget {request.budget})") from None
+    return {"prompt_aware": True, "prefill_budget": checked.prefill_budget,
+            "observation_window": checked.observation_window, "pool_kernel": checked.pool_kernel}
+
+
 def _check_sampling(request: GenerateRequest) -> str | None:
     """Why the decoding flags cannot work, or None."""
     if request.max_new_tokens < 1:
@@ -177,6 +210,7 @@ def _check_request(request: GenerateRequest, stdin: TextIO) -> tuple[Any, Policy
     """
     try:
         options = _check_options(request)
+        _prompt_kwargs(request, options)
         prompt = _read_prompt(request, stdin)
     except ScissorhandsError as exc:
         raise _Refused(str(exc)) from None
@@ -211,8 +245,9 @@ def _build_cache(hf: Any, target: Any, request: GenerateRequest, options: Policy
         The cache refuses the configuration for this model (a pool that does not divide
         its rows, ``--positions cache`` with a pool, ...).
     """
-    kwargs = dict(backend=request.backend, positions=request.positions)
+    kwargs: dict[str, Any] = dict(backend=request.backend, positions=request.positions)
     try:
+        kwargs.update(_prompt_kwargs(request, options))
         if hasattr(target, "generate"):
             return hf.EvictingCache.from_model(target, request.policy, request.budget, options, **kwargs)
         return hf.EvictingCache(target, request.policy, request.budget, options, **kwargs)

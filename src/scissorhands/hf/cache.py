@@ -799,6 +799,21 @@ class EvictingCache(Cache):
             storage.rope[np.arange(storage.rows)[:, None], columns] = old
         storage.unplan(*forward.plan)
 
+    @_outside_graph
+    def end_prompt(self) -> None:
+        """``prompt_aware``: end the prompt now, as the first decode step would (every row
+        evicted to the budget by the observation-window rule), for a caller whose next
+        forward is not a single token (lm-eval's scored continuation).  Nothing when no
+        prompt awaits its end (or the cache is not prompt-aware).
+
+        Raises
+        ------
+        InvalidInputError
+            The policy refuses the window (the cache as it was).
+        """
+        self._settle()
+        self._prompt_end()
+
     def _prompt_end(self) -> None:
         """``prompt_aware``: when a prompt was read and the first decode step begins (no
         forward in flight), evict every row to the budget with the policy's
@@ -931,8 +946,10 @@ class EvictingCache(Cache):
                 chunk_weights = self._contained(chunk_weights)
             aware = self.prompt_aware.enabled
             t0 = time.perf_counter()
-            victims, slots = bank.extend(chunk_weights, admit, fresh, q,
-                                         self.prompt_aware.prefill_budget if aware else None)
+            if aware:  # the prompt is held up to its cap
+                victims, slots = bank.extend(chunk_weights, admit, fresh, q, cap=self.prompt_aware.prefill_budget)
+            else:
+                victims, slots = bank.extend(chunk_weights, admit, fresh, q)
             policy_seconds = time.perf_counter() - t0
             if aware:
                 assert chunk_weights is not None and forward.held is not None
