@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import load_backend, unchanged
+from c_paths import backend_fixture  # noqa: F401  (the backend fixture: both C paths and the reference)
+from conftest import unchanged
 
 from scissorhands.errors import InvalidInputError, InvalidTypeError
 from scissorhands.options import SPECS
@@ -15,12 +16,6 @@ from scissorhands.options import SPECS
 #: Every class, and those that evict (Full never does).
 ALL = tuple(spec.class_name for spec in SPECS.values())
 EVICTING = tuple(spec.class_name for spec in SPECS.values() if spec.evicts)
-
-
-@pytest.fixture(params=("reference",))
-def backend(request):
-    """The backends that implement the rule (the C path follows)."""
-    return load_backend(request.param)
 
 
 @pytest.fixture(params=ALL)
