@@ -1139,14 +1139,15 @@ def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarr
     out_width = int(after.max(initial=0))
     out = np.zeros((rows, size, out_width), dtype=np.float32)
     if admit is None and not victims.any():
-        # No padding, no eviction: kept order is extend's layout, row by row.
-        stacked = np.zeros((rows, size + q, out_width), dtype=np.float32)
-        if window is not None:
-            take = min(window.shape[2], out_width)
-            stacked[:, :size, :take] = window[:, :, :take]
-        stacked[:, size:, :] = weights[:, :, :out_width]
-        # Row r's last `size` rows end at its own count: the chunk's last token.
-        out[:] = stacked[:, q:]
+        # No padding, no eviction: kept order is extend's layout, row by row, and each
+        # row's last `size` rows end at its own count (the chunk's last token).
+        if q >= size:
+            out[:] = weights[:, q - size:, :out_width]
+        else:
+            out[:, size - q:] = weights[:, :, :out_width]
+            if window is not None:  # the rows before the chunk, shifted up by q
+                take = min(window.shape[2], out_width)
+                out[:, : size - q, :take] = window[:, q:, :take]
         tail = np.arange(out_width)[None, None, :] >= after[:, None, None]
         out[np.broadcast_to(tail, out.shape)] = 0.0
         return out
