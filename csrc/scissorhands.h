@@ -28,6 +28,10 @@
  * 64-bit register of vote bits per slot) and may rank positions by votes per decode
  * step held rather than by votes (a vote rate: one uint32 step counter per slot).
  *
+ * Every kind may also evict by an observation window (sh_policy_evict_observed: SnapKV,
+ * Li et al., 2024, arXiv 2404.14469): the window's summed attention, max-pooled over
+ * kept order, decides, the sinks and the window's own positions protected.
+ *
  * Rows may hold different counts (a row may even be empty): capacity is shared, each
  * row keeps its own count. Calls that need equal counts say so and return
  * SH_ERR_RAGGED otherwise; the *_rows calls take ragged rows.

@@ -17,6 +17,7 @@
  *   parallel.c        a step's rows on several threads
  *   step.c            a decode step (admit, evict, both) over every row
  *   pools.c           a step whose rows share budgets
+ *   observe.c         eviction by an observation window's pooled attention (SnapKV)
  *   extend.c          a chunk of tokens (extend, prefill)
  */
 #ifndef SH_INTERNAL_H

@@ -5,6 +5,11 @@ it was. The C path runs on both kernel paths."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from c_paths import backend_fixture  # noqa: F401  (the backend fixture: both C paths and the reference)
@@ -322,3 +327,36 @@ def test_pooled_budgets_refused(backend):
     with pytest.raises(InvalidInputError, match=r"does not take pooled budgets \(pool=2\)"):
         p.evict_observed_rows(np.zeros((2, 2, 8)))
     unchanged(p, InvalidInputError, p.evict_observed, np.zeros((2, 2, 8)))
+
+
+@pytest.mark.skipif("asan" in os.environ.get("LD_PRELOAD", ""),
+                    reason="an address-space limit and AddressSanitizer's shadow memory do not mix")
+def test_allocation_failure_raises_memory_error_and_changes_nothing():
+    """The C path's scratch (22 bytes a slot of the fullest row) is allocated before any
+    row changes: MemoryError leaves the policy as it was, and the same call succeeds
+    once memory allows."""
+    script = textwrap.dedent("""
+        import resource
+        import numpy as np
+        import scissorhands as S
+        n = 2**24  # 352 MiB of scratch, against a limit 256 MiB above what is used
+        p = S.StreamingLLM(budget=8, sinks=0)
+        p.extend(np.broadcast_to(np.float32(0), (n, n)))  # attention never read
+        window = np.zeros((1, n), dtype=np.float32)
+        before = (p.kept_row(0), p.memory_bytes(), repr(p))
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (used + 256 * 2**20, resource.RLIM_INFINITY))
+        try:
+            p.evict_observed_rows(window)
+            outcome = "ok"
+        except MemoryError:
+            outcome = "MemoryError"
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        assert np.array_equal(p.kept_row(0), before[0]) and (p.memory_bytes(), repr(p)) == before[1:]
+        assert p.evict_observed_rows(window).counts.tolist() == [n - 8]
+        print(outcome, p.kept.tolist() == list(range(n - 8, n)))
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "MemoryError True"
