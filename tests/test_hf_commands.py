@@ -181,7 +181,39 @@ def test_generate_prompt_aware_holds_the_prompt_then_the_budget(tiny_model, caps
     assert cache.stats.prompt_ends == 1 and cache.prompt_aware.pool_kernel == 3
 
 
+@pytest.mark.skipif(not hasattr(__import__("scissorhands").Scissorhands, "pin"),
+                    reason="the policies have no pinned spans in this build")
+def test_pin_system_keeps_the_system_prompt_through_a_long_generation(tiny_model, capsys, monkeypatch):
+    """--pin-system: the template's system message (and the user turn's header) is pinned
+    and every row still holds it after a long prompt and answer at a small budget."""
+    from scissorhands.generate import system_span
+
+    _, tokenizer = hf.load_model(tiny_model, progress=False)
+    start, stop = system_span(tokenizer)
+    text = tokenizer.decode(_chat_ids(tokenizer, "0")[start:stop])
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>user\n")
+    caches = []
+    build = hf.EvictingCache.from_model
+    monkeypatch.setattr(hf.EvictingCache, "from_model", lambda *a, **k: caches.append(build(*a, **k)) or caches[-1])
+    budget = stop + 12
+    status, _, err = _generate(capsys, model=tiny_model, budget=budget, values={"recent_window": 4, "sinks": 1},
+                               prompt=" ".join(["colour"] * 40), prefill_chunk=8, max_new_tokens=30,
+                               pin_system=True)
+    assert status == 0, err
+    (cache,) = caches
+    assert cache.pins == [(0, stop)] and cache.held_counts().max() <= budget
+    for layer in cache.observed_layers:
+        for h in range(cache.num_kv_heads):
+            assert set(range(stop)) <= set(cache.kept_positions(layer, 0, h).tolist())
+
+
+def _chat_ids(tokenizer, prompt):
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"][0].tolist()
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(pin_system=True, chat=False), "--pin-system pins the chat template's system message: drop --no-chat"),
     (dict(prefill_budget=100), "--prefill-budget needs --prompt-aware"),
     (dict(prompt_aware=True, policy="streaming-llm"), "streaming-llm reads no attention"),
     (dict(prompt_aware=True, budget=128, prefill_budget=100), "--prefill-budget 100 < budget 128"),

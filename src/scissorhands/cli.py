@@ -253,6 +253,9 @@ def _add_generate(sub: Any, common: Any) -> None:
                        help="the prompt's last rows whose attention decides at its end (default: 16)")
     aware.add_argument("--pool-kernel", type=_argtype(parse_odd, "--pool-kernel"), default=None, metavar="N",
                        help="max-pooling kernel over held positions, odd; 1: no pooling (default: 15)")
+    gen.add_argument("--pin-system", action="store_true",
+                     help="never evict what the chat template puts before the message (its system prompt "
+                     "and the user turn's header)")
     gen.add_argument("--model", metavar="NAME|PATH", help=_MODEL_HELP)
     gen.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                      help="the model's attention implementation (default: sdpa)")
@@ -387,7 +390,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions,
         prompt_aware=args.prompt_aware, prefill_budget=args.prefill_budget,
-        observation_window=args.observation_window, pool_kernel=args.pool_kernel, model=args.model,
+        observation_window=args.observation_window, pool_kernel=args.pool_kernel, pin_system=args.pin_system,
+        model=args.model,
         attention=args.attention, threads=args.threads, backend=args.backend,
         progress=not args.no_progress), usage=args.usage)
 

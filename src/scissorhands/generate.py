@@ -60,6 +60,9 @@ class GenerateRequest:
         Hold the prompt (up to ``prefill_budget``) and evict at its end by its last
         ``observation_window`` rows' attention, max-pooled over ``pool_kernel``
         (:mod:`scissorhands.prompt_aware`); the three None: their defaults.
+    pin_system : bool
+        Pin what the chat template puts before the user's message (its system message
+        and the user turn's header): no eviction takes those positions.
     model, attention, threads, backend
         As for ``eval``; ``attention`` defaults to sdpa, transformers' default.
     """
@@ -82,6 +85,7 @@ class GenerateRequest:
     prefill_budget: int | None = None
     observation_window: int | None = None
     pool_kernel: int | None = None
+    pin_system: bool = False
     model: str | None = None
     attention: str = "sdpa"
     threads: int | None = 1
@@ -219,6 +223,8 @@ def _check_request(request: GenerateRequest, stdin: TextIO) -> tuple[Any, Policy
     problem = _check_sampling(request)
     if problem:
         raise _Refused(problem)
+    if request.pin_system and request.chat is False:
+        raise _Refused("--pin-system pins the chat template's system message: drop --no-chat")
     problem = model_problem(request.model)
     if problem is not None:
         raise _Refused(problem if request.model is None else f"--model {problem}")
@@ -264,6 +270,39 @@ def _uses_chat(request: GenerateRequest, tokenizer: Any) -> bool:
     if request.chat and not has_template:
         raise _Refused("--chat: the tokenizer has no chat template")
     return has_template if request.chat is None else bool(request.chat)
+
+
+def system_span(tokenizer: Any) -> tuple[int, int]:
+    """The positions the chat template puts before a user's message, ``(0, n)``: its
+    system message (the template's default when none is given) and the user turn's
+    header; found as the tokens two renderings with different messages share."""
+    rendered = [_inputs(tokenizer, text, True)["input_ids"][0].tolist() for text in ("0", "Z")]
+    n = 0
+    for a, b in zip(*rendered):
+        if a != b:
+            break
+        n += 1
+    return 0, n
+
+
+def _pin_system(cache: Any, tokenizer: Any, chat: bool) -> None:
+    """``--pin-system``: pin the chat template's system span in every row.
+
+    Raises
+    ------
+    _Refused
+        No chat template, a template that puts nothing before the message, or pins
+        the budget cannot hold.
+    """
+    if not chat:
+        raise _Refused("--pin-system: the tokenizer has no chat template")
+    start, stop = system_span(tokenizer)
+    if stop <= start:
+        raise _Refused("--pin-system: the chat template puts nothing before the user's message")
+    try:
+        cache.pin(start, stop)
+    except ScissorhandsError as exc:
+        raise _Refused(f"--pin-system (positions {start}..{stop - 1}): {flag_text(exc)}") from None
 
 
 def _inputs(tokenizer: Any, prompt: str, chat: bool) -> Any:
@@ -370,6 +409,8 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
             raise _Refused(str(exc)) from None
         chat = _uses_chat(request, tokenizer)
         cache = _build_cache(hf, model, request, options)
+        if request.pin_system:
+            _pin_system(cache, tokenizer, chat)
         return _generate(request, model, tokenizer, cache, _inputs(tokenizer, prompt, chat), chat, stream)
     except _Refused as exc:
         return _fail(str(exc), usage)

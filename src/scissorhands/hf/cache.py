@@ -46,7 +46,7 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from ..errors import InvalidInputError, InvalidTypeError
-from ..options import PolicyOptions
+from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
 from .gqa import gather_group_mean
@@ -395,6 +395,51 @@ def _policy_configs(policy: str, budget: int | None, options: PolicyOptions | No
     return configs, per_sequence
 
 
+def _spans(pins: Any) -> list[tuple[int, int]]:
+    """``pins`` as a list of ``(start, stop)`` pairs (each checked by the policies)."""
+    if isinstance(pins, (str, bytes)) or not hasattr(pins, "__iter__"):
+        raise InvalidTypeError(f"pins must be a sequence of (start, stop) pairs, got {pins!r}")
+    out = []
+    for span in pins:
+        if isinstance(span, (str, bytes)) or not hasattr(span, "__len__") or len(span) != 2:
+            raise InvalidTypeError(f"each pinned span must be a (start, stop) pair, got {span!r}")
+        out.append((span[0], span[1]))
+    return out
+
+
+def _checked_pins(configs: Sequence[PolicyConfig], held: list[tuple[int, int]],
+                  new: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The spans ``held`` plus ``new``, merged, checked by a one-row policy of every
+    configuration (as its rows will pin them); raises what ``pin`` refuses."""
+    if not new:
+        return list(held)
+    merged: list[tuple[int, int]] = list(held)
+    for config in configs:
+        probe = config.build(1, {"layer": 1, "model": 1}) if not config.pooled else \
+            PolicyConfig(config.policy, config.budget, config.options.replace(pool=1), config.backend).build(1, {})
+        for start, stop in [*held, *new]:
+            probe.pin(start, stop)
+        merged = [(int(a), int(b)) for a, b in probe.pins]
+    return merged
+
+
+def _check_pins_leave_room(spans: list[tuple[int, int]], settings: PromptAware,
+                           configs: Sequence[PolicyConfig]) -> None:
+    """``prompt_aware``: the pinned positions, the sinks and the observation window are
+    all protected at the prompt's end; refuse spans that leave nothing to evict there."""
+    if not settings.enabled or not spans:
+        return
+    config = configs[0]
+    assert config.budget is not None
+    resolved = policy_spec(config.policy).check(config.budget, config.options.values(config.policy, config.budget))
+    sinks = int(resolved.get("sinks", 0))
+    pinned = sum(max(0, stop - max(start, sinks)) for start, stop in spans)
+    if pinned + settings.observation_window + sinks >= config.budget:
+        raise InvalidInputError(
+            f"pins leave nothing to evict at the prompt's end: {pinned} pinned + observation_window "
+            f"{settings.observation_window} + sinks {sinks} >= budget {config.budget}")
+
+
 def _check_prompt_aware(settings: PromptAware, configs: Sequence[PolicyConfig], per_sequence: bool) -> PromptAware:
     """The prompt-aware settings checked against the cache's one configuration
     (:meth:`~scissorhands.prompt_aware.PromptAware.check`); refused with one
@@ -450,6 +495,9 @@ class EvictingCache(Cache):
     pool_kernel : int, default 15
         ``prompt_aware``: the max-pooling kernel over held positions (odd, >= 1; 1: no
         pooling).  Defaults measured in ``docs/prompt-aware-research.md``.
+    pins : sequence of (start, stop), default ()
+        Spans of positions no row ever evicts (a system prompt; :meth:`pin`), checked
+        by the policies' ``pin`` at construction.
 
     Raises
     ------
@@ -513,12 +561,16 @@ class EvictingCache(Cache):
                  cache_mode: str = "reuse", backend: str = "native", positions: str = "original",
                  configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool = False,
                  prefill_budget: int = DEFAULT_PREFILL_BUDGET, observation_window: int = DEFAULT_OBSERVATION_WINDOW,
-                 pool_kernel: int = DEFAULT_POOL_KERNEL, **option_values: Any) -> None:
+                 pool_kernel: int = DEFAULT_POOL_KERNEL, pins: Sequence[tuple[int, int]] = (),
+                 **option_values: Any) -> None:
         _check_modes(positions, head_mode, cache_mode)
         configs, self.per_sequence = _policy_configs(policy, budget, options, backend, positions, configs,
                                                      option_values)
         self.prompt_aware = _check_prompt_aware(
             PromptAware(prompt_aware, prefill_budget, observation_window, pool_kernel), configs, self.per_sequence)
+        #: The pinned spans every policy row gets, merged (:meth:`pin`).
+        self._pins: list[tuple[int, int]] = _checked_pins(configs, [], _spans(pins))
+        _check_pins_leave_room(self._pins, self.prompt_aware, configs)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         self.num_heads = int(text.num_attention_heads)
         self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or self.num_heads)
@@ -601,6 +653,35 @@ class EvictingCache(Cache):
                 raise InvalidInputError(f"positions='cache' needs a rotary embedding; {type(model).__name__} has none")
         attention.install(model)
         return cache
+
+    # ------------------------------------------------------------------ pinned spans
+
+    @property
+    def pins(self) -> list[tuple[int, int]]:
+        """The pinned spans ``(start, stop)`` (half-open, merged, ascending) every row
+        of every configuration holds pinned."""
+        return list(self._pins)
+
+    def pin(self, start: int, stop: int) -> None:
+        """Pin positions ``start <= p < stop`` in every (sequence, layer, KV head) row:
+        no eviction takes them (the policies' ``pin``; a span may lie ahead of what was
+        read, and an evicted position does not come back).  Positions count as
+        :meth:`kept_positions` does (a padded sequence's padded positions).  The spans
+        stay through ``reset()`` and are copied with the cache.
+
+        Raises
+        ------
+        InvalidTypeError, InvalidInputError
+            What the policy's ``pin`` refuses (a bad span; pins that leave nothing to
+            evict: pinned plus recent window plus sinks reaching the budget), checked
+            before anything changes.
+        """
+        spans = _checked_pins(self.configs, self._pins, [(start, stop)])
+        _check_pins_leave_room(spans, self.prompt_aware, self.configs)
+        if self.bank is not None:
+            for policy in self.bank.policies:
+                policy.pin(start, stop)
+        self._pins = spans
 
     # ------------------------------------------------------------------ observers
 
@@ -743,6 +824,9 @@ class EvictingCache(Cache):
                 configs.append(config)
                 counts.append(size)
         self.bank = PolicyRows(configs, counts, self.evicting_layers, self.policy_heads)
+        for policy in self.bank.policies:
+            for start, stop in self._pins:
+                policy.pin(start, stop)
         self.storage.start(batch, self.num_kv_heads)
 
     def _begin(self, key: torch.Tensor) -> _Forward:
