@@ -170,7 +170,7 @@ static void move_slots(sh_policy *p, size_t h, char *vals, size_t vb, size_t w, 
     uint32_t *pos = sh_row_positions(p, h);
     memmove(pos + w, pos + i, m * sizeof *pos);
     memmove(vals + w * vb, vals + i * vb, m * vb);
-    if (p->history != NULL) {
+    if (sh_has_history(p)) {
         uint64_t *hist = sh_row_history(p, h);
         memmove(hist + w, hist + i, m * sizeof *hist);
     }
