@@ -317,7 +317,8 @@ size_t sh_policy_memory_bytes(const sh_policy *p)
     if (p == NULL)
         return 0;
     size_t counts = p->heads > 1 ? (size_t)SH_COUNT_BYTES * p->heads : 0;
-    return SH_HEADER_BYTES + counts + (size_t)p->capacity * p->heads * sh_policy_slot_bytes(p);
+    return SH_HEADER_BYTES + counts + (size_t)p->capacity * p->heads * sh_policy_slot_bytes(p)
+           + sh_pin_bytes(p);
 }
 
 uint32_t sh_policy_last_position(const sh_policy *p)

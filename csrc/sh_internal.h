@@ -8,6 +8,8 @@
  *   simd.c            their AVX2 forms and the run-time switch (falls back to kernels.c)
  *   scissorhands.c    Scissorhands' vote update (plain, history window, vote rate)
  *   h2o.c             H2O's cumulative scores and TOVA's latest weights
+ *   pins.c            pinned spans: the object's spans, the pinned slots of a row,
+ *                     whether a budget leaves enough to evict
  *   streaming_llm.c   StreamingLLM's eviction: the oldest after the sinks
  *   select.c          eviction by key: the first minimum, the radix selection,
  *                     compaction (takes the kind's operations as an argument)
@@ -403,6 +405,36 @@ static inline size_t sh_update_row(const sh_kind_ops *ops, sh_policy *p, size_t 
 {
     return n == 0 ? hi : ops->update(p, h, dtype, attn, n, lo, hi, simd);
 }
+
+/* ---------------------------------------------------------------- pinned spans (pins.c) */
+
+/* The number of pinned spans (0 when there are none). */
+size_t sh_pin_spans(const sh_policy *p);
+
+/* Whether position pos lies in a pinned span. */
+int sh_is_pinned(const sh_policy *p, uint32_t pos);
+
+/* The first slot of [from, hi) of row h whose position is pinned (hi when none), with
+   *end the slot after its run of pinned slots (hi when none): [from, result) is
+   unpinned, [result, *end) pinned. */
+size_t sh_next_pinned(const sh_policy *p, size_t h, size_t from, size_t hi, size_t *end);
+
+/* The pinned slots of row h among [lo, hi). */
+size_t sh_pinned_in(const sh_policy *p, size_t h, size_t lo, size_t hi);
+
+/* mark[i] = 2 for each pinned slot i of [lo, hi) of row h, 1 for the others. */
+void sh_mark_pinned(const sh_policy *p, size_t h, size_t lo, size_t hi, uint8_t *mark);
+
+/* SH_ERR_PINNED when some row evicting down to budget after admitting `admit` (0 or 1)
+   position pos has fewer unpinned slots outside its sinks and recent window than it
+   must evict; the pooled form counts a pool's rows together against its excess over
+   pool * budget. SH_OK without pins. */
+int sh_check_pins(const sh_policy *p, int admit, uint32_t pos, uint32_t budget);
+int sh_check_pool_pins(const sh_policy *p, size_t pool, int admit, uint32_t pos,
+                       uint32_t budget);
+
+/* Bytes of the pinned spans: 0, or 4 + SH_PIN_BYTES per span. */
+size_t sh_pin_bytes(const sh_policy *p);
 
 /* ---------------------------------------------------------------- policies */
 

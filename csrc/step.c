@@ -110,7 +110,8 @@ static void step_row(step_job *job, size_t h, size_t at)
     int64_t *slots = job->slots == NULL ? NULL : job->slots + at;
     if (job->row_victims != NULL)
         job->row_victims[h] = (uint32_t)k;
-    if (job->scores_change && k == 1 && held != 0 && sh_plain_values(ops, p)) {
+    if (job->scores_change && k == 1 && held != 0 && sh_plain_values(ops, p)
+        && p->pins == NULL) {
         fused_step_row(job, h, held, victims, slots);
         return;
     }
@@ -282,6 +283,8 @@ int sh_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype, const void
         return rc;
     uint64_t k0, total;
     if ((rc = count_victims(&job, ragged, &k0, &total)) != SH_OK)
+        return rc;
+    if (total != 0 && (rc = sh_check_pins(p, admit, pos, budget)) != SH_OK)
         return rc;
     if (total != 0 && (victims == NULL || victims_cap < total))
         return SH_ERR_BUFFER;
