@@ -22,7 +22,6 @@ the reference, each stated once.
 from __future__ import annotations
 
 import bisect
-
 import math
 import numbers
 from collections.abc import Callable, Mapping
