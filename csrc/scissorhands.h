@@ -28,6 +28,10 @@
  * 64-bit register of vote bits per slot) and may rank positions by votes per decode
  * step held rather than by votes (a vote rate: one uint32 step counter per slot).
  *
+ * Every kind may also evict by an observation window (sh_policy_evict_observed: SnapKV,
+ * Li et al., 2024, arXiv 2404.14469): the window's summed attention, max-pooled over
+ * kept order, decides, the sinks and the window's own positions protected.
+ *
  * Rows may hold different counts (a row may even be empty): capacity is shared, each
  * row keeps its own count. Calls that need equal counts say so and return
  * SH_ERR_RAGGED otherwise; the *_rows calls take ragged rows.
@@ -248,6 +252,31 @@ int sh_policy_step_pools(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtyp
                          const void *attn, size_t heads, size_t n, uint32_t budget,
                          uint32_t pool, uint32_t *victims, int64_t *slots, size_t victims_cap,
                          uint32_t *row_victims, size_t *n_victims);
+
+/* Evicts each row down to budget by an observation window's attention (SnapKV, Li et
+   al., 2024, arXiv 2404.14469), for every kind. attn is heads * window * n weights of
+   dtype (n = the largest count, window >= 1): window row j of row h is the row's held
+   slot t = count_h - window + j, and attn[(h * window + j) * n + i] its weight on slot
+   i; only i < t is read (nothing when t <= 0). Slot i's score is the sum over j
+   ascending of those weights, in double; its pooled score the largest score of the
+   row's slots [i - r, i + r] (r = pool_kernel / 2, clipped at the row's ends). A row
+   holding count_h > budget evicts its count_h - budget unprotected slots of least
+   pooled score, equal pooled scores evicting the lower slot; protected are the first
+   min(sinks, count_h) and the last min(window, count_h). recent_window is not used;
+   survivors keep their votes, scores, registers and steps held. Victims as
+   sh_policy_step_rows writes them (row_victims[h] = k_h, victims row after row, each
+   ascending, slots when not NULL). Refused before anything changes, in order: a NULL
+   pointer, window 0, an even pool_kernel, a dtype other than F32/F64 (SH_ERR_ARG);
+   heads or n not the policy's (SH_ERR_LENGTH); budget 0, then a row whose unprotected
+   slots are fewer than it must evict (SH_ERR_BUDGET); a read weight NaN, infinite or
+   negative, any row (SH_ERR_WEIGHT); victims_cap below sum k_h (SH_ERR_BUFFER); a
+   scratch of 22 bytes per slot of the fullest evicting row (SH_ERR_NOMEM). A kind that
+   never evicts (SH_FULL) checks the pointers, window, pool_kernel and the lengths only
+   (attn may be NULL) and evicts nothing. */
+int sh_policy_evict_observed(sh_policy *p, int32_t dtype, const void *attn, size_t heads,
+                             size_t window, size_t n, uint32_t budget, uint32_t pool_kernel,
+                             uint32_t *victims, int64_t *slots, size_t victims_cap,
+                             uint32_t *row_victims, size_t *n_victims);
 
 /* A call with sh_policy_step's arguments that does nothing: the floor of the call
    overhead, for benchmarks. */

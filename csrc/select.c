@@ -163,6 +163,33 @@ static void radix_select(const sh_kind_ops *ops, const sh_policy *p, size_t h, s
     *mask_out = mask;
 }
 
+/* ---------------------------------------------------------------- loose keys */
+
+void sh_mark_least_f64(const double *keys, size_t m, size_t k, uint8_t *mark, int simd)
+{
+    /* The radix select of radix_select over an array of its own: the threshold
+       (prefix, mask) and the `need` lowest indices at it. */
+    unsigned shift = top_byte_shift(SH_KERNEL(simd, max_f64_bits)(keys, 0, m));
+    uint64_t prefix = 0, mask = 0;
+    size_t need = k;
+    for (;; shift -= 8) {
+        size_t hist[256] = { 0 };
+        SH_KERNEL(simd, hist_f64_bits)(keys, 0, m, mask, prefix, shift, hist);
+        unsigned b = pick_bucket(hist, &need);
+        prefix |= (uint64_t)b << shift;
+        mask |= (uint64_t)0xff << shift;
+        if (hist[b] == need || shift == 0)
+            break;
+    }
+    for (size_t i = 0; i < m; i++) {
+        uint64_t masked = sh_h2o_key(keys, i) & mask;
+        int least = masked < prefix || (masked == prefix && need > 0);
+        if (least && masked == prefix)
+            need--;
+        mark[i] = (uint8_t)least;
+    }
+}
+
 /* ---------------------------------------------------------------- compaction */
 
 /* Moves m slots of row h from i down to w in every per-slot array. */

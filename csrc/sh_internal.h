@@ -19,6 +19,7 @@
  *   parallel.c        a step's rows on several threads
  *   step.c            a decode step (admit, evict, both) over every row
  *   pools.c           a step whose rows share budgets
+ *   observe.c         eviction by an observation window's pooled attention (SnapKV)
  *   extend.c          a chunk of tokens (extend, prefill)
  */
 #ifndef SH_INTERNAL_H
@@ -461,6 +462,11 @@ void sh_streaming_evict(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n
    slot. */
 void sh_evict_by_key(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t k,
                      uint32_t *victims, int64_t *slots, int simd);
+
+/* Marks with 1 in mark[0, m) the k least (1 <= k <= m) of m keys, doubles >= 0 (+inf
+   allowed, no NaN) ordered by their bits, equal keys marking the lower index first;
+   the rest 0. The radix selection of sh_evict_by_key over an array of the caller's. */
+void sh_mark_least_f64(const double *keys, size_t m, size_t k, uint8_t *mark, int simd);
 
 /* Removes the slots marked 1 in mark[lo, hi) from row h, which holds n slots,
    keeping the order of the rest (values, vote registers and steps held move with

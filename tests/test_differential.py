@@ -693,3 +693,126 @@ def test_large_pools_agree(c_path, policy, heads, pool, seed):
         for t in range(40, 70):
             n = int(pair.objs[1].counts.max())
             pair.call("step_rows", t, rng.choice([0.0, 0.02, 0.1, 0.3], size=(heads, n)))
+
+
+# ---------------------------------------------------------------- the observation window
+
+
+#: pool_kernel values: small odd ones, 15 (the default), wider than any row, the largest,
+#: and refused ones (even, 0, bool, float).
+POOL_KERNELS = st.one_of(st.sampled_from([1, 1, 3, 3, 5, 7, 15, 101, UINT32_MAX]), st.integers(1, 9),
+                         st.sampled_from([1, 3, 5, 0, 2, True, 3.0]))
+
+
+@st.composite
+def observation(draw, heads: int, n: int):
+    """An observation window for rows of at most ``n``: ``(heads, W, n)`` (or ``(W, n)``),
+    W in 1..n + 3 (taller than some rows or all), grid weights (many equal scores, more
+    ties once max-pooled) or uniform ones, float32 or float64, now and then a bad value
+    (read or not) or a wrong shape."""
+    window = draw(st.integers(1, 3) | st.integers(1, 3) | st.integers(1, n + 3))
+    width = n + draw(st.sampled_from([0] * 12 + [-1, 1]))
+    if draw(st.integers(0, 20)) == 0:
+        window = 0
+    if draw(st.integers(0, 3)) == 0:
+        grid = np.array([[[draw(st.floats(0, 1)) for _ in range(max(width, 0))] for _ in range(window)]
+                         for _ in range(heads)])
+    else:
+        grid = np.array([[[draw(st.sampled_from(GRID[:3])) for _ in range(max(width, 0))]
+                          for _ in range(window)] for _ in range(heads)])
+    grid = grid.reshape(heads, window, max(width, 0))
+    if grid.size and draw(st.integers(0, 10)) == 0:
+        h, j, i = (draw(st.integers(0, k - 1)) for k in grid.shape)
+        grid[h, j, i] = draw(st.sampled_from([math.nan, math.inf, -0.125]))
+    attn = grid.astype(draw(st.sampled_from([np.float32, np.float64])))
+    return attn[0] if heads == 1 and draw(st.booleans()) else attn
+
+
+def grow_rows(data, pair: Pair) -> None:
+    """Random valid history before the window: a chunk with an admission mask (rows of
+    different counts), decode steps with grid weights, sometimes an eviction."""
+    heads = pair.objs[1].heads
+    chunk = data.draw(st.integers(1, 14))
+    admit = np.array([[data.draw(st.integers(0, 4)) > 0 for _ in range(chunk)] for _ in range(heads)])
+    weights = np.array([[[data.draw(st.sampled_from(GRID)) for _ in range(chunk)] for _ in range(chunk)]
+                        for _ in range(heads)]).reshape(heads, chunk, chunk)
+    pair.call("extend", weights, admit if data.draw(st.booleans()) else None)
+    for _ in range(data.draw(st.integers(0, 6))):
+        n = int(pair.objs[1].counts.max())
+        w = np.array([[data.draw(st.sampled_from(GRID)) for _ in range(n)] for _ in range(heads)])
+        pair.call("on_decode_step", pair.last + 1, w.reshape(heads, n))
+    if data.draw(st.integers(0, 4)) == 0:
+        pair.call("evict_rows", None)
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("c_path", PATHS)
+@given(data=st.data())
+def test_evict_observed_agrees(c_path, policy, data):
+    """evict_observed and evict_observed_rows give the reference's victims, slots, errors
+    and state: ragged rows, windows taller than rows, ties (grid weights, max-pooling),
+    kernels 1 to 2**32 - 1, float32 and float64, bad values and shapes, pooled policies."""
+    with on_path(c_path):
+        pair = Pair(policy, data.draw(params_for(policy, pools=True)))
+        grow_rows(data, pair)
+        for _ in range(data.draw(st.integers(1, 4))):
+            heads = pair.objs[1].heads
+            n = int(pair.objs[1].counts.max())
+            attn = data.draw(observation(heads, n))
+            budget = data.draw(st.one_of(BUDGETS, st.none(), st.integers(1, max(1, n - 1)),
+                                         st.integers(1, max(1, n - 1))))
+            kernel = data.draw(POOL_KERNELS)
+            if data.draw(st.booleans()):
+                pair.call("evict_observed_rows", attn, budget, kernel)
+            else:
+                pair.call("evict_observed", attn, budget, kernel, return_indices=data.draw(st.booleans()))
+            if data.draw(st.booleans()):
+                pair.call("on_decode_step", pair.last + 1, np.full((heads, int(pair.objs[1].counts.max())), 0.125))
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("c_path", PATHS)
+@given(data=st.data())
+def test_evict_observed_with_pins_agrees(c_path, policy, data):
+    """With pinned spans (at construction and pinned between the calls), evict_observed
+    and evict_observed_rows protect the pinned positions and refuse rows they leave too
+    few, exactly as the reference does."""
+    with on_path(c_path):
+        params = data.draw(params_for(policy, pools=True))
+        params["pins"] = data.draw(pins_for(params))
+        pair = Pair(policy, params)
+        grow_rows(data, pair)
+        for _ in range(data.draw(st.integers(1, 4))):
+            if data.draw(st.booleans()):
+                pair.call("pin", *data.draw(span_args()))
+            heads = pair.objs[1].heads
+            n = int(pair.objs[1].counts.max())
+            attn = data.draw(observation(heads, n))
+            budget = data.draw(st.one_of(BUDGETS, st.none(), st.integers(1, max(1, n - 1))))
+            kernel = data.draw(POOL_KERNELS)
+            if data.draw(st.booleans()):
+                pair.call("evict_observed_rows", attn, budget, kernel)
+            else:
+                pair.call("evict_observed", attn, budget, kernel, return_indices=data.draw(st.booleans()))
+
+
+@pytest.mark.parametrize("c_path", PATHS)
+@pytest.mark.parametrize("policy", ("h2o", "scissorhands", "streaming-llm"))
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), kernel=st.sampled_from([1, 7, 15, 21]))
+def test_evict_observed_agrees_on_long_rows(c_path, policy, seed, kernel):
+    """Rows of a few hundred positions (a prompt's end) evicted to a quarter by a
+    16-row window: the selection's radix passes over many candidates, equal pooled
+    scores included, agree with the reference."""
+    rng = np.random.default_rng(seed)
+    with on_path(c_path):
+        params: dict[str, Any] = {"budget": 64, "sinks": 4, "heads": 3}
+        if policy != "streaming-llm":
+            params["recent_window"] = 8
+        pair = Pair(policy, params)
+        n = 200 + int(rng.integers(0, 100))
+        chunk = rng.choice([0.0, 0.01, 0.05, 0.2], size=(3, n, n)).astype(rng.choice([np.float32, np.float64]))
+        pair.call("extend", chunk, rng.random((3, n)) > 0.1)
+        width = int(pair.objs[1].counts.max())
+        window = rng.choice([0.0, 0.001, 0.25, 1.0], size=(3, 16, width))
+        pair.call("evict_observed_rows", window, None, kernel)

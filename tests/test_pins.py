@@ -247,3 +247,27 @@ def test_spans_may_reach_the_last_position(backend):
     """A span up to 2**32 - 1 is accepted (the largest position an admission may take is below it)."""
     p = backend.Full(pins=[(UINT32_MAX - 1, UINT32_MAX)])
     assert p.pins == [(UINT32_MAX - 1, UINT32_MAX)]
+
+
+def test_observed_eviction_keeps_pinned_positions(backend):
+    """evict_observed protects pinned positions: the least pooled unpinned candidates go."""
+    p = backend.H2O(budget=4, recent_window=1, pins=[(1, 3)])
+    for t in range(1, 9):
+        p.on_decode_step(t, None)
+    # Slots 0..6 read by both window rows (slot 7 by the second only): 1 and 2 lowest.
+    row = [0.1, 0.0, 0.0, 0.2, 0.3, 0.9, 0.4, 0.5, 0.0]
+    assert p.evict_observed([row, row], budget=5, pool_kernel=1) == [0, 3, 4, 6]
+    assert p.kept.tolist() == [1, 2, 5, 7, 8]
+
+
+def test_observed_refusal_counts_pinned_positions(backend):
+    """A row the window, sinks and pins leave too few to evict is refused, naming the pinned count."""
+    p = backend.Scissorhands(budget=6, recent_window=1, sinks=1, pins=[(2, 4)])
+    for t in range(1, 9):
+        p.on_decode_step(t, None)
+    before = p.state_dict()
+    with pytest.raises(InvalidInputError, match=r"window 2 \+ sinks 1 \+ pinned 2 leave only 4 positions "
+                                                r"to evict in row 0, need 5"):
+        p.evict_observed_rows(np.zeros((1, 2, 9)), budget=4)
+    assert p.state_dict() == before
+    assert p.evict_observed_rows(np.zeros((1, 2, 9)), budget=5).victims.tolist() == [1, 4, 5, 6]

@@ -17,7 +17,8 @@ FORMAT = "scissorhands-vectors"
 VERSION = 1
 
 #: Index of the attention argument in ``args``, for the calls that take one.
-ATTN_ARG = {"on_decode_step": 1, "step": 1, "step_rows": 1, "prefill": 0, "extend": 0}
+ATTN_ARG = {"on_decode_step": 1, "step": 1, "step_rows": 1, "prefill": 0, "extend": 0,
+            "evict_observed": 0, "evict_observed_rows": 0}
 
 
 def make_policy(module: Any, policy: str, case: dict[str, Any]) -> Any:

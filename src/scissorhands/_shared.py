@@ -56,12 +56,16 @@ __all__ = [
     "check_flag",
     "check_int",
     "check_pool",
+    "check_pool_kernel",
     "check_recent_window",
     "check_span",
     "chunk_shape_error",
     "is_pinned",
     "memory_bytes",
     "merge_spans",
+    "observed_evictions",
+    "observed_pooled_error",
+    "observed_shape_error",
     "parse_held",
     "parse_history",
     "parse_state",
@@ -370,6 +374,69 @@ def chunk_shape_error(heads: int, base: int, shape: tuple[int, ...]) -> InvalidI
         f"extend attn must have shape {want} with C >= 1 tokens: each token's weights over the "
         f"{base} positions held before the chunk (the largest count of a row; 0 on a fresh "
         f"policy), then over the chunk's tokens; got {tuple(shape)}")
+
+
+# ----------------------------------------------------------------------------- observation window
+
+
+def check_pool_kernel(value: Any) -> int:
+    """``pool_kernel`` of ``evict_observed``: an odd integer in ``[1, 2**32 - 1]``.
+
+    Raises
+    ------
+    InvalidTypeError
+        Not an integer (bools and floats included).
+    InvalidInputError
+        Below 1, above ``2**32 - 1``, or even.
+    """
+    value = check_int("pool_kernel", value, 1, UINT32_MAX)
+    if value % 2 == 0:
+        raise InvalidInputError(f"pool_kernel must be odd (the pool is centred on each position), got {value}")
+    return value
+
+
+def observed_shape_error(heads: int, n: int, shape: tuple[int, ...]) -> InvalidInputError:
+    """The error of ``evict_observed`` for an attention of the wrong shape, naming the
+    shape expected: ``(heads, W, n)``, ``n`` the largest count of a row."""
+    want = f"({heads}, W, {n})" + (f" or (W, {n})" if heads == 1 else "")
+    return InvalidInputError(
+        f"evict_observed attn must have shape {want} with W >= 1 window rows, each over the {n} "
+        f"positions of the fullest row in kept order; got {tuple(shape)}")
+
+
+def observed_pooled_error(pool: int) -> InvalidInputError:
+    """The error of ``evict_observed`` on a pooled policy (its rows share budgets, which
+    the rule does not)."""
+    return InvalidInputError(f"evict_observed does not take pooled budgets (pool={pool}); "
+                             "it evicts each row down to the budget on its own")
+
+
+def observed_evictions(counts: list[int], candidates: list[int], window: int, sinks: int,
+                       budget: int, pinned: list[int] | None = None) -> list[int]:
+    """What each row evicts under the observation-window rule: ``max(0, n_h - budget)``.
+
+    ``candidates[h]`` is how many positions of row ``h`` (holding ``counts[h]``) the rule
+    may evict: those outside its protected ones (the first ``min(sinks, n_h)``, the last
+    ``min(window, n_h)``, the window's own, and the pinned positions). ``pinned[h]``
+    (None: the policy pins nothing) is how many of row ``h``'s positions only their
+    pins protect.
+
+    Raises
+    ------
+    InvalidInputError
+        A row must evict more positions than it has candidates (the first such row is
+        named).
+    """
+    out = []
+    for h, (n, c) in enumerate(zip(counts, candidates)):
+        k = max(0, n - budget)
+        if k > c:
+            pins = "" if pinned is None else f" + pinned {pinned[h]}"
+            raise InvalidInputError(
+                f"evict_observed: window {window} + sinks {sinks}{pins} leave only {c} positions to "
+                f"evict in row {h}, need {k} (the row holds {n}, budget {budget})")
+        out.append(k)
+    return out
 
 
 def _check_bools(seq: list[Any] | tuple[Any, ...]) -> None:
