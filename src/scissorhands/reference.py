@@ -732,8 +732,8 @@ class _Policy:
         (``r = pool_kernel // 2``, clipped at the row's ends).  A row holding more than
         ``budget`` evicts its ``n_h - budget`` unprotected slots of least pooled score,
         equal pooled scores evicting the lower position.  Protected: the first
-        ``min(sinks, n_h)`` held (``sinks`` the policy's option, 0 without one) and the
-        last ``min(W, n_h)``; ``recent_window`` is not used.  Survivors keep their
+        ``min(sinks, n_h)`` held (``sinks`` the policy's option, 0 without one), the
+        last ``min(W, n_h)`` and the pinned positions; ``recent_window`` is not used.  Survivors keep their
         votes, scores and registers; nothing else changes.
 
         Parameters

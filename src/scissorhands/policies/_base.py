@@ -600,7 +600,8 @@ class NativePolicy:
         A row holding more than ``budget`` evicts its ``n_h - budget`` unprotected slots
         of least pooled score, equal pooled scores evicting the lower position.
         Protected: the first ``min(sinks, n_h)`` held (``sinks`` the policy's option, 0
-        without one) and the last ``min(W, n_h)``; ``recent_window`` is not used.
+        without one), the last ``min(W, n_h)`` and the pinned positions (:meth:`pin`);
+        ``recent_window`` is not used.
         Survivors keep their votes, scores, vote registers and steps held; nothing else
         changes. Full evicts nothing.
 
@@ -637,7 +638,8 @@ class NativePolicy:
             even or below 1; a pooled policy (``pool != 1``); ``attn`` of the wrong
             shape (the message names the expected one); a row whose protected
             positions leave fewer candidates than it must evict (the message names
-            the window, the sinks, the row and both counts); a read weight that is
+            the window, the sinks, the pinned positions when there are spans, the
+            row and both counts); a read weight that is
             NaN, infinite or negative (any row).
         MemoryError
             The call's scratch (22 bytes per slot of the fullest evicting row) could
