@@ -229,7 +229,8 @@ int sh_policy_step_pools(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtyp
     uint64_t total = 0, fullest = 0;
     if (evict)
         count_pool_victims(p, pool, budget, admit, &total, &fullest);
-    if (total != 0 && (rc = sh_check_pool_pins(p, pool, admit, pos, budget)) != SH_OK)
+    if (total != 0 && budget < p->budget
+        && (rc = sh_check_pool_pins(p, pool, admit, pos, budget)) != SH_OK)
         return rc;
     if (total != 0 && (victims == NULL || victims_cap < total))
         return SH_ERR_BUFFER;

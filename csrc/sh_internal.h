@@ -429,7 +429,10 @@ void sh_mark_pinned(const sh_policy *p, size_t h, size_t lo, size_t hi, uint8_t 
 /* SH_ERR_PINNED when some row evicting down to budget after admitting `admit` (0 or 1)
    position pos has fewer unpinned slots outside its sinks and recent window than it
    must evict; the pooled form counts a pool's rows together against its excess over
-   pool * budget. SH_OK without pins. */
+   pool * budget. SH_OK without pins. Only a budget below the configured one can fail:
+   sh_policy_set_pins keeps the pinned positions outside [0, sinks) + sinks +
+   recent_window below it, and a held position below sinks is always in a sink slot, so
+   a row protects fewer slots than the configured budget. */
 int sh_check_pins(const sh_policy *p, int admit, uint32_t pos, uint32_t budget);
 int sh_check_pool_pins(const sh_policy *p, size_t pool, int admit, uint32_t pos,
                        uint32_t budget);
