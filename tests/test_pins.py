@@ -271,3 +271,16 @@ def test_observed_refusal_counts_pinned_positions(backend):
         p.evict_observed_rows(np.zeros((1, 2, 9)), budget=4)
     assert p.state_dict() == before
     assert p.evict_observed_rows(np.zeros((1, 2, 9)), budget=5).victims.tolist() == [1, 4, 5, 6]
+
+
+def test_at_most_65536_spans(backend):
+    """65,536 separate spans are accepted, one more is refused (after merging), nothing changed."""
+    spans = [(2 * i, 2 * i + 1) for i in range(65536)]
+    p = backend.Full(pins=spans)
+    assert len(p.pins) == 65536
+    with pytest.raises(InvalidInputError, match="at most 65536 pinned spans"):
+        p.pin(2 * 65536, 2 * 65536 + 1)
+    p.pin(1, 2)  # merges (0, 1), (1, 2) and (2, 3) into one
+    assert len(p.pins) == 65535 and p.pins[0] == (0, 3)
+    with pytest.raises(InvalidInputError, match="at most 65536 pinned spans"):
+        backend.Full(pins=[*spans, (2 * 65536, 2 * 65536 + 1)])
