@@ -48,39 +48,40 @@ def _held_everywhere(cache, positions):
 @pytest.mark.parametrize("backend", ["native", "reference"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_long_generation_keeps_the_pinned_span_held(policy, backend):
-    """40 new tokens at budget 10 with positions 2..5 pinned: every row still holds them
+    """40 new tokens at budget 10 with positions 7..9 pinned: every row still holds them
     at the end (and within the budget); without the pin they are gone."""
     model = _model("llama", "sdpa")
     ids = torch.randint(2, VOCAB - 1, (2, 12), generator=torch.Generator().manual_seed(1))
-    span = list(range(2, 6))
-    pinned = hf.EvictingCache.from_model(model, policy, 10, backend=backend, pins=[(2, 6)], **_options(policy))
+    span = list(range(7, 10))
+    pinned = hf.EvictingCache.from_model(model, policy, 10, backend=backend, pins=[(7, 10)], **_options(policy))
     plain = hf.EvictingCache.from_model(model, policy, 10, backend=backend, **_options(policy))
     for cache in (pinned, plain):
         _generate(model, cache, ids, None, do_sample=False, max_new_tokens=40, min_new_tokens=40)
-    assert pinned.pins == [(2, 6)]
+    assert pinned.pins == [(7, 10)]
     assert _held_everywhere(pinned, span) and pinned.held_counts().max() <= 10
     assert not _held_everywhere(plain, span)
 
 
 def test_pin_at_runtime_reaches_every_row_and_stays_through_reset_and_copies():
-    """cache.pin() after the prompt protects the span from then on; a copy keeps it and
-    reset() keeps the spans for the next prompt."""
+    """cache.pin() after the prompt, of positions ahead (10 and 11, decoded later),
+    protects them from then on; a copy keeps it and reset() keeps the spans for the next
+    prompt."""
     model = _model("llama", "eager")
     ids, mask = _prompts(batch=2, length=9, seed=3)
     cache = hf.EvictingCache.from_model(model, "h2o", 8, recent_window=2)
     hf.prefill(model, cache, ids, attention_mask=mask)
-    cache.pin(6, 8)
+    cache.pin(10, 12)
     twin = copy.deepcopy(cache)
     for c in (cache, twin):
         for t in range(12):
             hf.decode_step(model, c, torch.tensor([3 + t, 4 + t]))
-        assert _held_everywhere(c, [6, 7])
+        assert _held_everywhere(c, [10, 11])
     cache.reset()
-    assert cache.pins == [(6, 8)]
+    assert cache.pins == [(10, 12)]
     hf.prefill(model, cache, ids, attention_mask=mask)
     for t in range(12):
         hf.decode_step(model, cache, torch.tensor([3 + t, 4]))
-    assert _held_everywhere(cache, [6, 7]) and cache.held_counts().max() <= 8
+    assert _held_everywhere(cache, [10, 11]) and cache.held_counts().max() <= 8
 
 
 def test_without_eviction_pins_change_nothing():
@@ -95,8 +96,8 @@ def test_without_eviction_pins_change_nothing():
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
     (dict(pins=[(0, 8)]), InvalidInputError, "nothing to evict"),
-    (dict(pins=[(3, 3)]), InvalidInputError, ""),
-    (dict(pins=[(True, 3)]), InvalidTypeError, ""),
+    (dict(pins=[(3, 3)]), InvalidInputError, "3"),
+    (dict(pins=[(True, 3)]), InvalidTypeError, "True|bool|integer"),
     (dict(pins=[(1, 2, 3)]), InvalidTypeError, "pair"),
     (dict(pins=5), InvalidTypeError, "sequence of"),
     (dict(pins=[(0, 6)], prompt_aware=True, observation_window=4), InvalidInputError,
