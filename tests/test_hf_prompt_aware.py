@@ -49,7 +49,7 @@ def _backends() -> list[str]:
     return [b for b in BACKENDS if b == "reference" or _native_has_rule()]
 
 
-def _cache(model, policy="scissorhands", budget=8, backend="reference", **kwargs):
+def _cache(model, policy="scissorhands", budget=8, backend="native", **kwargs):
     options = {**AWARE, **kwargs}
     if policy != "scissorhands" and "recent_window" not in options:
         options["recent_window"] = 2 if policy == "h2o" else 1
