@@ -241,9 +241,11 @@ typedef struct sh_kind_ops sh_kind_ops;
 typedef size_t (*sh_update_fn)(sh_policy *p, size_t h, int32_t dtype, const void *attn,
                                size_t n, size_t lo, size_t hi, int simd);
 
-/* Evicts k slots from row h, which holds n (k <= n minus the protected slots): the
-   kind's victims, ascending, to victims (and their slots before the eviction to
-   slots when not NULL), closing the gaps in order; the caller sets the count. */
+/* Evicts k slots from row h, which holds n (k <= n minus the protected slots: the
+   sinks, the recent window and the pinned positions, which it must skip through
+   sh_next_pinned): the kind's victims, ascending, to victims (and their slots before
+   the eviction to slots when not NULL), closing the gaps in order; the caller sets
+   the count. */
 typedef void (*sh_evict_fn)(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n,
                             size_t k, uint32_t *victims, int64_t *slots, int simd);
 

@@ -619,6 +619,10 @@ class PolicyPair(RuleBasedStateMachine):
         for k in names:
             if data.draw(st.integers(0, 3), label=f"give {k}"):
                 params[k] = data.draw(value, label=k)
+        if data.draw(st.integers(0, 3), label="give pins") == 0:
+            params["pins"] = data.draw(st.sampled_from(
+                [[], [(0, 2)], [(1, 3), (2, 5)], ((4, 6),), np.array([[0, 1]]), [(0, 10**6)], [(3, 3)],
+                 [(0, 1, 2)], 5, "ab", [(True, 2)], [(0, 2.0)], None]), label="pins")
         heads = params.get("heads")
         if isinstance(heads, (int, np.integer)) and not isinstance(heads, bool) and 4 < heads <= 65536:
             params["heads"] = 4  # keep allocations small

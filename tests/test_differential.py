@@ -816,3 +816,25 @@ def test_evict_observed_agrees_on_long_rows(c_path, policy, seed, kernel):
         width = int(pair.objs[1].counts.max())
         window = rng.choice([0.0, 0.001, 0.25, 1.0], size=(3, 16, width))
         pair.call("evict_observed_rows", window, None, kernel)
+
+
+@pytest.mark.parametrize("c_path", PATHS)
+@pytest.mark.parametrize(("policy", "heads", "pool"), [("scissorhands", 12, 4), ("h2o", 12, 12), ("tova", 6, 3)])
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_large_pools_with_pins_agree(c_path, policy, heads, pool, seed):
+    """Pooled evictions through the selection path (many victims a call) leave pinned
+    positions alone and give the reference's victims, slots, refusals and state."""
+    rng = np.random.default_rng(seed)
+    with on_path(c_path):
+        pair = Pair(policy, {"budget": 20, "recent_window": 2, "sinks": 1, "heads": heads, "pool": pool,
+                             "pins": [(3, 9), (20, 24), (45, 47)]})
+        chunk = rng.choice([0.0, 0.01, 0.05, 0.2], size=(heads, 40, 40))
+        pair.call("extend", chunk)
+        assert pair.call("evict_rows", 6)[0] == "raised"  # the pins leave each pool too few
+        pair.call("evict_rows")
+        for t in range(40, 70):
+            n = int(pair.objs[1].counts.max())
+            pair.call("step_rows", t, rng.choice([0.0, 0.02, 0.1, 0.3], size=(heads, n)),
+                      None if t % 7 else 14)
+        assert not {3, 4, 5, 6, 7, 8, 20, 21, 22, 23, 45, 46} - set(pair.objs[0].kept_row(0).tolist())

@@ -265,7 +265,8 @@ class _Policy:
         or already evicted (nothing comes back); overlapping or adjacent spans merge.
         Every eviction (``evict``, ``step``, ``evict_rows``, ``step_rows``, pooled
         budgets) chooses among the slots outside the sinks, the recent window and the
-        pinned positions.
+        pinned positions; ``evict_observed_rows`` among those outside the sinks, the
+        window and the pinned positions.
 
         Parameters
         ----------

@@ -183,7 +183,8 @@ class NativePolicy:
         name positions not admitted yet (they are protected once they join) and
         positions already evicted (nothing comes back). Overlapping or adjacent spans
         merge (:attr:`pins`). :meth:`evict`, :meth:`step`, :meth:`evict_rows`,
-        :meth:`step_rows` and pooled budgets all leave pinned positions alone, so a
+        :meth:`step_rows`, pooled budgets and the observation-window rule
+        (:meth:`evict_observed_rows`) all leave pinned positions alone, so a
         row holds its sinks, its recent window and its pinned positions outside them;
         :class:`Full` keeps the spans and, never evicting, is unchanged by them.
 
