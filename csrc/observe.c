@@ -6,8 +6,8 @@
  * slots before it. A slot's score is the sum of those weights over the window's rows,
  * in row order, in double; its pooled score the largest score within pool_kernel / 2
  * slots either side (clipped at the row's ends). A row over budget evicts the least
- * pooled scores among its unprotected slots (observe_protected: the sinks and the
- * window), equal keys the lower slot, through the radix selection of select.c. The
+ * pooled scores among its unprotected slots (observe_protected: the sinks, the
+ * window and the pinned positions), equal keys the lower slot, through the radix selection of select.c. The
  * kind's own votes, scores and registers are read by nothing and kept by survivors.
  *
  * Everything is checked for every row before any row changes; the scratch (22 bytes
@@ -46,13 +46,15 @@ typedef struct observe_scratch {
 } observe_scratch;
 
 /* Whether slot i of row h, which holds n, is never evicted by this rule: one of the
-   first min(sinks, n) or of the last min(window, n) (the window's own). */
+   first min(sinks, n) or of the last min(window, n) (the window's own), or a pinned
+   position (pins.c). */
 static int observe_protected(const observe_call *c, size_t h, size_t i, size_t n)
 {
-    (void)h; /* a row's own protected spans would be read here */
     size_t sinks = c->p->sinks < n ? c->p->sinks : n;
     size_t window = c->window < n ? c->window : n;
-    return i < sinks || i >= n - window;
+    if (i < sinks || i >= n - window)
+        return 1;
+    return c->p->pins != NULL && sh_is_pinned(c->p, sh_row_positions(c->p, h)[i]);
 }
 
 /* Slots of row h (holding n) the rule may evict. */

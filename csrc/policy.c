@@ -54,23 +54,22 @@ static uint64_t next_capacity(uint64_t capacity, uint64_t budget)
     return doubled;
 }
 
-/* Allocated arrays of one layout, owned together (the scratch lives in values). */
+/* Allocated arrays of one layout, owned together (the scratch and the vote
+   registers live in values). */
 typedef struct storage {
     uint32_t *positions;
     void *values;
-    uint64_t *history;
 } storage;
 
 static void storage_free(storage *s)
 {
     free(s->positions);
     free(s->values);
-    free(s->history);
 }
 
-/* Allocates arrays for heads rows of capacity slots (vote registers too when
-   with_history, steps held after the votes when with_held, and a scratch byte per
-   slot after the values when the kind keeps values); all or nothing. */
+/* Allocates arrays for heads rows of capacity slots (steps held after the votes when
+   with_held, a scratch byte per slot after the values when the kind keeps values,
+   and vote registers after that when with_history); all or nothing. */
 static int storage_alloc(storage *s, const sh_kind_ops *ops, int with_history, int with_held,
                          size_t heads, size_t capacity)
 {
@@ -78,18 +77,17 @@ static int storage_alloc(storage *s, const sh_kind_ops *ops, int with_history, i
     size_t vb = sh_values_bytes(ops, with_held);
     s->positions = NULL;
     s->values = NULL;
-    s->history = NULL;
     if (capacity != 0 && slots / capacity != heads)
         return SH_ERR_NOMEM;
-    if (slots > SIZE_MAX / 16)
+    if (slots > SIZE_MAX / 32)
         return SH_ERR_NOMEM;
+    size_t value_bytes = slots * (vb + 1);
+    if (with_history)
+        value_bytes = sh_history_offset(slots, with_held) + slots * sizeof(uint64_t);
     s->positions = malloc(slots * sizeof(uint32_t));
     if (vb != 0)
-        s->values = malloc(slots * (vb + 1));
-    if (with_history)
-        s->history = malloc(slots * sizeof(uint64_t));
-    if (s->positions == NULL || (vb != 0 && s->values == NULL)
-        || (with_history && s->history == NULL)) {
+        s->values = malloc(value_bytes);
+    if (s->positions == NULL || (vb != 0 && s->values == NULL)) {
         storage_free(s);
         return SH_ERR_NOMEM;
     }
@@ -99,17 +97,16 @@ static int storage_alloc(storage *s, const sh_kind_ops *ops, int with_history, i
 /* Allocates storage laid out as p's, for rows rows of capacity slots. */
 static int storage_like(storage *s, const sh_policy *p, size_t rows, size_t capacity)
 {
-    return storage_alloc(s, sh_ops(p), p->history != NULL, p->vote_rate, rows, capacity);
+    return storage_alloc(s, sh_ops(p), sh_has_history(p), p->vote_rate, rows, capacity);
 }
 
 /* Takes the arrays of s as the policy's, freeing the old ones. */
 static void storage_install(sh_policy *p, storage *s)
 {
-    storage old = { p->positions, p->values, p->history };
+    storage old = { p->positions, p->values };
     storage_free(&old);
     p->positions = s->positions;
     p->values = s->values;
-    p->history = s->history;
 }
 
 /* Copies the held slots of row src of p to row dst of s, laid out for rows rows of
@@ -123,8 +120,9 @@ static void copy_row(const sh_policy *p, size_t src, storage *s, size_t rows, si
     if (vb != 0)
         memcpy((char *)s->values + dst * cap * vb, (char *)p->values + src * p->capacity * vb,
                n * vb);
-    if (p->history != NULL)
-        memcpy(s->history + dst * cap, sh_row_history(p, src), n * sizeof(uint64_t));
+    if (sh_has_history(p))
+        memcpy(sh_history_block(s->values, rows, cap, p->vote_rate) + dst * cap,
+               sh_row_history(p, src), n * sizeof(uint64_t));
     if (p->vote_rate)
         memcpy(sh_held_block(s->values, rows, cap) + dst * cap, sh_row_held(p, src),
                n * sizeof(uint32_t));
@@ -259,7 +257,6 @@ int sh_policy_new(const sh_config *cfg, sh_policy **out)
     }
     p->positions = s.positions;
     p->values = s.values;
-    p->history = s.history;
     p->capacity = cap;
     hold_origin(p);
     *out = p;
@@ -270,8 +267,9 @@ void sh_policy_free(sh_policy *p)
 {
     if (p == NULL)
         return;
-    storage s = { p->positions, p->values, p->history };
+    storage s = { p->positions, p->values };
     storage_free(&s);
+    free(p->pins);
     if (p->counts != &p->count)
         free(p->counts);
     free(p);
@@ -330,7 +328,7 @@ size_t sh_policy_slot_bytes(const sh_policy *p)
     if (p == NULL)
         return 0;
     size_t vb = sh_value_bytes(sh_ops(p));
-    size_t hb = p->history != NULL ? sizeof(uint64_t) : 0;
+    size_t hb = sh_has_history(p) ? sizeof(uint64_t) : 0;
     size_t rb = p->vote_rate ? sizeof(uint32_t) : 0;
     return sizeof(uint32_t) + vb + (vb != 0 ? 1 : 0) + hb + rb;
 }
@@ -340,7 +338,8 @@ size_t sh_policy_memory_bytes(const sh_policy *p)
     if (p == NULL)
         return 0;
     size_t counts = p->heads > 1 ? (size_t)SH_COUNT_BYTES * p->heads : 0;
-    return SH_HEADER_BYTES + counts + (size_t)p->capacity * p->heads * sh_policy_slot_bytes(p);
+    return SH_HEADER_BYTES + counts + (size_t)p->capacity * p->heads * sh_policy_slot_bytes(p)
+           + sh_pin_bytes(p);
 }
 
 uint32_t sh_policy_last_position(const sh_policy *p)

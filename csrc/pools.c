@@ -107,8 +107,8 @@ static uint64_t pool_held(const sh_policy *p, size_t g, size_t pool)
     return held;
 }
 
-/* Writes pool g's evictable slots to cand (clearing their scratch marks); returns
-   how many. */
+/* Writes pool g's evictable slots to cand, pinned ones left out (clearing every
+   scratch mark of the range); returns how many. */
 static size_t gather_candidates(const sh_kind_ops *ops, sh_policy *p, size_t g, size_t pool,
                                 pool_slot *cand)
 {
@@ -120,6 +120,8 @@ static size_t gather_candidates(const sh_kind_ops *ops, sh_policy *p, size_t g, 
         uint8_t *mark = sh_row_scratch(ops, p, h);
         for (size_t i = lo; i < hi; i++) {
             mark[i] = 0;
+            if (p->pins != NULL && sh_is_pinned(p, pos[i]))
+                continue;
             cand[m].key = sh_key_at(ops, p, h, i);
             cand[m].pos = pos[i];
             cand[m].row = (uint32_t)h;
@@ -227,6 +229,9 @@ int sh_policy_step_pools(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtyp
     uint64_t total = 0, fullest = 0;
     if (evict)
         count_pool_victims(p, pool, budget, admit, &total, &fullest);
+    if (total != 0 && budget < p->budget
+        && (rc = sh_check_pool_pins(p, pool, admit, pos, budget)) != SH_OK)
+        return rc;
     if (total != 0 && (victims == NULL || victims_cap < total))
         return SH_ERR_BUFFER;
     pool_slot *cand = NULL;

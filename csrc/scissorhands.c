@@ -113,7 +113,7 @@ size_t sh_scissorhands_update(sh_policy *p, size_t h, int32_t dtype, const void 
 {
     if (p->vote_rate)
         count_step(sh_row_held(p, h), n);
-    if (p->history != NULL) {
+    if (sh_has_history(p)) {
         uint64_t mask = history_mask(p->history_window);
         if (dtype == SH_DTYPE_F32)
             vote_history_f32(sh_row_votes(p, h), sh_row_history(p, h), mask, attn, n);

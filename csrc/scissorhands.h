@@ -71,7 +71,8 @@ enum sh_status {
     SH_ERR_BUDGET = 6,   /* budget < 1, or not above the recent window + sinks */
     SH_ERR_STATE = 7,    /* prefill on a policy that is not fresh; a bad loaded state */
     SH_ERR_BUFFER = 8,   /* an output buffer too small for the victims */
-    SH_ERR_RAGGED = 9    /* rows hold different counts where the call needs them equal */
+    SH_ERR_RAGGED = 9,   /* rows hold different counts where the call needs them equal */
+    SH_ERR_PINNED = 10   /* the pinned positions leave a row (or pool) too few to evict */
 };
 
 /* Policy kinds. */
@@ -119,7 +120,9 @@ enum sh_sizes {
     SH_INITIAL_CAPACITY_LIMIT = 4096,
     SH_FULL_INITIAL_CAPACITY = 64,
     SH_MAX_THREADS = 64,
-    SH_PARALLEL_MIN_SLOTS = 262144
+    SH_PARALLEL_MIN_SLOTS = 262144,
+    SH_MAX_PINS = 65536,
+    SH_PIN_BYTES = 8
 };
 
 /* Construction parameters. recent_window and sinks are the protected suffix and
@@ -189,7 +192,8 @@ int sh_policy_counts(const sh_policy *p, uint32_t *counts, size_t cap);
 size_t sh_policy_capacity(const sh_policy *p);
 
 /* SH_HEADER_BYTES + capacity * heads * bytes per slot, plus SH_COUNT_BYTES * heads
-   for the rows' counts when heads > 1. */
+   for the rows' counts when heads > 1, plus 4 + SH_PIN_BYTES * m for m >= 1 pinned
+   spans (their number, then each start and stop). */
 size_t sh_policy_memory_bytes(const sh_policy *p);
 
 /* Bytes of state per slot: 9 Scissorhands (+8 with a history window, +4 with a
@@ -307,6 +311,28 @@ int sh_policy_prefill(sh_policy *p, int32_t dtype, const void *attn, size_t head
    grows one doubling at a time until the fullest row fits. */
 int sh_policy_extend(sh_policy *p, int32_t dtype, const void *attn, size_t heads,
                      size_t chunk, size_t width, const uint8_t *admit);
+
+/* Pinned spans: positions start <= pos < stop that no eviction takes, in any row
+   (sh_policy_step, sh_policy_step_rows, sh_policy_step_pools), whether held yet or
+   not; the object's, not a row's: kept by reset, sh_policy_select_rows and the
+   imports, freed with the object. Sinks are the special case of the span [0, sinks)
+   on rows that hold every position from 0. sh_policy_set_pins replaces the spans by
+   the m given, spans[2 * j] = start and spans[2 * j + 1] = stop of span j: merged and
+   ascending (start < stop, each start above the previous stop), m <= SH_MAX_PINS,
+   else SH_ERR_ARG; SH_ERR_BUDGET when the pinned positions outside [0, sinks) plus
+   sinks plus recent_window reach the configured budget (nothing would be left to
+   evict); SH_ERR_NOMEM; on any error the old spans stay. m = 0 removes them all.
+   A step evicting with a budget whose row (pool) holds fewer unpinned positions
+   outside its sinks and recent window than it must evict returns SH_ERR_PINNED
+   before anything changes. */
+int sh_policy_set_pins(sh_policy *p, const uint32_t *spans, size_t m);
+
+/* The number of pinned spans. */
+size_t sh_policy_pin_count(const sh_policy *p);
+
+/* Copies the pinned spans out as sh_policy_set_pins takes them (2 * m words;
+   SH_ERR_BUFFER when cap, in spans, is below m). */
+int sh_policy_export_pins(const sh_policy *p, uint32_t *spans, size_t cap);
 
 /* Replaces the rows by `rows` rows, row r a copy of old row index[r] (positions,
    per-slot arrays, count); repeats allowed. 1 <= rows <= SH_MAX_HEADS and every

@@ -99,35 +99,36 @@ static unsigned top_byte_shift(uint64_t x)
 }
 
 /* A key of [lo, hi) with the top set bit of the largest: the largest stored value,
-   or (computed keys) the or of every key, marking every slot a candidate. */
+   or (computed keys) the or of the keys of the candidates, the slots the caller marked
+   1 in the scratch. */
 static uint64_t top_key(const sh_kind_ops *ops, const sh_policy *p, size_t h, size_t lo,
-                        size_t hi, int simd)
+                        size_t hi, int computed, int simd)
 {
-    if (!p->vote_rate)
+    if (!computed)
         return value_max(ops, p, h, lo, hi, simd);
-    uint8_t *mark = sh_row_scratch(ops, p, h);
+    const uint8_t *mark = sh_row_scratch(ops, p, h);
     uint64_t all = 0;
     for (size_t i = lo; i < hi; i++) {
-        all |= sh_key_at(ops, p, h, i);
-        mark[i] = 1;
+        if (mark[i] == 1)
+            all |= sh_key_at(ops, p, h, i);
     }
     return all;
 }
 
 /* One radix pass over the candidates of [lo, hi): their keys that agree with prefix
    on the bytes already chosen (mask), counted by the byte at shift; a computed key's
-   slot that disagrees stops being a candidate. */
+   slot that disagrees stops being a candidate (its mark 1 becomes 0). */
 static void key_hist(const sh_kind_ops *ops, const sh_policy *p, size_t h, size_t lo,
                      size_t hi, uint64_t mask, uint64_t prefix, unsigned shift,
-                     size_t hist[256], int simd)
+                     size_t hist[256], int computed, int simd)
 {
-    if (!p->vote_rate) {
+    if (!computed) {
         value_hist(ops, p, h, lo, hi, mask, prefix, shift, hist, simd);
         return;
     }
     uint8_t *mark = sh_row_scratch(ops, p, h);
     for (size_t i = lo; i < hi; i++) {
-        if (mark[i]) {
+        if (mark[i] == 1) {
             uint64_t key = sh_key_at(ops, p, h, i);
             if ((key & mask) != prefix)
                 mark[i] = 0;
@@ -137,19 +138,20 @@ static void key_hist(const sh_kind_ops *ops, const sh_policy *p, size_t h, size_
     }
 }
 
-/* Finds the k-th smallest key in slots [lo, hi) of row h as a (prefix, mask) pair:
-   the victims are every slot whose masked key is below prefix, then the lowest
-   *need slots whose masked key equals it. Requires 1 <= k <= hi - lo. */
+/* Finds the k-th smallest key among the candidates of slots [lo, hi) of row h (every
+   slot, or with computed keys those marked 1) as a (prefix, mask) pair: the victims
+   are every candidate whose masked key is below prefix, then the lowest *need
+   candidates whose masked key equals it. Requires 1 <= k <= the candidates. */
 static void radix_select(const sh_kind_ops *ops, const sh_policy *p, size_t h, size_t lo,
                          size_t hi, size_t k, uint64_t *prefix_out, uint64_t *mask_out,
-                         size_t *need, int simd)
+                         size_t *need, int computed, int simd)
 {
-    unsigned shift = top_byte_shift(top_key(ops, p, h, lo, hi, simd));
+    unsigned shift = top_byte_shift(top_key(ops, p, h, lo, hi, computed, simd));
     uint64_t prefix = 0, mask = 0;
     *need = k;
     for (;; shift -= 8) {
         size_t hist[256] = { 0 };
-        key_hist(ops, p, h, lo, hi, mask, prefix, shift, hist, simd);
+        key_hist(ops, p, h, lo, hi, mask, prefix, shift, hist, computed, simd);
         unsigned b = pick_bucket(hist, need);
         prefix |= (uint64_t)b << shift;
         mask |= (uint64_t)0xff << shift;
@@ -197,7 +199,7 @@ static void move_slots(sh_policy *p, size_t h, char *vals, size_t vb, size_t w, 
     uint32_t *pos = sh_row_positions(p, h);
     memmove(pos + w, pos + i, m * sizeof *pos);
     memmove(vals + w * vb, vals + i * vb, m * vb);
-    if (p->history != NULL) {
+    if (sh_has_history(p)) {
         uint64_t *hist = sh_row_history(p, h);
         memmove(hist + w, hist + i, m * sizeof *hist);
     }
@@ -238,15 +240,20 @@ void sh_compact_row(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, si
 /* ---------------------------------------------------------------- eviction */
 
 /* The last pass with computed keys: marks the victims of [lo, hi) (every masked key
-   below prefix, then the lowest `need` at it), writes them ascending, compacts. */
+   below prefix, then the lowest `need` at it; with pinned, never a slot marked 2),
+   writes them ascending, compacts. */
 static void take_marked(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t lo,
-                        size_t hi, uint64_t mask, uint64_t prefix, size_t need,
+                        size_t hi, uint64_t mask, uint64_t prefix, size_t need, int pinned,
                         uint32_t *victims, int64_t *slots)
 {
     const uint32_t *pos = sh_row_positions(p, h);
     uint8_t *mark = sh_row_scratch(ops, p, h);
     size_t j = 0;
     for (size_t i = lo; i < hi; i++) {
+        if (pinned && mark[i] == 2) {
+            mark[i] = 0;
+            continue;
+        }
         uint64_t masked = sh_key_at(ops, p, h, i) & mask;
         int victim = masked < prefix || (masked == prefix && need > 0);
         if (victim && masked == prefix)
@@ -262,6 +269,16 @@ static void take_marked(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n
     sh_compact_row(ops, p, h, n, lo, hi, mark);
 }
 
+/* Writes slot i of row h as the only victim and closes its gap. */
+static void take_one(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t i,
+                     uint32_t *victims, int64_t *slots)
+{
+    victims[0] = sh_row_positions(p, h)[i];
+    if (slots != NULL)
+        slots[0] = (int64_t)i;
+    sh_compact_row(ops, p, h, n, i, i + 1, NULL);
+}
+
 /* Evicts the k least-keyed slots of [lo, hi) from row h, which holds n slots (ties:
    the lower slot), writing the victims ascending (and their slots), then compacting
    the row. */
@@ -270,27 +287,69 @@ static void evict_range(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n
 {
     if (k == 1) {
         /* The steady state: one victim, the first minimum. */
-        size_t i = first_minimum(ops, p, h, lo, hi, simd);
-        victims[0] = sh_row_positions(p, h)[i];
-        if (slots != NULL)
-            slots[0] = (int64_t)i;
-        sh_compact_row(ops, p, h, n, i, i + 1, NULL);
+        take_one(ops, p, h, n, first_minimum(ops, p, h, lo, hi, simd), victims, slots);
         return;
     }
     uint64_t prefix, mask;
     size_t need;
-    radix_select(ops, p, h, lo, hi, k, &prefix, &mask, &need, simd);
+    if (p->vote_rate)
+        memset(sh_row_scratch(ops, p, h) + lo, 1, hi - lo);
+    radix_select(ops, p, h, lo, hi, k, &prefix, &mask, &need, p->vote_rate, simd);
     if (sh_plain_values(ops, p)) {
         /* Positions and one value array: take and compact in one pass. */
         value_take(ops, p, h, n, lo, hi, mask, prefix, need, victims, slots, simd);
         return;
     }
-    take_marked(ops, p, h, n, lo, hi, mask, prefix, need, victims, slots);
+    take_marked(ops, p, h, n, lo, hi, mask, prefix, need, 0, victims, slots);
+}
+
+/* The first slot of least key among the unpinned slots of [lo, hi) (some exist): the
+   first minimum of each run of unpinned slots, the earliest of the least. */
+static size_t first_unpinned_minimum(const sh_kind_ops *ops, const sh_policy *p, size_t h,
+                                     size_t lo, size_t hi, int simd)
+{
+    size_t best = hi;
+    uint64_t least = 0;
+    while (lo < hi) {
+        size_t end, at = sh_next_pinned(p, h, lo, hi, &end);
+        if (at > lo) {
+            size_t i = first_minimum(ops, p, h, lo, at, simd);
+            uint64_t key = sh_key_at(ops, p, h, i);
+            if (best == hi || key < least) {
+                best = i;
+                least = key;
+            }
+        }
+        lo = end;
+    }
+    return best;
+}
+
+/* evict_range for a range holding pinned slots, which stay: the runs between them
+   give the one victim; more come from the radix selection over computed keys, the
+   pinned slots marked 2 in the scratch. */
+static void evict_around_pins(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n,
+                              size_t lo, size_t hi, size_t k, uint32_t *victims,
+                              int64_t *slots, int simd)
+{
+    if (k == 1) {
+        take_one(ops, p, h, n, first_unpinned_minimum(ops, p, h, lo, hi, simd), victims, slots);
+        return;
+    }
+    uint64_t prefix, mask;
+    size_t need;
+    sh_mark_pinned(p, h, lo, hi, sh_row_scratch(ops, p, h));
+    radix_select(ops, p, h, lo, hi, k, &prefix, &mask, &need, 1, simd);
+    take_marked(ops, p, h, n, lo, hi, mask, prefix, need, 1, victims, slots);
 }
 
 void sh_evict_by_key(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n, size_t k,
                      uint32_t *victims, int64_t *slots, int simd)
 {
     size_t sinks = p->sinks < n ? p->sinks : n;
-    evict_range(ops, p, h, n, sinks, n - p->recent_window, k, victims, slots, simd);
+    size_t hi = n - p->recent_window, end;
+    if (p->pins != NULL && sh_next_pinned(p, h, sinks, hi, &end) < hi)
+        evict_around_pins(ops, p, h, n, sinks, hi, k, victims, slots, simd);
+    else
+        evict_range(ops, p, h, n, sinks, hi, k, victims, slots, simd);
 }

@@ -8,6 +8,8 @@
  *   simd.c            their AVX2 forms and the run-time switch (falls back to kernels.c)
  *   scissorhands.c    Scissorhands' vote update (plain, history window, vote rate)
  *   h2o.c             H2O's cumulative scores and TOVA's latest weights
+ *   pins.c            pinned spans: the object's spans, the pinned slots of a row,
+ *                     whether a budget leaves enough to evict
  *   streaming_llm.c   StreamingLLM's eviction: the oldest after the sinks
  *   select.c          eviction by key: the first minimum, the radix selection,
  *                     compaction (takes the kind's operations as an argument)
@@ -31,8 +33,11 @@
    vote_rate, history_window and threads are narrow so that the whole header stays
    within SH_HEADER_BYTES. The values allocation holds, in order: the heads * capacity
    votes or scores, with vote_rate the heads * capacity steps-held counters (same
-   row layout), then heads * capacity bytes of selection scratch. Row h holds
-   counts[h] positions; with one row, counts points at `count` inside the header. */
+   row layout), then heads * capacity bytes of selection scratch, then, with a
+   history window, the heads * capacity vote registers (from the next multiple of 8
+   bytes). Row h holds counts[h] positions; with one row, counts points at `count`
+   inside the header. The pinned spans are the object's, shared by every row
+   (pins.c). */
 struct sh_policy {
     int8_t kind;            /* enum sh_kind: the index of its operations in sh_kinds */
     uint8_t vote_rate;      /* Scissorhands: evict by votes per step held */
@@ -48,9 +53,11 @@ struct sh_policy {
     uint32_t *counts;       /* positions held per row: &count, or heads entries */
     uint32_t *positions;    /* heads * capacity, ascending within each row */
     void *values;           /* uint32 votes (Scissorhands; then uint32 steps held with
-                               vote_rate), double scores (H2O, TOVA), then the scratch bytes;
-                               or NULL */
-    uint64_t *history;      /* vote bits of the last history_window steps per slot, or NULL */
+                               vote_rate), double scores (H2O, TOVA), then the scratch
+                               bytes, then the vote registers with a history window; or
+                               NULL */
+    uint32_t *pins;         /* NULL, or the pinned spans: pins[0] = their number m, then
+                               m (start, stop) pairs, half-open, merged, ascending */
 };
 
 /* ---------------------------------------------------------------- kernels
@@ -234,9 +241,11 @@ typedef struct sh_kind_ops sh_kind_ops;
 typedef size_t (*sh_update_fn)(sh_policy *p, size_t h, int32_t dtype, const void *attn,
                                size_t n, size_t lo, size_t hi, int simd);
 
-/* Evicts k slots from row h, which holds n (k <= n minus the protected slots): the
-   kind's victims, ascending, to victims (and their slots before the eviction to
-   slots when not NULL), closing the gaps in order; the caller sets the count. */
+/* Evicts k slots from row h, which holds n (k <= n minus the protected slots: the
+   sinks, the recent window and the pinned positions, which it must skip through
+   sh_next_pinned): the kind's victims, ascending, to victims (and their slots before
+   the eviction to slots when not NULL), closing the gaps in order; the caller sets
+   the count. */
 typedef void (*sh_evict_fn)(const sh_kind_ops *ops, sh_policy *p, size_t h, size_t n,
                             size_t k, uint32_t *victims, int64_t *slots, int simd);
 
@@ -282,9 +291,31 @@ static inline double *sh_row_scores(const sh_policy *p, size_t h)
     return (double *)p->values + h * p->capacity;
 }
 
+/* Whether each slot keeps a register of its last history_window vote bits. */
+static inline int sh_has_history(const sh_policy *p)
+{
+    return p->history_window != 0;
+}
+
+/* Where the vote registers start in a values block of `slots` slots: after the votes
+   (only counts keep registers), the steps held with a vote rate and the scratch,
+   rounded up to 8 bytes. */
+static inline size_t sh_history_offset(size_t slots, int with_held)
+{
+    size_t bytes = slots * (sizeof(uint32_t) + (with_held ? sizeof(uint32_t) : 0) + 1);
+    return (bytes + 7) & ~(size_t)7;
+}
+
+/* The vote registers of a values block laid out for heads rows of capacity slots. */
+static inline uint64_t *sh_history_block(void *values, size_t heads, size_t capacity,
+                                         int with_held)
+{
+    return (uint64_t *)(void *)((char *)values + sh_history_offset(heads * capacity, with_held));
+}
+
 static inline uint64_t *sh_row_history(const sh_policy *p, size_t h)
 {
-    return p->history + h * p->capacity;
+    return sh_history_block(p->values, p->heads, p->capacity, p->vote_rate) + h * p->capacity;
 }
 
 /* The steps-held counters follow the heads * capacity votes in the values block. */
@@ -316,7 +347,7 @@ static inline uint8_t *sh_row_scratch(const sh_kind_ops *ops, const sh_policy *p
    no steps held): the rows the fused step and the one-pass take serve. */
 static inline int sh_plain_values(const sh_kind_ops *ops, const sh_policy *p)
 {
-    return ops->values != SH_VALUES_NONE && p->history == NULL && !p->vote_rate;
+    return ops->values != SH_VALUES_NONE && !sh_has_history(p) && !p->vote_rate;
 }
 
 /* Slot c of row h becomes pos with a zero value (an empty vote register, no steps
@@ -329,7 +360,7 @@ static inline void sh_put_slot(const sh_kind_ops *ops, sh_policy *p, size_t h, s
         sh_row_votes(p, h)[c] = 0;
     else if (ops->values == SH_VALUES_F64)
         sh_row_scores(p, h)[c] = 0.0;
-    if (p->history != NULL)
+    if (sh_has_history(p))
         sh_row_history(p, h)[c] = 0;
     if (p->vote_rate)
         sh_row_held(p, h)[c] = 0;
@@ -377,6 +408,39 @@ static inline size_t sh_update_row(const sh_kind_ops *ops, sh_policy *p, size_t 
 {
     return n == 0 ? hi : ops->update(p, h, dtype, attn, n, lo, hi, simd);
 }
+
+/* ---------------------------------------------------------------- pinned spans (pins.c) */
+
+/* The number of pinned spans (0 when there are none). */
+size_t sh_pin_spans(const sh_policy *p);
+
+/* Whether position pos lies in a pinned span. */
+int sh_is_pinned(const sh_policy *p, uint32_t pos);
+
+/* The first slot of [from, hi) of row h whose position is pinned (hi when none), with
+   *end the slot after its run of pinned slots (hi when none): [from, result) is
+   unpinned, [result, *end) pinned. */
+size_t sh_next_pinned(const sh_policy *p, size_t h, size_t from, size_t hi, size_t *end);
+
+/* The pinned slots of row h among [lo, hi). */
+size_t sh_pinned_in(const sh_policy *p, size_t h, size_t lo, size_t hi);
+
+/* mark[i] = 2 for each pinned slot i of [lo, hi) of row h, 1 for the others. */
+void sh_mark_pinned(const sh_policy *p, size_t h, size_t lo, size_t hi, uint8_t *mark);
+
+/* SH_ERR_PINNED when some row evicting down to budget after admitting `admit` (0 or 1)
+   position pos has fewer unpinned slots outside its sinks and recent window than it
+   must evict; the pooled form counts a pool's rows together against its excess over
+   pool * budget. SH_OK without pins. Only a budget below the configured one can fail:
+   sh_policy_set_pins keeps the pinned positions outside [0, sinks) + sinks +
+   recent_window below it, and a held position below sinks is always in a sink slot, so
+   a row protects fewer slots than the configured budget. */
+int sh_check_pins(const sh_policy *p, int admit, uint32_t pos, uint32_t budget);
+int sh_check_pool_pins(const sh_policy *p, size_t pool, int admit, uint32_t pos,
+                       uint32_t budget);
+
+/* Bytes of the pinned spans: 0, or 4 + SH_PIN_BYTES per span. */
+size_t sh_pin_bytes(const sh_policy *p);
 
 /* ---------------------------------------------------------------- policies */
 

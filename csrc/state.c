@@ -50,11 +50,11 @@ int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap)
 {
     if (p == NULL || history == NULL)
         return SH_ERR_ARG;
-    if (p->history == NULL)
+    if (!sh_has_history(p))
         return SH_ERR_STATE;
     if (cap < sh_total_count(p))
         return SH_ERR_BUFFER;
-    copy_rows_out(p, history, p->history, sizeof *history);
+    copy_rows_out(p, history, sh_row_history(p, 0), sizeof *history);
     return SH_OK;
 }
 
@@ -77,7 +77,7 @@ static int check_import(const sh_policy *p, size_t heads, const uint32_t *positi
 {
     if (p == NULL || positions == NULL)
         return SH_ERR_ARG;
-    if ((history != NULL) != (p->history != NULL) || (held != NULL) != (p->vote_rate != 0))
+    if ((history != NULL) != (sh_has_history(p) != 0) || (held != NULL) != (p->vote_rate != 0))
         return SH_ERR_ARG;
     if (heads != p->heads)
         return SH_ERR_LENGTH;

@@ -99,6 +99,21 @@ static void fused_step_row(const step_job *job, size_t h, size_t n, uint32_t *vi
     sh_put_slot(ops, p, h, n - 1, job->pos);
 }
 
+/* Whether row h, holding n before the step, has a pinned slot among those the fused
+   step could evict: the older evictable ones, or the newcomer when no recent window
+   keeps it. */
+static int pinned_candidate(const step_job *job, size_t h, size_t n)
+{
+    const sh_policy *p = job->p;
+    if (p->pins == NULL)
+        return 0;
+    size_t lo = p->sinks < n + 1 ? p->sinks : n + 1;
+    size_t hi = n + 1 - p->recent_window, end;
+    size_t top = hi < n ? hi : n;
+    return (lo < top && sh_next_pinned(p, h, lo, top, &end) < top)
+           || (hi == n + 1 && sh_is_pinned(p, job->pos));
+}
+
 /* Applies the step to row h, writing its victims from victims + at. */
 static void step_row(step_job *job, size_t h, size_t at)
 {
@@ -110,7 +125,8 @@ static void step_row(step_job *job, size_t h, size_t at)
     int64_t *slots = job->slots == NULL ? NULL : job->slots + at;
     if (job->row_victims != NULL)
         job->row_victims[h] = (uint32_t)k;
-    if (job->scores_change && k == 1 && held != 0 && sh_plain_values(ops, p)) {
+    if (job->scores_change && k == 1 && held != 0 && sh_plain_values(ops, p)
+        && !pinned_candidate(job, h, held)) {
         fused_step_row(job, h, held, victims, slots);
         return;
     }
@@ -282,6 +298,9 @@ int sh_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype, const void
         return rc;
     uint64_t k0, total;
     if ((rc = count_victims(&job, ragged, &k0, &total)) != SH_OK)
+        return rc;
+    /* At the configured budget or above, the spans' own check leaves every row enough. */
+    if (total != 0 && budget < p->budget && (rc = sh_check_pins(p, admit, pos, budget)) != SH_OK)
         return rc;
     if (total != 0 && (victims == NULL || victims_cap < total))
         return SH_ERR_BUFFER;

@@ -4,7 +4,8 @@ A hypothesis state machine builds the same policy (any of the five, ``heads`` in
 {1, 2, 3}; Scissorhands, H2O and TOVA with or without sinks, Scissorhands with or
 without a history window and a vote rate) on both backends and drives them in lockstep with
 decode steps, fused steps,
-evictions, prefill, chunks (``extend``, with and without ``admit``), the row-by-row
+evictions, prefill, chunks (``extend``, with and without ``admit``), pinned spans
+(``pin``: no victim may be pinned), the row-by-row
 ``step_rows``/``evict_rows``, row selection (``select_rows``: beams, copies, fewer or
 more rows), reset, state round trips (across backends, through JSON, pickle,
 ``copy``), corrupted states and accessor queries. Rows come to hold different counts
@@ -482,10 +483,23 @@ class PolicyPair(RuleBasedStateMachine):
             self.params["heads"] = self.heads
 
     def _contract(self, before: list[list[Any]], raw: Any, budget: Any) -> None:
-        """The output contract of the native call's own return value."""
+        """The output contract of the native call's own return value; no victim pinned."""
         cap = self.params["budget"] if budget is None else int(budget)
         before = [[int(p) for p in row] for row in before]
         check_contract(before, self.rows(self.objs[0]), raw, cap, self.evicts)
+        spans = self.objs[0].pins
+        pinned = [v for row in victim_rows(raw)[0] for v in row if any(a <= v < b for a, b in spans)]
+        assert not pinned, f"pinned positions {pinned} were evicted (pins {spans})"
+
+    @rule(data=st.data())
+    def pin(self, data: Any) -> None:
+        """pin() with short spans over the first positions (often overlapping the sinks or
+        each other), now and then one empty, reversed, out of range or not integers."""
+        start = data.draw(st.one_of(st.integers(0, 30), st.integers(0, 30), st.sampled_from(
+            [-1, 2**32, UINT32_MAX, True, 1.5, None, np.int64(2)])), label="start")
+        width = data.draw(st.integers(-1, 6), label="width")
+        stop = start + width if isinstance(start, int) and not isinstance(start, bool) else 3
+        self.apply("pin", start, stop)
 
     @rule(data=st.data())
     def prefill(self, data: Any) -> None:
@@ -605,6 +619,10 @@ class PolicyPair(RuleBasedStateMachine):
         for k in names:
             if data.draw(st.integers(0, 3), label=f"give {k}"):
                 params[k] = data.draw(value, label=k)
+        if data.draw(st.integers(0, 3), label="give pins") == 0:
+            params["pins"] = data.draw(st.sampled_from(
+                [[], [(0, 2)], [(1, 3), (2, 5)], ((4, 6),), np.array([[0, 1]]), [(0, 10**6)], [(3, 3)],
+                 [(0, 1, 2)], 5, "ab", [(True, 2)], [(0, 2.0)], None]), label="pins")
         heads = params.get("heads")
         if isinstance(heads, (int, np.integer)) and not isinstance(heads, bool) and 4 < heads <= 65536:
             params["heads"] = 4  # keep allocations small

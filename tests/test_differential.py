@@ -33,7 +33,7 @@ from conftest import BACKENDS, POLICY_NAMES, load_backend
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from scissorhands._shared import UINT32_MAX
+from scissorhands._shared import UINT32_MAX, merge_spans, pinned_outside
 from scissorhands.options import SPECS
 
 GRID = [i / 8 for i in range(9)]
@@ -234,16 +234,43 @@ class Pair:
         self.check()
 
 
-def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30) -> None:
+@st.composite
+def pins_for(draw, params: dict[str, Any]):
+    """Spans a policy built with ``params`` accepts: a few short ones over the first
+    positions, often overlapping, adjacent or covering the sinks, each kept only while
+    the pinned positions outside the sinks leave something to evict."""
+    budget = params.get("budget") or UINT32_MAX
+    sinks = params.get("sinks", 0)
+    room = budget - 1 - params.get("recent_window", 0) - sinks
+    spans: list[tuple[int, int]] = []
+    for start, length in draw(st.lists(st.tuples(st.integers(0, 24), st.integers(1, 5)), max_size=4)):
+        merged = merge_spans(spans, [(start, start + length)])
+        if pinned_outside(merged, sinks) <= room:
+            spans = merged
+    return spans
+
+
+def span_args():
+    """``pin()``'s arguments: mostly short spans over the first positions, sometimes
+    empty, reversed, out of range or not integers."""
+    return st.one_of(
+        st.integers(0, 24).flatmap(lambda a: st.tuples(st.just(a), st.integers(a + 1, a + 6))),
+        st.integers(0, 24).flatmap(lambda a: st.tuples(st.just(a), st.integers(a + 1, a + 6))),
+        st.sampled_from([(3, 3), (5, 2), (-1, 2), (0, 2**32), (True, 2), (0, 2.0)]))
+
+
+def run_operations(data, policy: str, params: dict[str, Any], max_ops: int = 30, pins: bool = False) -> None:
     pair = Pair(policy, params)
     heads = params["heads"]
     for _ in range(data.draw(st.integers(1, max_ops))):
         op = data.draw(st.sampled_from(
             ["decode"] * 4 + ["step"] * 4 + ["evict"] * 2 + ["prefill", "reset", "roundtrip", "query"]
-            + ["extend"] * 2 + ["step_rows", "evict_rows", "select"]))
+            + ["extend"] * 2 + ["step_rows", "evict_rows", "select"] + ["pin"] * (2 if pins else 0)))
         heads = pair.objs[1].heads
         n = int(pair.objs[1].counts.max())
-        if op == "decode":
+        if op == "pin":
+            pair.call("pin", *data.draw(span_args()))
+        elif op == "decode":
             pair.call("on_decode_step", data.draw(positions(pair.last)), data.draw(attention(heads, n)))
         elif op == "step":
             pair.call("step", data.draw(positions(pair.last)), data.draw(attention(heads, n)),
@@ -295,6 +322,38 @@ def test_native_equals_reference(c_path, policy, data):
     """Random valid and invalid operation sequences give the same results, errors and state."""
     with on_path(c_path):
         run_operations(data, policy, data.draw(params_for(policy, pools=True)))
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("c_path", PATHS)
+@given(data=st.data())
+def test_native_equals_reference_with_pins(c_path, policy, data):
+    """With spans pinned at construction and by pin() between the operations, random
+    valid and invalid sequences give the same results, errors and state."""
+    with on_path(c_path):
+        params = data.draw(params_for(policy, pools=True))
+        params["pins"] = data.draw(pins_for(params))
+        run_operations(data, policy, params, pins=True)
+
+
+@pytest.mark.parametrize("policy", [name for name in POLICY_NAMES if SPECS[name].evicts])
+@pytest.mark.parametrize("c_path", PATHS)
+@given(data=st.data())
+def test_pinned_decode_stream_agrees(c_path, policy, data):
+    """A long decode stream with pinned spans, evicting every step (the single victim)
+    and now and then to a smaller per-call budget (many victims at once), agrees."""
+    with on_path(c_path):
+        params = data.draw(params_for(policy, heads=st.sampled_from([1, 2])))
+        params["budget"] = params["budget"] + 6  # room for spans besides the protected
+        params["pins"] = data.draw(pins_for(params))
+        pair = Pair(policy, params)
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        dtype = data.draw(st.sampled_from([np.float32, np.float64]))
+        for t in range(1, 80):
+            n = int(pair.objs[1].counts.max())
+            w = (rng.integers(0, 9, (params["heads"], n)) / 8).astype(dtype)
+            budget = None if t % 9 else int(rng.integers(1, params["budget"] + 1))
+            pair.call("step_rows", t, w, budget)
 
 
 #: The long sequences: TOVA shares H2O's selection (and test_kernels holds its two kernel
@@ -711,6 +770,32 @@ def test_evict_observed_agrees(c_path, policy, data):
                 pair.call("on_decode_step", pair.last + 1, np.full((heads, int(pair.objs[1].counts.max())), 0.125))
 
 
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("c_path", PATHS)
+@given(data=st.data())
+def test_evict_observed_with_pins_agrees(c_path, policy, data):
+    """With pinned spans (at construction and pinned between the calls), evict_observed
+    and evict_observed_rows protect the pinned positions and refuse rows they leave too
+    few, exactly as the reference does."""
+    with on_path(c_path):
+        params = data.draw(params_for(policy, pools=True))
+        params["pins"] = data.draw(pins_for(params))
+        pair = Pair(policy, params)
+        grow_rows(data, pair)
+        for _ in range(data.draw(st.integers(1, 4))):
+            if data.draw(st.booleans()):
+                pair.call("pin", *data.draw(span_args()))
+            heads = pair.objs[1].heads
+            n = int(pair.objs[1].counts.max())
+            attn = data.draw(observation(heads, n))
+            budget = data.draw(st.one_of(BUDGETS, st.none(), st.integers(1, max(1, n - 1))))
+            kernel = data.draw(POOL_KERNELS)
+            if data.draw(st.booleans()):
+                pair.call("evict_observed_rows", attn, budget, kernel)
+            else:
+                pair.call("evict_observed", attn, budget, kernel, return_indices=data.draw(st.booleans()))
+
+
 @pytest.mark.parametrize("c_path", PATHS)
 @pytest.mark.parametrize("policy", ("h2o", "scissorhands", "streaming-llm"))
 @settings(max_examples=10, deadline=None)
@@ -731,3 +816,25 @@ def test_evict_observed_agrees_on_long_rows(c_path, policy, seed, kernel):
         width = int(pair.objs[1].counts.max())
         window = rng.choice([0.0, 0.001, 0.25, 1.0], size=(3, 16, width))
         pair.call("evict_observed_rows", window, None, kernel)
+
+
+@pytest.mark.parametrize("c_path", PATHS)
+@pytest.mark.parametrize(("policy", "heads", "pool"), [("scissorhands", 12, 4), ("h2o", 12, 12), ("tova", 6, 3)])
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_large_pools_with_pins_agree(c_path, policy, heads, pool, seed):
+    """Pooled evictions through the selection path (many victims a call) leave pinned
+    positions alone and give the reference's victims, slots, refusals and state."""
+    rng = np.random.default_rng(seed)
+    with on_path(c_path):
+        pair = Pair(policy, {"budget": 20, "recent_window": 2, "sinks": 1, "heads": heads, "pool": pool,
+                             "pins": [(3, 9), (20, 24), (45, 47)]})
+        chunk = rng.choice([0.0, 0.01, 0.05, 0.2], size=(heads, 40, 40))
+        pair.call("extend", chunk)
+        assert pair.call("evict_rows", 6)[0] == "raised"  # the pins leave each pool too few
+        pair.call("evict_rows")
+        for t in range(40, 70):
+            n = int(pair.objs[1].counts.max())
+            pair.call("step_rows", t, rng.choice([0.0, 0.02, 0.1, 0.3], size=(heads, n)),
+                      None if t % 7 else 14)
+        assert not {3, 4, 5, 6, 7, 8, 20, 21, 22, 23, 45, 46} - set(pair.objs[0].kept_row(0).tolist())

@@ -155,6 +155,79 @@ def test_generate_holds_the_budget_through_a_long_prompt(tiny_model, capsys):
     assert int(summary.group(4)) == 20 and int(summary.group(5)) > 40
 
 
+def test_generate_prompt_aware_equals_the_stock_cache_without_eviction(tiny_model, capsys):
+    """--prompt-aware with a budget above the total: the stock cache's text."""
+    status, text, err = _generate(capsys, model=tiny_model, budget=64, chat=False, prompt=PROMPT, prompt_aware=True,
+                                  prefill_budget=64)
+    assert status == 0, err
+    assert text.rstrip("\n") == _stock_text(tiny_model, PROMPT)
+
+
+def test_generate_prompt_aware_holds_the_prompt_then_the_budget(tiny_model, capsys, monkeypatch):
+    """--prompt-aware on a prompt longer than the budget, read in chunks: the cache held
+    the whole prompt (every chunk under the cap), evicted once at its end, and ends at
+    the budget."""
+    caches = []
+    build = hf.EvictingCache.from_model
+    monkeypatch.setattr(hf.EvictingCache, "from_model", lambda *a, **k: caches.append(build(*a, **k)) or caches[-1])
+    status, _, err = _generate(capsys, model=tiny_model, budget=20, values={"recent_window": 0.75, "sinks": 4},
+                               prompt=" ".join(["colour"] * 40), prefill_chunk=8, max_new_tokens=6,
+                               prompt_aware=True, observation_window=4, pool_kernel=3)
+    assert status == 0, err
+    summary = SUMMARY.match(err.strip().splitlines()[-1])
+    assert summary is not None, err
+    assert int(summary.group(4)) == 20 and int(summary.group(5)) > 40
+    (cache,) = caches
+    assert cache.stats.prompt_ends == 1 and cache.prompt_aware.pool_kernel == 3
+
+
+@pytest.mark.skipif(not hasattr(__import__("scissorhands").Scissorhands, "pin"),
+                    reason="the policies have no pinned spans in this build")
+def test_pin_system_keeps_the_system_prompt_through_a_long_generation(tiny_model, capsys, monkeypatch):
+    """--pin-system: the template's system message (and the user turn's header) is pinned
+    and every row still holds it after a long prompt and answer at a small budget."""
+    from scissorhands.generate import system_span
+
+    _, tokenizer = hf.load_model(tiny_model, progress=False)
+    start, stop = system_span(tokenizer)
+    text = tokenizer.decode(_chat_ids(tokenizer, "0")[start:stop])
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>user\n")
+    caches = []
+    build = hf.EvictingCache.from_model
+    monkeypatch.setattr(hf.EvictingCache, "from_model", lambda *a, **k: caches.append(build(*a, **k)) or caches[-1])
+    budget = stop + 12
+    status, _, err = _generate(capsys, model=tiny_model, budget=budget, values={"recent_window": 4, "sinks": 1},
+                               prompt=" ".join(["colour"] * 40), prefill_chunk=8, max_new_tokens=30,
+                               pin_system=True)
+    assert status == 0, err
+    (cache,) = caches
+    assert cache.pins == [(0, stop)] and cache.held_counts().max() <= budget
+    for layer in cache.observed_layers:
+        for h in range(cache.num_kv_heads):
+            assert set(range(stop)) <= set(cache.kept_positions(layer, 0, h).tolist())
+
+
+def _chat_ids(tokenizer, prompt):
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"][0].tolist()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(pin_system=True, chat=False), "--pin-system pins the chat template's system message: drop --no-chat"),
+    (dict(prefill_budget=100), "--prefill-budget needs --prompt-aware"),
+    (dict(prompt_aware=True, policy="streaming-llm"), "streaming-llm reads no attention"),
+    (dict(prompt_aware=True, budget=128, prefill_budget=100), "--prefill-budget 100 < budget 128"),
+    (dict(prompt_aware=True, budget=20, values={"recent_window": 4, "sinks": 4}, observation_window=16),
+     "--observation-window 16 \\+ --sinks 4 >= budget 20"),
+])
+def test_generate_refuses_bad_prompt_aware_flags_before_the_model_loads(monkeypatch, capsys, kwargs, message):
+    """Each bad prompt-aware flag: one error line naming it, exit 2, no model loaded."""
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    status, _, err = _generate(capsys, prompt="hi", **kwargs)
+    assert status == 2
+    assert re.search(message, err), err
+
+
 def test_generate_progress_reaches_the_end_of_a_prompt_with_a_short_last_chunk(tiny_model, capsys):
     """A prompt of five full chunks and a last one of a single token: the bar still
     reaches the prompt's length (tqdm's adaptive redraw count skipped the short last

@@ -141,6 +141,13 @@ def test_an_evicting_cache_holds_its_budget_in_every_request(loaded, monkeypatch
     ({"policy": "scissorhands", "budget": 64, "head_mode": "sideways"}, "head_mode"),
     ({"policy": "full", "batch_size": 4}, "batch_size must be 1"),
     ({"policy": "h2o", "budget": 128, "recnt_window": 4}, "unknown model argument recnt_window"),
+    ({"policy": "h2o", "budget": 128, "prompt_aware": "maybe"}, "prompt_aware must be true or false"),
+    ({"policy": "h2o", "budget": 128, "prefill_budget": 512}, "prefill_budget applies only with prompt_aware"),
+    ({"policy": "h2o", "budget": 128, "prompt_aware": "true", "prefill_budget": 64}, "prefill_budget 64 < budget"),
+    ({"policy": "h2o", "budget": 128, "prompt_aware": "true", "pool_kernel": "4"}, "pool_kernel must be odd"),
+    ({"policy": "h2o", "budget": 128, "prompt_aware": "true", "observation_window": "x"},
+     "observation_window must be an integer"),
+    ({"policy": "streaming-llm", "budget": 64, "prompt_aware": True}, "streaming-llm reads no attention"),
 ])
 def test_bad_model_args_fail_before_the_model_loads(monkeypatch, args, message):
     """Each bad --model_args value raises the library's error naming it, and no model is loaded."""
@@ -159,6 +166,51 @@ def test_model_args_are_parsed_by_the_options_own_parsers():
     assert args == {"dtype": "float32"}
     assert dict(config.values) == {"recent_window": "50%", "sinks": 4, "history_window": None, "vote_rate": True}
     assert config.label() == "scissorhands budget=128 rw=64 sinks=4 hw=off rate"
+
+
+def test_prompt_aware_model_args_are_parsed_and_reach_the_cache():
+    """prompt_aware=true with its settings as text: parsed, labelled, and handed to the cache."""
+    args = {"policy": "scissorhands", "budget": 128, "recent_window": "0.75x", "sinks": 4, "prompt_aware": "true",
+            "prefill_budget": "1024", "observation_window": 8, "pool_kernel": "21"}
+    config = pop_cache_config(args)
+    assert args == {}
+    kwargs = config.cache_kwargs()
+    assert (kwargs["prompt_aware"], kwargs["prefill_budget"], kwargs["observation_window"],
+            kwargs["pool_kernel"]) == (True, 1024, 8, 21)
+    assert config.label().endswith("pa cap=1024 w=8 k=21")
+    assert "prompt_aware" not in pop_cache_config({"policy": "h2o", "budget": 64}).cache_kwargs()
+
+
+def test_a_prompt_aware_cache_decides_at_the_prompts_end_in_every_request(loaded, monkeypatch):
+    """prompt_aware: every request's cache holds the whole prompt while reading it (cap
+    above it), then evicts to the budget at the prompt's end: before the first generated
+    token's forward, and before a scored continuation."""
+    from scissorhands.retrieval.model import ScissorhandsLM
+
+    model, tokenizer = loaded
+    ours = ScissorhandsLM(pretrained=model, tokenizer=tokenizer, policy="h2o", budget=24, recent_window=8,
+                          prefill_chunk=16, quiet=True, prompt_aware=True, prefill_budget=256)
+    caches = []
+    fresh = ours.fresh_cache
+    monkeypatch.setattr(ours, "fresh_cache", lambda: caches.append(fresh()) or caches[-1])
+    ours.loglikelihood(_instances("loglikelihood", [(t, " and nothing else") for t in TEXTS]))
+    ours.generate_until(_instances("generate_until", [(t, {"until": ["\n"], "max_gen_toks": 4}) for t in TEXTS]))
+    assert len(caches) == 2 * len(TEXTS)
+    long = [c for c in caches if c.get_seq_length() > 40]
+    assert long and all(c.stats.prompt_ends == 1 for c in long)
+    assert all(int(c.held_counts().max()) <= 24 + 16 for c in caches)  # the continuation read after the end
+
+
+def test_the_prompt_aware_configurations_take_the_prompt_flags():
+    """tasks --configs scissorhands+pa --prefill-budget ... builds prompt-aware caches with those
+    settings (the others unchanged); a bad --pool-kernel is refused by the parser."""
+    args = cli.build_parser().parse_args(["tasks", "--configs", "scissorhands+pa,h2o", "--lengths", "512",
+                                          "--budgets", "1/4", "--prefill-budget", "600", "--pool-kernel", "21"])
+    grid = driver.plan(args)
+    aware, plain = (run.config(512, 64, grid["prompt"]) for run in grid["runs"])
+    assert aware.prompt.enabled and (aware.prompt.prefill_budget, aware.prompt.pool_kernel) == (600, 21)
+    assert aware.values["recent_window"] == "0.75x" and aware.budget == 128
+    assert not plain.prompt.enabled
 
 
 def test_generators_are_seeded_sized_and_offline(loaded):
@@ -202,6 +254,9 @@ def test_lm_eval_command_line_gets_the_package_tasks_on_its_include_path():
     (["--tasks", "niah_multikey_1"], 2, "unknown task"),
     (["--lengths", "100"], 2, "leaves no prompt"),
     (["--budgets", "1/64", "--lengths", "256"], 2, "--budgets 1/64 of --lengths 256"),
+    (["--pool-kernel", "4"], 2, "pool_kernel must be odd"),
+    (["--configs", "h2o+pa", "--budgets", "1/4", "--lengths", "512", "--prefill-budget", "100"], 2,
+     "prefill_budget 100 < budget 128"),
 ])
 def test_tasks_refuses_bad_flags_before_the_model_loads(monkeypatch, capsys, argv, status, message):
     """Bad tasks flags exit with a message naming the flag, before any model loads."""

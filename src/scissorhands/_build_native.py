@@ -17,7 +17,7 @@ from cffi import FFI
 CSRC = pathlib.Path(__file__).resolve().parent.parent.parent / "csrc"
 #: The C core, one file per role (csrc/sh_internal.h maps them); each uses only those
 #: before it in this list.
-SOURCES = ["kernels.c", "simd.c", "scissorhands.c", "h2o.c", "streaming_llm.c", "select.c",
+SOURCES = ["kernels.c", "simd.c", "pins.c", "scissorhands.c", "h2o.c", "streaming_llm.c", "select.c",
            "kinds.c", "policy.c", "state.c", "parallel.c", "step.c", "pools.c", "observe.c",
            "extend.c", "gqa.c", "layout.c"]
 #: POSIX threads for a step's rows (csrc/parallel.c); nothing extra on Windows, where the

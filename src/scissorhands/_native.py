@@ -33,6 +33,7 @@ _MESSAGES = {
     lib.SH_ERR_STATE: (InvalidInputError, "the policy is not in a state that allows this call"),
     lib.SH_ERR_BUFFER: (ScissorhandsError, "output buffer too small (internal error)"),
     lib.SH_ERR_RAGGED: (InvalidInputError, "the rows hold different counts where the call needs them equal"),
+    lib.SH_ERR_PINNED: (InvalidInputError, "the pinned positions leave too few positions to evict"),
 }
 
 

@@ -21,6 +21,7 @@ the reference, each stated once.
 
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -41,32 +42,44 @@ __all__ = [
     "MASKED_MESSAGE",
     "MAX_HEADS",
     "MAX_HISTORY_WINDOW",
+    "MAX_PINS",
     "MAX_THREADS",
     "PARALLEL_MIN_SLOTS",
+    "PIN_BYTES",
+    "PIN_COUNT_BYTES",
     "STATE_FORMAT",
     "STATE_VERSION",
     "UINT32_MAX",
     "RowVictims",
+    "Span",
     "StateRows",
     "check_flag",
     "check_int",
     "check_pool",
     "check_pool_kernel",
     "check_recent_window",
+    "check_span",
     "chunk_shape_error",
+    "is_pinned",
     "memory_bytes",
+    "merge_spans",
     "observed_evictions",
     "observed_pooled_error",
     "observed_shape_error",
     "parse_held",
     "parse_history",
     "parse_state",
+    "pinned_budget_error",
+    "pinned_outside",
+    "pins_budget_error",
     "pooled_evict_error",
     "ragged_counts_error",
     "ragged_evict_error",
     "read_admit",
+    "read_pins",
     "read_row_index",
     "read_weights",
+    "row_candidates",
 ]
 
 # ----------------------------------------------------------------------------- limits
@@ -96,11 +109,22 @@ HISTORY_BYTES = 8
 HELD_BYTES = 4
 
 
-def memory_bytes(capacity: int, heads: int, slot_bytes: int) -> int:
+#: Most pinned spans one policy holds (merged).
+MAX_PINS = 65536
+#: Bytes ``memory_bytes()`` counts per pinned span (its start and stop, uint32 each);
+#: spans add ``PIN_COUNT_BYTES`` once more for their number.
+PIN_BYTES = 8
+PIN_COUNT_BYTES = 4
+
+
+def memory_bytes(capacity: int, heads: int, slot_bytes: int, spans: int = 0) -> int:
     """``memory_bytes()`` of a policy: ``64 + capacity * slot_bytes`` for one row;
-    ``64 + 4 * heads + capacity * heads * slot_bytes`` for more (the rows' counts)."""
+    ``64 + 4 * heads + capacity * heads * slot_bytes`` for more (the rows' counts);
+    plus ``4 + 8 * spans`` when ``spans >= 1`` spans are pinned (their number, then
+    each start and stop)."""
     counts = COUNT_BYTES * heads if heads > 1 else 0
-    return HEADER_BYTES + counts + capacity * heads * slot_bytes
+    pins = PIN_COUNT_BYTES + PIN_BYTES * spans if spans else 0
+    return HEADER_BYTES + counts + capacity * heads * slot_bytes + pins
 
 # ----------------------------------------------------------------------------- integers
 
@@ -388,12 +412,14 @@ def observed_pooled_error(pool: int) -> InvalidInputError:
 
 
 def observed_evictions(counts: list[int], candidates: list[int], window: int, sinks: int,
-                       budget: int) -> list[int]:
+                       budget: int, pinned: list[int] | None = None) -> list[int]:
     """What each row evicts under the observation-window rule: ``max(0, n_h - budget)``.
 
     ``candidates[h]`` is how many positions of row ``h`` (holding ``counts[h]``) the rule
     may evict: those outside its protected ones (the first ``min(sinks, n_h)``, the last
-    ``min(window, n_h)``, the window's own).
+    ``min(window, n_h)``, the window's own, and the pinned positions). ``pinned[h]``
+    (None: the policy pins nothing) is how many of row ``h``'s positions only their
+    pins protect.
 
     Raises
     ------
@@ -405,8 +431,9 @@ def observed_evictions(counts: list[int], candidates: list[int], window: int, si
     for h, (n, c) in enumerate(zip(counts, candidates)):
         k = max(0, n - budget)
         if k > c:
+            pins = "" if pinned is None else f" + pinned {pinned[h]}"
             raise InvalidInputError(
-                f"evict_observed: window {window} + sinks {sinks} leave only {c} positions to "
+                f"evict_observed: window {window} + sinks {sinks}{pins} leave only {c} positions to "
                 f"evict in row {h}, need {k} (the row holds {n}, budget {budget})")
         out.append(k)
     return out
@@ -524,6 +551,134 @@ def read_row_index(index: Any, heads: int) -> np.ndarray:
         if not 0 <= v < heads:
             raise InvalidInputError(f"index holds row {v}, outside [0, {heads})")
     return np.array(values, dtype=np.uint32)
+
+
+# ----------------------------------------------------------------------------- pinned spans
+
+Span = tuple[int, int]
+
+
+def check_span(start: Any, stop: Any) -> Span:
+    """One pinned span ``(start, stop)``, half-open: integers (not bools) with
+    ``0 <= start < stop <= 2**32 - 1``.
+
+    Raises
+    ------
+    InvalidTypeError
+        ``start`` or ``stop`` is not an integer.
+    InvalidInputError
+        Either is out of range, or ``start >= stop``.
+    """
+    start = check_int("start", start, 0, UINT32_MAX)
+    stop = check_int("stop", stop, 0, UINT32_MAX)
+    if start >= stop:
+        raise InvalidInputError(f"a pinned span needs start < stop, got ({start}, {stop})")
+    return start, stop
+
+
+def merge_spans(spans: list[Span], more: list[Span]) -> list[Span]:
+    """``spans`` and ``more`` as one ascending list, overlapping or adjacent spans
+    merged (``(0, 4)`` and ``(4, 6)`` become ``(0, 6)``).
+
+    Raises
+    ------
+    InvalidInputError
+        More than ``MAX_PINS`` spans after merging.
+    """
+    merged: list[list[int]] = []
+    for start, stop in sorted([*spans, *more]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([start, stop])
+    if len(merged) > MAX_PINS:
+        raise InvalidInputError(f"at most {MAX_PINS} pinned spans (merged), got {len(merged)}")
+    return [(a, b) for a, b in merged]
+
+
+def read_pins(pins: Any) -> list[Span]:
+    """The constructor's ``pins``: a sequence of ``(start, stop)`` pairs (lists,
+    tuples or arrays of two integers), each checked as :func:`check_span`, merged.
+
+    Raises
+    ------
+    InvalidTypeError
+        ``pins`` is not a sequence of pairs, or a bound is not an integer.
+    InvalidInputError
+        A pair of the wrong length, a bound out of range, ``start >= stop``, or more
+        than ``MAX_PINS`` spans after merging.
+    """
+    if isinstance(pins, (str, bytes, Mapping)) or not hasattr(pins, "__iter__"):
+        raise InvalidTypeError(f"pins must be a sequence of (start, stop) pairs, not {type(pins).__name__}")
+    spans = []
+    for pair in pins:
+        if isinstance(pair, (str, bytes, Mapping)) or not hasattr(pair, "__len__"):
+            raise InvalidTypeError(f"pins must hold (start, stop) pairs, found {type(pair).__name__}")
+        if len(pair) != 2:
+            raise InvalidInputError(f"pins must hold (start, stop) pairs, found {len(pair)} values")
+        spans.append(check_span(pair[0], pair[1]))
+    return merge_spans([], spans)
+
+
+def pinned_outside(spans: list[Span], sinks: int) -> int:
+    """Positions the merged ``spans`` pin outside ``[0, sinks)`` (the sinks' overlap
+    counted once)."""
+    return sum(stop - max(start, sinks) for start, stop in spans if stop > sinks)
+
+
+def pins_budget_error(spans: list[Span], sinks: int, recent_window: int,
+                      budget: int) -> InvalidInputError | None:
+    """The refusal of ``spans`` that, with the sinks and the recent window, leave
+    nothing to evict at ``budget`` (None when they leave something)."""
+    pinned = pinned_outside(spans, sinks)
+    if not spans or pinned + recent_window + sinks < budget:
+        return None
+    return InvalidInputError(
+        f"pins leave nothing to evict: {pinned} pinned positions outside the sinks + recent_window "
+        f"{recent_window} + sinks {sinks} = {pinned + recent_window + sinks} reach budget {budget}")
+
+
+def is_pinned(spans: list[Span], pos: int) -> bool:
+    """Whether ``pos`` lies in one of the merged, ascending ``spans``."""
+    j = bisect.bisect_right(spans, (pos, UINT32_MAX + 1))
+    return j > 0 and spans[j - 1][0] <= pos < spans[j - 1][1]
+
+
+def row_candidates(row: list[int], spans: list[Span], sinks: int, recent_window: int,
+                   pos: int | None) -> int:
+    """Slots a row holding ``row`` (ascending; ``pos`` appended when not None) may give
+    up: those after its first ``min(sinks, n)`` and before its last ``recent_window``
+    that are not pinned (0 when it holds no more than those)."""
+    held = row if pos is None else [*row, pos]
+    lo = min(sinks, len(held))
+    if len(held) - lo <= recent_window:
+        return 0
+    return sum(1 for p in held[lo:len(held) - recent_window] if not is_pinned(spans, p))
+
+
+def pinned_budget_error(rows: list[list[int]], spans: list[Span], sinks: int, recent_window: int,
+                        budget: int, pos: int | None, pool: int = 1) -> InvalidInputError | None:
+    """The refusal of an eviction to ``budget`` (after ``pos`` joins every row, when
+    not None) where some row (with ``pool > 1``, some pool of ``pool`` consecutive
+    rows, counted together against its share ``pool * budget``) holds fewer unpinned
+    positions outside its sinks and recent window than it must evict; None when
+    every row (pool) can."""
+    if not spans:
+        return None
+    admitted = 0 if pos is None else 1
+    for first in range(0, len(rows), pool):
+        group = rows[first:first + pool]
+        held = sum(len(r) + admitted for r in group)
+        need = held - pool * budget
+        if need <= 0:
+            continue
+        have = sum(row_candidates(r, spans, sinks, recent_window, pos) for r in group)
+        if have < need:
+            where = f"row {first}" if pool == 1 else f"pool {first // pool} (rows {first}..{first + pool - 1})"
+            return InvalidInputError(
+                f"budget {budget}: sinks {sinks}, recent_window {recent_window} and the pinned positions "
+                f"leave only {have} positions to evict in {where}, need {need}")
+    return None
 
 
 # ----------------------------------------------------------------------------- state

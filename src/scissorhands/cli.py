@@ -39,6 +39,7 @@ from typing import Any
 from .errors import ScissorhandsError
 from .models import DEFAULT_MODEL, MODEL_NAMES
 from .options import BACKENDS, MODEL_POLICIES, OPTIONS, POLICY_NAMES, policy_spec
+from .prompt_aware import parse_odd
 
 __all__ = ["build_parser", "main"]
 
@@ -240,6 +241,21 @@ def _add_generate(sub: Any, common: Any) -> None:
                      help="original: keys keep their rotation, tokens their true positions; cache: "
                      "held keys at ranks 0..n-1, the query at n (StreamingLLM; for text past the "
                      "trained context) (default: original)")
+    aware = gen.add_argument_group("prompt-aware eviction (h2o, tova, scissorhands)")
+    aware.add_argument("--prompt-aware", action="store_true",
+                       help="hold the prompt (up to --prefill-budget), then at its end keep per layer and KV "
+                       "head what its last rows attend to (summed, max-pooled), the sinks and those rows; "
+                       "decoding then evicts by the policy's own rule")
+    aware.add_argument("--prefill-budget", type=_positive_int, default=None, metavar="N",
+                       help="positions each layer and KV head may hold while the prompt is read, at least "
+                       "--budget (default: 4096)")
+    aware.add_argument("--observation-window", type=_positive_int, default=None, metavar="N",
+                       help="the prompt's last rows whose attention decides at its end (default: 16)")
+    aware.add_argument("--pool-kernel", type=_argtype(parse_odd, "--pool-kernel"), default=None, metavar="N",
+                       help="max-pooling kernel over held positions, odd; 1: no pooling (default: 15)")
+    gen.add_argument("--pin-system", action="store_true",
+                     help="never evict what the chat template puts before the message (its system prompt "
+                     "and the user turn's header)")
     gen.add_argument("--model", metavar="NAME|PATH", help=_MODEL_HELP)
     gen.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                      help="the model's attention implementation (default: sdpa)")
@@ -372,7 +388,10 @@ def _run_generate(args: argparse.Namespace) -> int:
         prompt=args.prompt, file=args.file, policy=args.policy, budget=args.budget,
         values=one_each, max_new_tokens=args.max_new_tokens, sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions, model=args.model,
+        chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions,
+        prompt_aware=args.prompt_aware, prefill_budget=args.prefill_budget,
+        observation_window=args.observation_window, pool_kernel=args.pool_kernel, pin_system=args.pin_system,
+        model=args.model,
         attention=args.attention, threads=args.threads, backend=args.backend,
         progress=not args.no_progress), usage=args.usage)
 

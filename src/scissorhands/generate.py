@@ -56,6 +56,13 @@ class GenerateRequest:
         Prompt tokens per forward (transformers' ``prefill_chunk_size``).
     positions : {"original", "cache"}
         How keys are positioned (:class:`~scissorhands.hf.EvictingCache`).
+    prompt_aware : bool
+        Hold the prompt (up to ``prefill_budget``) and evict at its end by its last
+        ``observation_window`` rows' attention, max-pooled over ``pool_kernel``
+        (:mod:`scissorhands.prompt_aware`); the three None: their defaults.
+    pin_system : bool
+        Pin what the chat template puts before the user's message (its system message
+        and the user turn's header): no eviction takes those positions.
     model, attention, threads, backend
         As for ``eval``; ``attention`` defaults to sdpa, transformers' default.
     """
@@ -74,6 +81,11 @@ class GenerateRequest:
     chat: bool | None = None
     prefill_chunk: int = 256
     positions: str = "original"
+    prompt_aware: bool = False
+    prefill_budget: int | None = None
+    observation_window: int | None = None
+    pool_kernel: int | None = None
+    pin_system: bool = False
     model: str | None = None
     attention: str = "sdpa"
     threads: int | None = 1
@@ -148,6 +160,31 @@ def _check_options(request: GenerateRequest) -> PolicyOptions:
     return options
 
 
+_PROMPT_FLAGS = {"prefill_budget": "--prefill-budget", "observation_window": "--observation-window",
+                 "pool_kernel": "--pool-kernel"}
+
+
+def _prompt_kwargs(request: GenerateRequest, options: PolicyOptions) -> dict[str, Any]:
+    """The cache's prompt-aware keywords, checked against the policy and budget (in
+    the flags' names)."""
+    from .prompt_aware import PromptAware
+
+    given = {name: getattr(request, name) for name in _PROMPT_FLAGS if getattr(request, name) is not None}
+    if not request.prompt_aware:
+        if given:
+            raise ScissorhandsError(f"{', '.join(_PROMPT_FLAGS[n] for n in given)} needs --prompt-aware")
+        return {}
+    try:
+        checked = PromptAware(True, **given).check(request.policy, request.budget, options)
+    except ScissorhandsError as exc:
+        text = str(exc).replace("prompt_aware", "--prompt-aware")
+        for name, flag in _PROMPT_FLAGS.items():
+            text = text.replace(name, flag)
+        raise ScissorhandsError(f"{flag_text(type(exc)(text))} (--budget {request.budget})") from None
+    return {"prompt_aware": True, "prefill_budget": checked.prefill_budget,
+            "observation_window": checked.observation_window, "pool_kernel": checked.pool_kernel}
+
+
 def _check_sampling(request: GenerateRequest) -> str | None:
     """Why the decoding flags cannot work, or None."""
     if request.max_new_tokens < 1:
@@ -177,6 +214,7 @@ def _check_request(request: GenerateRequest, stdin: TextIO) -> tuple[Any, Policy
     """
     try:
         options = _check_options(request)
+        _prompt_kwargs(request, options)
         prompt = _read_prompt(request, stdin)
     except ScissorhandsError as exc:
         raise _Refused(str(exc)) from None
@@ -185,6 +223,8 @@ def _check_request(request: GenerateRequest, stdin: TextIO) -> tuple[Any, Policy
     problem = _check_sampling(request)
     if problem:
         raise _Refused(problem)
+    if request.pin_system and request.chat is False:
+        raise _Refused("--pin-system pins the chat template's system message: drop --no-chat")
     problem = model_problem(request.model)
     if problem is not None:
         raise _Refused(problem if request.model is None else f"--model {problem}")
@@ -211,8 +251,9 @@ def _build_cache(hf: Any, target: Any, request: GenerateRequest, options: Policy
         The cache refuses the configuration for this model (a pool that does not divide
         its rows, ``--positions cache`` with a pool, ...).
     """
-    kwargs = dict(backend=request.backend, positions=request.positions)
+    kwargs: dict[str, Any] = dict(backend=request.backend, positions=request.positions)
     try:
+        kwargs.update(_prompt_kwargs(request, options))
         if hasattr(target, "generate"):
             return hf.EvictingCache.from_model(target, request.policy, request.budget, options, **kwargs)
         return hf.EvictingCache(target, request.policy, request.budget, options, **kwargs)
@@ -229,6 +270,39 @@ def _uses_chat(request: GenerateRequest, tokenizer: Any) -> bool:
     if request.chat and not has_template:
         raise _Refused("--chat: the tokenizer has no chat template")
     return has_template if request.chat is None else bool(request.chat)
+
+
+def system_span(tokenizer: Any) -> tuple[int, int]:
+    """The positions the chat template puts before a user's message, ``(0, n)``: its
+    system message (the template's default when none is given) and the user turn's
+    header; found as the tokens two renderings with different messages share."""
+    rendered = [_inputs(tokenizer, text, True)["input_ids"][0].tolist() for text in ("0", "Z")]
+    n = 0
+    for a, b in zip(*rendered):
+        if a != b:
+            break
+        n += 1
+    return 0, n
+
+
+def _pin_system(cache: Any, tokenizer: Any, chat: bool) -> None:
+    """``--pin-system``: pin the chat template's system span in every row.
+
+    Raises
+    ------
+    _Refused
+        No chat template, a template that puts nothing before the message, or pins
+        the budget cannot hold.
+    """
+    if not chat:
+        raise _Refused("--pin-system: the tokenizer has no chat template")
+    start, stop = system_span(tokenizer)
+    if stop <= start:
+        raise _Refused("--pin-system: the chat template puts nothing before the user's message")
+    try:
+        cache.pin(start, stop)
+    except ScissorhandsError as exc:
+        raise _Refused(f"--pin-system (positions {start}..{stop - 1}): {flag_text(exc)}") from None
 
 
 def _inputs(tokenizer: Any, prompt: str, chat: bool) -> Any:
@@ -335,6 +409,8 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
             raise _Refused(str(exc)) from None
         chat = _uses_chat(request, tokenizer)
         cache = _build_cache(hf, model, request, options)
+        if request.pin_system:
+            _pin_system(cache, tokenizer, chat)
         return _generate(request, model, tokenizer, cache, _inputs(tokenizer, prompt, chat), chat, stream)
     except _Refused as exc:
         return _fail(str(exc), usage)

@@ -59,21 +59,28 @@ from ._shared import (
     STATE_VERSION,
     UINT32_MAX,
     RowVictims,
+    Span,
     check_int,
     check_pool,
     check_pool_kernel,
+    check_span,
     chunk_shape_error,
+    is_pinned,
     memory_bytes,
+    merge_spans,
     observed_evictions,
     observed_pooled_error,
     observed_shape_error,
     parse_held,
     parse_history,
     parse_state,
+    pinned_budget_error,
+    pins_budget_error,
     pooled_evict_error,
     ragged_counts_error,
     ragged_evict_error,
     read_admit,
+    read_pins,
     read_row_index,
     read_weights,
 )
@@ -158,6 +165,10 @@ class _Policy:
     _capacity: int
     #: Consecutive rows sharing one budget (1: each row its own).
     pool: int = 1
+    #: The pinned spans, merged and ascending: positions no eviction takes.
+    _pins: list[Span]
+    #: The spans given to the constructor (what reset() goes back to).
+    _initial_pins: list[Span]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -174,10 +185,13 @@ class _Policy:
         for name, value in self._options.items():
             setattr(self, name, value)
 
-    def _setup(self, heads: Any) -> None:
-        """Validate ``heads`` and start holding ``{0}`` in every row."""
+    def _setup(self, heads: Any, pins: Any = ()) -> None:
+        """Validate ``heads``, then the pinned spans, and start holding ``{0}`` in every
+        row."""
         self.heads = check_int("heads", heads, 1, MAX_HEADS)
         self.pool = check_pool(self.pool, self.heads)
+        self._initial_pins = read_pins(pins)
+        self._check_spans(self._initial_pins)
         self._lock = threading.RLock()
         self._capacity = self._initial_capacity()
         self._threads = 1
@@ -217,13 +231,85 @@ class _Policy:
         """The ``count`` slots of row ``head`` to evict (``count`` < kept count)."""
         raise NotImplementedError
 
-    def _evictable(self, head: int) -> range:
+    def _evictable(self, head: int) -> list[int]:
         """The slots of row ``head`` a pool may evict (policies that take ``pool``)."""
         raise NotImplementedError
 
     def _rank(self, head: int, slot: int) -> Any:
         """What orders slot ``slot`` of row ``head`` in its pool (least goes first)."""
         raise NotImplementedError
+
+    # -- pinned spans -------------------------------------------------------------------
+
+    def _pin_budget(self) -> int:
+        """The budget the spans are checked against: the configured one (``Full``, with
+        none, as its C object is built: ``2**32 - 1``)."""
+        return UINT32_MAX if self.budget is None or self.name == "full" else self.budget
+
+    def _check_spans(self, spans: list[Span]) -> None:
+        """Refuse spans whose pinned positions outside the sinks, with the sinks and the
+        recent window, reach the configured budget (nothing would be left to evict)."""
+        error = pins_budget_error(spans, self._options.get("sinks", 0),
+                                  self._options.get("recent_window", 0), self._pin_budget())
+        if error is not None:
+            raise error
+
+    @_locked
+    def pin(self, start: int, stop: int) -> None:
+        """Pin positions ``start <= pos < stop``: no eviction takes them, in any row.
+
+        Sinks are the special case ``pin(0, sinks)`` (StreamingLLM, Xiao et al., ICLR
+        2024, arXiv 2309.17453); llama.cpp's ``n_keep`` and TensorRT-LLM's token-range
+        retention priorities keep spans the same way (a system prompt, the start of a
+        turn).  A span may name positions not admitted yet (protected once they join)
+        or already evicted (nothing comes back); overlapping or adjacent spans merge.
+        Every eviction (``evict``, ``step``, ``evict_rows``, ``step_rows``, pooled
+        budgets) chooses among the slots outside the sinks, the recent window and the
+        pinned positions; ``evict_observed_rows`` among those outside the sinks, the
+        window and the pinned positions.
+
+        Parameters
+        ----------
+        start, stop : int
+            The half-open span, ``0 <= start < stop <= 2**32 - 1``; bools refused.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``start`` or ``stop`` is not an integer.
+        InvalidInputError
+            Out of range, ``start >= stop``, more than 65536 spans after merging, or the
+            positions pinned outside the sinks plus ``recent_window`` plus ``sinks``
+            reach the configured budget ("pins leave nothing to evict").  Nothing
+            changes.
+        """
+        span = check_span(start, stop)
+        spans = merge_spans(self._pins, [span])
+        self._check_spans(spans)
+        self._pins = spans
+
+    @property
+    def pins(self) -> list[tuple[int, int]]:
+        """The pinned spans ``(start, stop)``, half-open, merged, ascending (a copy)."""
+        return list(self._pins)
+
+    def _unpinned(self, head: int, slots: range) -> list[int]:
+        """The slots of ``slots`` in row ``head`` whose positions are not pinned."""
+        row = self._kept[head]
+        return [s for s in slots if not is_pinned(self._pins, row[s])]
+
+    def _check_pinned(self, budget: int | None, pos: int | None) -> None:
+        """A per-call ``budget`` below the configured one is refused, before anything
+        changes, where some row (pool) would hold fewer unpinned positions outside its
+        sinks and recent window than it must evict (after ``pos`` joins, when not None).
+        At the configured budget the spans' own check leaves enough."""
+        if (not self._pins or budget is None or self.budget is None or budget >= self.budget
+                or not SPECS[self.name].evicts):
+            return
+        error = pinned_budget_error(self._kept, self._pins, self._options.get("sinks", 0),
+                                    self._options.get("recent_window", 0), budget, pos, self.pool)
+        if error is not None:
+            raise error
 
     # -- validation ---------------------------------------------------------------------
 
@@ -400,8 +486,10 @@ class _Policy:
     def _observation_protected(self, head: int, slot: int, n: int, window: int) -> bool:
         """Whether slot ``slot`` of row ``head`` (holding ``n``) is never evicted by the
         observation-window rule: one of the first ``min(sinks, n)`` held, or of the last
-        ``min(window, n)`` (the window's own rows).  The one place that says it."""
-        return slot < min(self._observed_sinks(), n) or slot >= n - min(window, n)
+        ``min(window, n)`` (the window's own rows), or pinned.  The one place that says it."""
+        if slot < min(self._observed_sinks(), n) or slot >= n - min(window, n):
+            return True
+        return is_pinned(self._pins, self._kept[head][slot])
 
     def _read_observation(self, attn: Any, counts: list[int]) -> tuple[int, Any]:
         """The window's height ``W`` and its weights as a ``(heads, W, n)`` array, ``n``
@@ -456,8 +544,11 @@ class _Policy:
             raise ragged_evict_error("evict_observed")
         candidates = [[s for s in range(n) if not self._observation_protected(h, s, n, window)]
                       for h, n in enumerate(counts)]
-        need = observed_evictions(counts, [len(c) for c in candidates], window,
-                                  self._observed_sinks(), budget)
+        # Of the slots outside the sinks and the window, those only their pins protect.
+        sinks = self._observed_sinks()
+        pinned = None if not self._pins else [
+            max(0, n - min(sinks, n) - min(window, n)) - len(c) for n, c in zip(counts, candidates)]
+        need = observed_evictions(counts, [len(c) for c in candidates], window, sinks, budget, pinned)
         # Row h's window row j is its held slot t = n_h - W + j and reads slots i < t
         # (none when t <= 0); every row's weights are checked before any row changes.
         rows = [[_widen(grid[h, j, :n - window + j]) for j in range(max(0, window - n + 1), window)]
@@ -550,6 +641,7 @@ class _Policy:
             different numbers of positions (:meth:`evict_rows` takes that case).
         """
         budget = self._check_budget(budget)
+        self._check_pinned(budget, None)
         self._check_unpooled(budget, "evict")
         self._check_same_evictions(budget, 0, "evict")
         return self._result(*self._evict(budget), return_indices)
@@ -565,6 +657,7 @@ class _Policy:
         """
         pos = self._check_pos(pos)
         budget = self._check_budget(budget)
+        self._check_pinned(budget, pos)
         self._check_unpooled(budget, "step")
         weights = self._read_step(attn)
         self._check_same_evictions(budget, 1, "step")
@@ -594,6 +687,7 @@ class _Policy:
             For a bad budget, as :meth:`evict`.
         """
         budget = self._check_budget(budget)
+        self._check_pinned(budget, None)
         return self._row_victims(*self._evict(budget))
 
     @_locked
@@ -621,6 +715,7 @@ class _Policy:
         """
         pos = self._check_pos(pos)
         budget = self._check_budget(budget)
+        self._check_pinned(budget, pos)
         weights = self._read_step(attn)
         self._admit(pos, weights)
         return self._row_victims(*self._evict(budget))
@@ -638,8 +733,8 @@ class _Policy:
         (``r = pool_kernel // 2``, clipped at the row's ends).  A row holding more than
         ``budget`` evicts its ``n_h - budget`` unprotected slots of least pooled score,
         equal pooled scores evicting the lower position.  Protected: the first
-        ``min(sinks, n_h)`` held (``sinks`` the policy's option, 0 without one) and the
-        last ``min(W, n_h)``; ``recent_window`` is not used.  Survivors keep their
+        ``min(sinks, n_h)`` held (``sinks`` the policy's option, 0 without one), the
+        last ``min(W, n_h)`` and the pinned positions; ``recent_window`` is not used.  Survivors keep their
         votes, scores and registers; nothing else changes.
 
         Parameters
@@ -921,13 +1016,15 @@ class _Policy:
 
     def memory_bytes(self) -> int:
         """``64 + capacity * bytes per slot`` for one head, ``64 + 4 * heads + capacity *
-        heads * bytes per slot`` for more (each row's count): the C object's footprint.
+        heads * bytes per slot`` for more (each row's count), plus ``4 + 8 * m`` with
+        ``m >= 1`` pinned spans (their number, each start and stop): the C object's
+        footprint.
 
         Capacity per head starts at ``min(budget + 1, 4096)`` and, when a position is
         admitted into a full row, grows to ``min(2 * capacity, budget + 1)`` while below
         ``budget + 1``, else doubles; ``reset()`` keeps it.
         """
-        return memory_bytes(self._capacity, self.heads, self._slot_bytes())
+        return memory_bytes(self._capacity, self.heads, self._slot_bytes(), len(self._pins))
 
     @_locked
     def fit_capacity(self, capacity: int) -> None:
@@ -945,7 +1042,11 @@ class _Policy:
 
     @_locked
     def reset(self) -> None:
-        """Go back to holding ``{0}`` with nothing remembered (capacity is kept)."""
+        """Go back to holding ``{0}`` with nothing remembered (capacity is kept): a fresh
+        object as constructed, so the spans given to the constructor stay pinned and
+        those :meth:`pin` added are forgotten (a policy loaded from a state counts every
+        span the state held as given to the constructor)."""
+        self._pins = list(self._initial_pins)
         self._kept = [[0] for _ in range(self.heads)]
         self._scores = [[self._new_score()] for _ in range(self.heads)] if self._score_key else []
         self._history = [[0] for _ in range(self.heads)] if self._keeps_history() else None
@@ -957,8 +1058,11 @@ class _Policy:
         options not at their default (the C-backed classes record the same)."""
         shown = shown_values(self.name, self._options)
         first = dict(list(shown.items())[:1])
-        return {"budget": self.budget, **first, "heads": self.heads,
-                **{k: v for k, v in shown.items() if k not in first}}
+        params = {"budget": self.budget, **first, "heads": self.heads,
+                  **{k: v for k, v in shown.items() if k not in first}}
+        if self._pins:
+            params["pins"] = [list(span) for span in self._pins]
+        return params
 
     @_locked
     def state_dict(self) -> dict[str, Any]:
@@ -1018,7 +1122,7 @@ class _Policy:
         names = [o.name for o in spec.options]
         keeps_registers = spec.takes("history_window")
         policy, rows = parse_state(
-            state, cls.name, cls._score_key, ("budget", *names[:1], "heads"), cls, tuple(names[1:]),
+            state, cls.name, cls._score_key, ("budget", *names[:1], "heads"), cls, (*names[1:], "pins"),
             ("history", "steps_held") if keeps_registers else ())
         if rows.scores is not None:
             policy._scores = rows.split(rows.scores)
@@ -1056,14 +1160,15 @@ class _HeavyHitters(_Policy):
     sinks: int
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
-                 sinks: int = 0, pool: int = 1) -> None:
+                 sinks: int = 0, pool: int = 1, pins: Any = ()) -> None:
         self._configure(budget, recent_window=recent_window, sinks=sinks, pool=pool)
-        self._setup(heads)
+        self._setup(heads, pins)
 
-    def _evictable(self, head: int) -> range:
-        """The slots of row ``head`` outside its sinks and its recent window."""
+    def _evictable(self, head: int) -> list[int]:
+        """The slots of row ``head`` outside its sinks, its recent window and the
+        pinned positions."""
         n = len(self._kept[head])
-        return range(min(self.sinks, n), n - self.recent_window)
+        return self._unpinned(head, range(min(self.sinks, n), n - self.recent_window))
 
     def _rank(self, head: int, slot: int) -> Any:
         """What orders slot ``slot`` of row ``head`` for eviction (least goes first)."""
@@ -1128,6 +1233,10 @@ class Scissorhands(_HeavyHitters):
         ``heads``; with ``pool > 1`` rows evict different numbers, so only
         ``step_rows``/``evict_rows`` evict. 1 = each row its own budget.
 
+    pins : sequence of (int, int), default ()
+        Pinned spans ``(start, stop)``, half-open, that no eviction takes in any row;
+        checked and merged as :meth:`pin` does (refused as it refuses a span).  Sinks
+        are the span ``(0, sinks)``; :meth:`reset` keeps these spans.
     Raises
     ------
     InvalidTypeError
@@ -1149,10 +1258,10 @@ class Scissorhands(_HeavyHitters):
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0, history_window: int | None = None, vote_rate: bool = False,
-                 pool: int = 1) -> None:
+                 pool: int = 1, pins: Any = ()) -> None:
         self._configure(budget, recent_window=recent_window, sinks=sinks,
                         history_window=history_window, vote_rate=vote_rate, pool=pool)
-        self._setup(heads)
+        self._setup(heads, pins)
 
     def _keeps_history(self) -> bool:
         return self.history_window is not None
@@ -1243,6 +1352,10 @@ class H2O(_HeavyHitters):
     pool : int, default 1
         Consecutive rows sharing one budget (Ada-KV), as :class:`Scissorhands` takes it.
 
+    pins : sequence of (int, int), default ()
+        Pinned spans ``(start, stop)``, half-open, that no eviction takes in any row;
+        checked and merged as :meth:`pin` does (refused as it refuses a span).  Sinks
+        are the span ``(0, sinks)``; :meth:`reset` keeps these spans.
     Raises
     ------
     InvalidTypeError
@@ -1322,6 +1435,10 @@ class TOVA(_HeavyHitters):
     pool : int, default 1
         Consecutive rows sharing one budget (Ada-KV), as :class:`Scissorhands` takes it.
 
+    pins : sequence of (int, int), default ()
+        Pinned spans ``(start, stop)``, half-open, that no eviction takes in any row;
+        checked and merged as :meth:`pin` does (refused as it refuses a span).  Sinks
+        are the span ``(0, sinks)``; :meth:`reset` keeps these spans.
     Raises
     ------
     InvalidTypeError
@@ -1339,9 +1456,9 @@ class TOVA(_HeavyHitters):
     name = "tova"
 
     def __init__(self, budget: int = 512, recent_window: int = 1, rng: Any = None, heads: int = 1,
-                 sinks: int = 0, pool: int = 1) -> None:
+                 sinks: int = 0, pool: int = 1, pins: Any = ()) -> None:
         self._configure(budget, recent_window=recent_window, sinks=sinks, pool=pool)
-        self._setup(heads)
+        self._setup(heads, pins)
 
     def _new_score(self) -> float:
         return 0.0
@@ -1390,6 +1507,10 @@ class StreamingLLM(_Policy):
     heads : int, default 1
         Rows, in ``[1, 65536]`` (all identical, since attention is ignored).
 
+    pins : sequence of (int, int), default ()
+        Pinned spans ``(start, stop)``, half-open, that no eviction takes in any row;
+        checked and merged as :meth:`pin` does (refused as it refuses a span).  Sinks
+        are the span ``(0, sinks)``; :meth:`reset` keeps these spans.
     Raises
     ------
     InvalidTypeError
@@ -1406,12 +1527,15 @@ class StreamingLLM(_Policy):
     name = "streaming-llm"
     sinks: int
 
-    def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
+    def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1,
+                 pins: Any = ()) -> None:
         self._configure(budget, sinks=sinks)
-        self._setup(heads)
+        self._setup(heads, pins)
 
     def _victim_slots(self, head: int, count: int) -> list[int]:
-        return list(range(self.sinks, self.sinks + count))
+        # The oldest positions after the sinks that are not pinned.
+        n = len(self._kept[head])
+        return self._unpinned(head, range(min(self.sinks, n), n))[:count]
 
     def sink_count(self) -> int:
         """Sinks held: ``min(sinks, kept_count())``."""
@@ -1430,6 +1554,9 @@ class Full(_Policy):
     heads : int, default 1
         Rows, in ``[1, 65536]``.
 
+    pins : sequence of (int, int), default ()
+        Pinned spans, checked and kept as :meth:`pin` keeps them; they change nothing,
+        since the full cache never evicts.
     Notes
     -----
     Capacity starts at 64 per head and doubles when full; ``evict`` validates its budget
@@ -1438,10 +1565,10 @@ class Full(_Policy):
 
     name = "full"
 
-    def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:
+    def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1, pins: Any = ()) -> None:
         self.budget = None if budget is None else check_int("budget", budget, 1, UINT32_MAX)
         self._options = {}
-        self._setup(heads)
+        self._setup(heads, pins)
 
     def _initial_capacity(self) -> int:
         return FULL_INITIAL_CAPACITY

@@ -46,7 +46,8 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from ..errors import InvalidInputError, InvalidTypeError
-from ..options import PolicyOptions
+from ..options import PolicyOptions, policy_spec
+from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
 from .gqa import gather_group_mean, gather_group_mean_layers
 from .rope import RankPlan, rank_plan, rank_rotatable
@@ -85,7 +86,9 @@ class CacheStats:
     implementation does not return (``sdpa``); ``update_seconds``: writing keys and
     values; ``rerotate_seconds``: moving keys and queries to their ranks
     (``positions="cache"``).  ``steps``: single-token forwards; ``chunks``: several-token forwards;
-    ``compactions``: rebuilt layouts."""
+    ``compactions``: rebuilt layouts; ``prompt_ends``: prompt-end evictions
+    (``prompt_aware``: the first decode step after a prompt), their time in
+    ``policy_seconds`` and ``bookkeeping_seconds``."""
 
     policy_seconds: float = 0.0
     bookkeeping_seconds: float = 0.0
@@ -95,6 +98,7 @@ class CacheStats:
     steps: int = 0
     chunks: int = 0
     compactions: int = 0
+    prompt_ends: int = 0
 
 
 def _outside_graph(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -395,6 +399,61 @@ def _policy_configs(policy: str, budget: int | None, options: PolicyOptions | No
     return configs, per_sequence
 
 
+def _spans(pins: Any) -> list[tuple[int, int]]:
+    """``pins`` as a list of ``(start, stop)`` pairs (each checked by the policies)."""
+    if isinstance(pins, (str, bytes)) or not hasattr(pins, "__iter__"):
+        raise InvalidTypeError(f"pins must be a sequence of (start, stop) pairs, got {pins!r}")
+    out = []
+    for span in pins:
+        if isinstance(span, (str, bytes)) or not hasattr(span, "__len__") or len(span) != 2:
+            raise InvalidTypeError(f"each pinned span must be a (start, stop) pair, got {span!r}")
+        out.append((span[0], span[1]))
+    return out
+
+
+def _checked_pins(configs: Sequence[PolicyConfig], held: list[tuple[int, int]],
+                  new: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The spans ``held`` plus ``new``, merged, checked by a one-row policy of every
+    configuration (as its rows will pin them); raises what ``pin`` refuses."""
+    if not new:
+        return list(held)
+    merged: list[tuple[int, int]] = list(held)
+    for config in configs:
+        probe = config.build(1, {"layer": 1, "model": 1}) if not config.pooled else \
+            PolicyConfig(config.policy, config.budget, config.options.replace(pool=1), config.backend).build(1, {})
+        for start, stop in [*held, *new]:
+            probe.pin(start, stop)
+        merged = [(int(a), int(b)) for a, b in probe.pins]
+    return merged
+
+
+def _check_pins_leave_room(spans: list[tuple[int, int]], settings: PromptAware,
+                           configs: Sequence[PolicyConfig]) -> None:
+    """``prompt_aware``: the pinned positions, the sinks and the observation window are
+    all protected at the prompt's end; refuse spans that leave nothing to evict there."""
+    if not settings.enabled or not spans:
+        return
+    config = configs[0]
+    assert config.budget is not None
+    resolved = policy_spec(config.policy).check(config.budget, config.options.values(config.policy, config.budget))
+    sinks = int(resolved.get("sinks", 0))
+    pinned = sum(max(0, stop - max(start, sinks)) for start, stop in spans)
+    if pinned + settings.observation_window + sinks >= config.budget:
+        raise InvalidInputError(
+            f"pins leave nothing to evict at the prompt's end: {pinned} pinned + observation_window "
+            f"{settings.observation_window} + sinks {sinks} >= budget {config.budget}")
+
+
+def _check_prompt_aware(settings: PromptAware, configs: Sequence[PolicyConfig], per_sequence: bool) -> PromptAware:
+    """The prompt-aware settings checked against the cache's one configuration
+    (:meth:`~scissorhands.prompt_aware.PromptAware.check`); refused with one
+    configuration per sequence."""
+    config = configs[0]
+    if settings.enabled is True and per_sequence:
+        raise InvalidInputError("prompt_aware takes one policy configuration, not configs= (one per sequence)")
+    return settings.check(config.policy, config.budget, config.options)
+
+
 class EvictingCache(Cache):
     """A transformers cache that keeps, per (sequence, layer, KV head), only the
     positions an eviction policy holds.
@@ -426,6 +485,23 @@ class EvictingCache(Cache):
     configs : sequence of PolicyConfig, optional
         One configuration per sequence of the batch instead (``eval`` runs every
         configuration as one batch); excludes ``policy``/``budget``/``options``.
+    prompt_aware : bool, default False
+        Hold the prompt and decide at its end (see Notes): H2O, TOVA and Scissorhands
+        only (StreamingLLM reads no attention, Full never evicts), not with pooled
+        budgets nor ``configs``.
+    prefill_budget : int, default 4096
+        ``prompt_aware``: positions each (sequence, layer, KV head) may hold while a
+        prompt is read, at least ``budget``; each chunk evicts to it by the policy's
+        own rule (memory is bounded by it, not by the prompt).
+    observation_window : int, default 16
+        ``prompt_aware``: the prompt's last rows whose attention scores the held
+        positions at its end; with the policy's sinks below ``budget``.
+    pool_kernel : int, default 15
+        ``prompt_aware``: the max-pooling kernel over held positions (odd, >= 1; 1: no
+        pooling).  Defaults measured in ``docs/prompt-aware-research.md``.
+    pins : sequence of (start, stop), default ()
+        Spans of positions no row ever evicts (a system prompt; :meth:`pin`), checked
+        by the policies' ``pin`` at construction.
 
     Raises
     ------
@@ -455,6 +531,27 @@ class EvictingCache(Cache):
     ``crop`` (other than ``crop(0)``) and ``early_initialization`` raise: an evicted
     position is gone.
 
+    ``prompt_aware`` (SnapKV's observation window, Li et al., 2024, arXiv 2404.14469):
+    a *prompt* is every forward of more than one token (the first forward too, and a
+    new turn after decode steps); its chunks evict to ``prefill_budget`` instead of the
+    budget.  The cache keeps the GQA-reduced attention (as the policies get it) of the
+    last ``observation_window`` held positions' rows, over each row's held positions in
+    kept order, across chunk boundaries (a last chunk shorter than the window takes
+    rows of the chunks before; padding is never a row; a position whose row the cache
+    no longer has, such as a decode token before a new turn, gives a zero row).  When
+    the first decode step begins (a forward of one token: at its ``get_mask_sizes``, or
+    its first write, before its attention is computed), every row evicts to the budget
+    by the policy's ``evict_observed_rows`` (the window's summed attention, max-pooled
+    over ``pool_kernel`` held positions; the sinks and the window's own positions
+    protected) and the victims' slots are freed; decoding then goes on by the policy's
+    own rule (``stats.prompt_ends`` counts these evictions).  A prompt never followed
+    by a decode step stays as read.  A chunked prefill whose last chunk is a single
+    token reads that token as the first decode step.  Beams, ``batch_select_indices``
+    and ``batch_repeat_interleave`` move the window with their sequences;
+    ``copy.deepcopy`` copies it, ``reset()`` forgets it.  A first decode step that fails
+    after its mask was sized keeps the prompt-end eviction (it is not part of the
+    forward) and undoes only the step.
+
     ``positions="cache"`` (needs :meth:`from_model`, which finds the model's rotary
     embedding) puts, once positions were evicted, each held key at its rank and the
     query at the rank after them, in the installed attention (``stats.rerotate_seconds``).
@@ -469,10 +566,18 @@ class EvictingCache(Cache):
     def __init__(self, config: Any, policy: str = "scissorhands", budget: int | None = 512,
                  options: PolicyOptions | None = None, *, head_mode: str = "per-head",
                  cache_mode: str = "reuse", backend: str = "native", positions: str = "original",
-                 configs: Sequence[PolicyConfig] | None = None, **option_values: Any) -> None:
+                 configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool = False,
+                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, observation_window: int = DEFAULT_OBSERVATION_WINDOW,
+                 pool_kernel: int = DEFAULT_POOL_KERNEL, pins: Sequence[tuple[int, int]] = (),
+                 **option_values: Any) -> None:
         _check_modes(positions, head_mode, cache_mode)
         configs, self.per_sequence = _policy_configs(policy, budget, options, backend, positions, configs,
                                                      option_values)
+        self.prompt_aware = _check_prompt_aware(
+            PromptAware(prompt_aware, prefill_budget, observation_window, pool_kernel), configs, self.per_sequence)
+        #: The pinned spans every policy row gets, merged (:meth:`pin`).
+        self._pins: list[tuple[int, int]] = _checked_pins(configs, [], _spans(pins))
+        _check_pins_leave_room(self._pins, self.prompt_aware, configs)
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         self.num_heads = int(text.num_attention_heads)
         self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or self.num_heads)
@@ -504,6 +609,12 @@ class EvictingCache(Cache):
         self._observers: list[AttentionObserver] = []
         #: The last decode step's gathered weights, reused while the shape stays.
         self._gathered: np.ndarray | None = None
+        #: ``prompt_aware``: the attention of the last held positions' rows, ``(rows,
+        #: observation_window, width)`` float32 over each policy row's held positions in
+        #: kept order (row ``j`` is kept index ``count - window + j``; zeros where the
+        #: cache has no row), kept from the prompt's chunks until the first decode step
+        #: consumes it; None otherwise.
+        self._window: np.ndarray | None = None
 
     def _build_layers(self, text: Any) -> tuple[list[Any], int]:
         """The cache's layers (evicting ones for full attention) and how many evict; refuses other kinds."""
@@ -551,6 +662,35 @@ class EvictingCache(Cache):
                 raise InvalidInputError(f"positions='cache' needs a rotary embedding; {type(model).__name__} has none")
         attention.install(model)
         return cache
+
+    # ------------------------------------------------------------------ pinned spans
+
+    @property
+    def pins(self) -> list[tuple[int, int]]:
+        """The pinned spans ``(start, stop)`` (half-open, merged, ascending) every row
+        of every configuration holds pinned."""
+        return list(self._pins)
+
+    def pin(self, start: int, stop: int) -> None:
+        """Pin positions ``start <= p < stop`` in every (sequence, layer, KV head) row:
+        no eviction takes them (the policies' ``pin``; a span may lie ahead of what was
+        read, and an evicted position does not come back).  Positions count as
+        :meth:`kept_positions` does (a padded sequence's padded positions).  The spans
+        stay through ``reset()`` and are copied with the cache.
+
+        Raises
+        ------
+        InvalidTypeError, InvalidInputError
+            What the policy's ``pin`` refuses (a bad span; pins that leave nothing to
+            evict: pinned plus recent window plus sinks reaching the budget), checked
+            before anything changes.
+        """
+        spans = _checked_pins(self.configs, self._pins, [(start, stop)])
+        _check_pins_leave_room(spans, self.prompt_aware, self.configs)
+        if self.bank is not None:
+            for policy in self.bank.policies:
+                policy.pin(start, stop)
+        self._pins = spans
 
     # ------------------------------------------------------------------ observers
 
@@ -694,14 +834,19 @@ class EvictingCache(Cache):
                 configs.append(config)
                 counts.append(size)
         self.bank = PolicyRows(configs, counts, self.evicting_layers, self.policy_heads)
+        for policy in self.bank.policies:
+            for start, stop in self._pins:
+                policy.pin(start, stop)
         self.storage.start(batch, self.num_kv_heads)
 
     def _begin(self, key: torch.Tensor) -> _Forward:
         """The first evicting layer's write: the forward's state, its tokens' slots planned."""
         self._settle()
+        q = int(key.shape[2])
+        if q == 1:
+            self._prompt_end()
         storage = self.storage
         fresh = not storage.started()
-        q = int(key.shape[2])
         plan = (storage.extent, storage.chunk_start, storage.q)
         self._forward = _Forward(self.evicting_layers, q, fresh, plan)
         try:
@@ -747,6 +892,45 @@ class EvictingCache(Cache):
             columns, old = forward.rope
             storage.rope[np.arange(storage.rows)[:, None], columns] = old
         storage.unplan(*forward.plan)
+
+    @_outside_graph
+    def end_prompt(self) -> None:
+        """``prompt_aware``: end the prompt now, as the first decode step would (every row
+        evicted to the budget by the observation-window rule), for a caller whose next
+        forward is not a single token (lm-eval's scored continuation).  Nothing when no
+        prompt awaits its end (or the cache is not prompt-aware).
+
+        Raises
+        ------
+        InvalidInputError
+            The policy refuses the window (the cache as it was).
+        """
+        self._settle()
+        self._prompt_end()
+
+    def _prompt_end(self) -> None:
+        """``prompt_aware``: when a prompt was read and the first decode step begins (no
+        forward in flight), evict every row to the budget with the policy's
+        ``evict_observed_rows`` over the prompt's last rows, and free the victims'
+        slots; nothing otherwise.  Refused by the policy: the cache as it was, the
+        window kept."""
+        window = self._window
+        if window is None or self._forward is not None or self.bank is None or not self.storage.started():
+            return
+        start = time.perf_counter()
+        bank, storage = self.bank, self.storage
+        repeat = self.num_kv_heads // self.policy_heads
+        t0 = time.perf_counter()
+        victims, slots = bank.evict_observed(window, self.prompt_aware.pool_kernel)
+        policy_seconds = time.perf_counter() - t0
+        self._window = None
+        if repeat > 1:
+            victims, slots = _repeat_rows(victims, slots, repeat)
+        storage.evict(victims, slots)
+        self.stats.prompt_ends += 1
+        self.stats.compactions = storage.compactions
+        self.stats.policy_seconds += policy_seconds
+        self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
 
     def _mask_sizes(self, q: int) -> tuple[int, int]:
         storage = self.storage
@@ -871,9 +1055,17 @@ class EvictingCache(Cache):
                     chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat])
             if chunk_weights is not None:
                 chunk_weights = self._contained(chunk_weights)
+            aware = self.prompt_aware.enabled
             t0 = time.perf_counter()
-            victims, slots = bank.extend(chunk_weights, admit, fresh, q)
+            if aware:  # the prompt is held up to its cap
+                victims, slots = bank.extend(chunk_weights, admit, fresh, q, cap=self.prompt_aware.prefill_budget)
+            else:
+                victims, slots = bank.extend(chunk_weights, admit, fresh, q)
             policy_seconds = time.perf_counter() - t0
+            if aware:
+                assert chunk_weights is not None and forward.held is not None
+                self._window = _next_window(self._window, chunk_weights, admit, forward.held, victims, slots,
+                                            self.prompt_aware.observation_window)
             storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
             if repeat > 1:
                 victims, slots = _repeat_rows(victims, slots, repeat)
@@ -940,8 +1132,12 @@ class EvictingCache(Cache):
     @_outside_graph
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         """The mask's key length and offset for layer ``layer_idx`` (transformers' call,
-        before the layers run; a forward that did not finish is undone first)."""
+        before the layers run; a forward that did not finish is undone first).  With
+        ``prompt_aware``, a single token after a prompt is the first decode step: the
+        prompt's end evicts here, so that the sizes are those the step attends over."""
         self._settle()
+        if query_length == 1:
+            self._prompt_end()
         return super().get_mask_sizes(query_length, layer_idx)
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
@@ -957,6 +1153,7 @@ class EvictingCache(Cache):
         self.stats = CacheStats()
         self._forward = None
         self._slid = {}
+        self._window = None
 
     def _select(self, index: Any, what: str) -> None:
         """Sequences become ``index`` (old sequence numbers), checked before anything moves."""
@@ -976,6 +1173,9 @@ class EvictingCache(Cache):
         array = array.astype(np.int64)
         assert self.bank is not None
         self.bank.select(array)
+        if self._window is not None:  # the prompt's rows follow their sequences (layer-major rows)
+            shape = (self.evicting_layers, self.storage.batch, self.policy_heads, *self._window.shape[1:])
+            self._window = np.ascontiguousarray(self._window.reshape(shape)[:, array].reshape(-1, *shape[3:]))
         self.storage.select(array)
         for layer in self.layers:
             if not isinstance(layer, EvictingLayer):
@@ -1027,6 +1227,62 @@ class EvictingCache(Cache):
         names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
         return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
                 f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+
+
+def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarray | None, held: np.ndarray,
+                 victims: np.ndarray, slots: np.ndarray, size: int) -> np.ndarray:
+    """``prompt_aware``: the rows of the last ``size`` held positions after a chunk.
+
+    ``window``: the same before the chunk (None: no rows kept, a fresh prompt or a new
+    turn after decode steps); ``weights``: the chunk's ``(rows, q, width)`` in
+    ``extend``'s layout (a row's ``held`` positions, then chunk token ``j`` at column
+    ``held + j``); ``admit``: ``(rows, q)`` or None; ``victims``/``slots``: the chunk's
+    eviction (kept-order indices after admission, row after row).  Returns ``(rows,
+    size, width')`` float32, ``width'`` the most positions a row holds after the
+    eviction: row ``j`` of row ``r`` is the attention, over ``r``'s held positions in
+    kept order, of the position at kept index ``count - size + j``; rows the cache does
+    not have (a position read before the kept rows, or before the row held ``size``) are
+    zero, columns past a row's count are zero."""
+    rows, q, _ = weights.shape
+    counts = held.astype(np.int64)
+    admitted = np.full(rows, q, dtype=np.int64) if admit is None else admit.sum(axis=1).astype(np.int64)
+    after = counts + admitted - victims
+    out_width = int(after.max(initial=0))
+    out = np.zeros((rows, size, out_width), dtype=np.float32)
+    if admit is None and not victims.any():
+        # No padding, no eviction: kept order is extend's layout, row by row, and each
+        # row's last `size` rows end at its own count (the chunk's last token).
+        if q >= size:
+            out[:] = weights[:, q - size:, :out_width]
+        else:
+            out[:, size - q:] = weights[:, :, :out_width]
+            if window is not None:  # the rows before the chunk, shifted up by q
+                take = min(window.shape[2], out_width)
+                out[:, : size - q, :take] = window[:, q:, :take]
+        tail = np.arange(out_width)[None, None, :] >= after[:, None, None]
+        out[np.broadcast_to(tail, out.shape)] = 0.0
+        return out
+    offsets = np.concatenate(([0], np.cumsum(victims)))
+    for r in range(rows):
+        n = int(counts[r])
+        joined = np.arange(q) if admit is None else np.nonzero(admit[r])[0]
+        m = n + len(joined)
+        keep = np.ones(m, dtype=bool)
+        keep[slots[offsets[r]:offsets[r + 1]]] = False
+        survivors = np.nonzero(keep)[0]
+        last = survivors[-size:]
+        columns = np.concatenate((np.arange(n), n + joined))  # kept index -> extend's column
+        block = np.zeros((len(last), m), dtype=np.float32)
+        new = last >= n
+        if new.any():
+            block[new] = weights[r, joined[last[new] - n]][:, columns]
+        old = (~new) & (last >= n - size)
+        if window is not None and old.any():
+            previous = window[r, last[old] - (n - size)]
+            reach = min(n, previous.shape[1])
+            block[np.nonzero(old)[0], :reach] = previous[:, :reach]
+        out[r, size - len(last):, : len(survivors)] = block[:, survivors]
+    return out
 
 
 def _without_padding(weights: np.ndarray, admit: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -198,11 +198,12 @@ class PolicyRows:
         return self._merge(parts)
 
     def extend(self, weights: np.ndarray | None, admit: np.ndarray | None, fresh: bool,
-               q: int) -> tuple[np.ndarray, np.ndarray]:
+               q: int, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """A chunk of ``q`` tokens on every row (``weights`` ``(rows, q, W)`` in
         ``extend``'s layout, or None for policies that read no attention; ``admit``
         ``(rows, q)`` or None; ``fresh``: nothing admitted yet), then eviction to each
-        budget; returns what :meth:`step` returns."""
+        budget (or to ``cap`` positions instead, when given: a prompt read by a
+        prompt-aware cache); returns what :meth:`step` returns."""
         parts = []
         for g, policy, rows, config in self._each():
             before = int(np.asarray(policy.counts).max(initial=0))
@@ -215,7 +216,24 @@ class PolicyRows:
                 w = np.ascontiguousarray(w[:, :, :width])
             start = time.perf_counter()
             policy.extend(w, a)
-            victims = policy.evict_rows(config.budget)
+            victims = policy.evict_rows(config.budget if cap is None else cap)
+            self.seconds[g] += time.perf_counter() - start
+            parts.append((rows, victims))
+        return self._merge(parts)
+
+    def evict_observed(self, window: np.ndarray, pool_kernel: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every row evicted to its budget by the policy's observation-window rule
+        (``evict_observed_rows``): ``window`` ``(rows, W, N)`` float32, row ``j`` of row
+        ``r`` the attention of its held position at kept index ``count - W + j`` over its
+        held positions in kept order (``N`` at least the largest count); returns what
+        :meth:`step` returns."""
+        parts = []
+        for g, policy, rows, config in self._each():
+            width = int(np.asarray(policy.counts).max(initial=0))
+            w = window if self._plain else window[rows]
+            w = np.ascontiguousarray(w[:, :, :width], dtype=np.float32)
+            start = time.perf_counter()
+            victims = policy.evict_observed_rows(w, config.budget, pool_kernel)
             self.seconds[g] += time.perf_counter() - start
             parts.append((rows, victims))
         return self._merge(parts)

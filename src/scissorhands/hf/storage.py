@@ -553,6 +553,15 @@ class SlotStorage:
             return
         self._apply_general(victims, slots, new)
 
+    def evict(self, victims: np.ndarray, slots: np.ndarray) -> None:
+        """Between forwards: each row loses ``victims[row]`` held positions, whose
+        kept-order indices are ``slots`` (row after row); their slots are freed and the
+        layout compacted (nothing when no row loses any)."""
+        if not victims.any():
+            return
+        empty = np.zeros(0, dtype=np.int64)
+        self._apply_general(victims, slots, [empty] * self.rows)
+
     def _apply_general(self, victims: np.ndarray, slots: np.ndarray, new: list[np.ndarray]) -> None:
         """Any admission and eviction, then a compaction into kept order."""
         offsets = np.concatenate(([0], np.cumsum(victims)))

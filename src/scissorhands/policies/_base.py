@@ -21,20 +21,27 @@ from scissorhands._shared import (
     STATE_VERSION,
     UINT32_MAX,
     RowVictims,
+    Span,
     check_int,
     check_pool,
     check_pool_kernel,
+    check_span,
     chunk_shape_error,
+    is_pinned,
+    merge_spans,
     observed_evictions,
     observed_pooled_error,
     observed_shape_error,
     parse_held,
     parse_history,
     parse_state,
+    pinned_budget_error,
+    pins_budget_error,
     pooled_evict_error,
     ragged_counts_error,
     ragged_evict_error,
     read_admit,
+    read_pins,
     read_row_index,
     read_weights,
 )
@@ -101,10 +108,10 @@ class NativePolicy:
             cls._kind = getattr(lib, spec.kind)
             cls._score_name = spec.score_key
 
-    def __init__(self, *, budget: int, heads: int, **options: Any) -> None:
+    def __init__(self, *, budget: int, heads: int, pins: Any = (), **options: Any) -> None:
         """Validate in the order both backends share (budget, then the spec's options
-        with their sum against the budget, then heads) and build the C object; each
-        option goes to the ``sh_config`` field of the same name."""
+        with their sum against the budget, then heads, then the pinned spans) and build
+        the C object; each option goes to the ``sh_config`` field of the same name."""
         spec = SPECS[self.name]
         self._reads_attention = spec.reads_attention
         self._evicts = spec.evicts
@@ -113,6 +120,8 @@ class NativePolicy:
         self._protected = {o.name: self._options[o.name] for o in spec.options if o.protects}
         self._heads = check_int("heads", heads, 1, MAX_HEADS)
         self._pool = check_pool(self._options.get("pool", 1), self._heads)
+        spans = read_pins(pins)
+        self._check_spans(spans)
         cfg = ffi.new("sh_config *")
         cfg.kind = self._kind
         cfg.heads = self._heads
@@ -134,6 +143,10 @@ class NativePolicy:
         self._last = 0
         self._n_victims = ffi.new("size_t *")
         self._grow_victims(1)
+        self._pins: list[Span] = []
+        self._set_pins(spans)
+        #: The spans given at construction: what reset() goes back to.
+        self._initial_pins = spans
 
     def _grow_victims(self, size: int) -> None:
         """(Re)allocate the reusable output buffers and their C views."""
@@ -142,6 +155,82 @@ class NativePolicy:
         self._victims_size = size
         self._victims_c = ffi.from_buffer("uint32_t[]", self._victims)
         self._slots_c = ffi.from_buffer("int64_t[]", self._slots)
+
+    # ------------------------------------------------------------ pinned spans
+
+    def _check_spans(self, spans: list[Span]) -> None:
+        """Refuse merged ``spans`` that leave nothing to evict at the configured budget."""
+        error = pins_budget_error(spans, self._options.get("sinks", 0), self._options.get("recent_window", 0),
+                                  self._budget)
+        if error is not None:
+            raise error
+
+    def _set_pins(self, spans: list[Span]) -> None:
+        """Give the C object exactly ``spans`` (checked, merged); must hold the lock or
+        be constructing. ``MemoryError`` leaves the old spans."""
+        flat = np.array(spans, dtype=np.uint32).reshape(-1)
+        check(lib.sh_policy_set_pins(self._ptr, ffi.from_buffer("uint32_t[]", flat), len(spans)),
+              type(self).__name__)
+        self._pins = list(spans)
+
+    def pin(self, start: int, stop: int) -> None:
+        """Pin positions ``start <= pos < stop``: no eviction takes them, in any row.
+
+        Pinned spans generalise attention sinks (StreamingLLM, Xiao et al., ICLR 2024,
+        arXiv 2309.17453: a policy with ``sinks=s`` evicts as one with ``sinks=0`` and
+        ``pin(0, s)``), as llama.cpp's ``n_keep`` and TensorRT-LLM's token-range
+        retention priorities do: a system prompt, the start of each turn. A span may
+        name positions not admitted yet (they are protected once they join) and
+        positions already evicted (nothing comes back). Overlapping or adjacent spans
+        merge (:attr:`pins`). :meth:`evict`, :meth:`step`, :meth:`evict_rows`,
+        :meth:`step_rows`, pooled budgets and the observation-window rule
+        (:meth:`evict_observed_rows`) all leave pinned positions alone, so a
+        row holds its sinks, its recent window and its pinned positions outside them;
+        :class:`Full` keeps the spans and, never evicting, is unchanged by them.
+
+        Parameters
+        ----------
+        start, stop : int
+            The half-open span, ``0 <= start < stop <= 2**32 - 1`` (integers, not bools).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``start`` or ``stop`` is not an integer.
+        InvalidInputError
+            Out of range, ``start >= stop``, more than 65536 spans after merging, or
+            spans that leave nothing to evict: the positions pinned outside the sinks
+            plus ``recent_window`` plus ``sinks`` reach the configured budget. The
+            spans stay as they were.
+        MemoryError
+            Storing the spans failed (they stay as they were).
+        """
+        span = check_span(start, stop)
+        with self._lock:
+            spans = merge_spans(self._pins, [span])
+            self._check_spans(spans)
+            self._set_pins(spans)
+
+    @property
+    def pins(self) -> list[tuple[int, int]]:
+        """The pinned spans, ``(start, stop)`` half-open, merged and ascending (a copy);
+        ``[]`` when none."""
+        return list(self._pins)
+
+    def _check_pinned(self, budget: int, pos: int | None) -> None:
+        """Refuse an eviction to a per-call ``budget`` below the configured one where
+        the pinned positions leave some row (pool) too few to evict (after ``pos``
+        joins, when not None); must hold the lock. At the configured budget or above
+        the spans' own check guarantees enough."""
+        if not self._pins or budget >= self._budget or not self._evicts:
+            return
+        counts, positions = self._export_locked()[:2]
+        ends = np.cumsum(counts, dtype=np.int64)[:-1]
+        rows = [part.tolist() for part in np.split(positions, ends)]
+        error = pinned_budget_error(rows, self._pins, self._options.get("sinks", 0),
+                                    self._options.get("recent_window", 0), budget, pos, self._pool)
+        if error is not None:
+            raise error
 
     # ------------------------------------------------------------ validation
 
@@ -199,6 +288,7 @@ class NativePolicy:
             pos = self._check_position(pos)
         if flags & _EVICT:
             budget = self._budget if budget is None else self._check_budget(budget)
+            self._check_pinned(budget, pos if admit else None)
             if self._pool != 1:
                 raise pooled_evict_error("step" if admit else "evict", self._pool)
         h = self._heads
@@ -360,6 +450,8 @@ class NativePolicy:
         if admit:
             pos = self._check_position(pos)
         budget = self._check_budget(budget) if flags & _EVICT else 0
+        if flags & _EVICT:
+            self._check_pinned(budget, pos if admit else None)
         h = self._heads
         if not admit or attn is None or not self._reads_attention:
             dtype, ptr, width = _NONE, _NULL, 0
@@ -475,7 +567,15 @@ class NativePolicy:
                 raise ragged_evict_error("evict_observed")
             sinks = self._options.get("sinks", 0)
             candidates = [max(0, n - min(sinks, n) - min(window, n)) for n in counts]
-            total = sum(observed_evictions(counts, candidates, window, sinks, budget))
+            pinned = None
+            if self._pins:  # the pinned slots between the sinks and the window stay too
+                held, kept = self._export_locked()[:2]
+                ends = np.cumsum(held, dtype=np.int64)[:-1]
+                pinned = [sum(1 for pos in row[min(sinks, n):max(min(sinks, n), n - min(window, n))]
+                              if is_pinned(self._pins, pos))
+                          for row, n in zip((r.tolist() for r in np.split(kept, ends)), counts)]
+                candidates = [c - q for c, q in zip(candidates, pinned)]
+            total = sum(observed_evictions(counts, candidates, window, sinks, budget, pinned))
         victims = np.empty(total, dtype=np.uint32)
         slots = np.empty(total, dtype=np.int64)
         rows = np.empty(h, dtype=np.uint32)
@@ -501,7 +601,8 @@ class NativePolicy:
         A row holding more than ``budget`` evicts its ``n_h - budget`` unprotected slots
         of least pooled score, equal pooled scores evicting the lower position.
         Protected: the first ``min(sinks, n_h)`` held (``sinks`` the policy's option, 0
-        without one) and the last ``min(W, n_h)``; ``recent_window`` is not used.
+        without one), the last ``min(W, n_h)`` and the pinned positions (:meth:`pin`);
+        ``recent_window`` is not used.
         Survivors keep their votes, scores, vote registers and steps held; nothing else
         changes. Full evicts nothing.
 
@@ -538,7 +639,8 @@ class NativePolicy:
             even or below 1; a pooled policy (``pool != 1``); ``attn`` of the wrong
             shape (the message names the expected one); a row whose protected
             positions leave fewer candidates than it must evict (the message names
-            the window, the sinks, the row and both counts); a read weight that is
+            the window, the sinks, the pinned positions when there are spans, the
+            row and both counts); a read weight that is
             NaN, infinite or negative (any row).
         MemoryError
             The call's scratch (22 bytes per slot of the fullest evicting row) could
@@ -790,33 +892,38 @@ class NativePolicy:
         the registers and steps held only when asked for and kept (else None). With
         ``equal`` (a property's name), rows of different counts raise instead."""
         with self._lock:
-            if self._ragged:
-                if equal is not None:
-                    raise ragged_counts_error(equal)
-                counts = self._counts_locked()
-            else:
-                counts = np.full(self._heads, self._n, dtype=np.uint32)
-            total = int(counts.sum())
-            positions = np.empty(total, dtype=np.uint32)
-            scores = None
-            votes_ptr = scores_ptr = ffi.NULL
-            if self._score_name == "votes":
-                scores = np.empty(total, dtype=np.uint32)
-                votes_ptr = ffi.from_buffer("uint32_t[]", scores)
-            elif self._score_name == "scores":
-                scores = np.empty(total, dtype=np.float64)
-                scores_ptr = ffi.from_buffer("double[]", scores)
-            check(lib.sh_policy_export(self._ptr, ffi.from_buffer("uint32_t[]", positions),
-                                       votes_ptr, scores_ptr, total))
-            history = None
-            if with_history and self._options.get("history_window") is not None:
-                history = np.empty(total, dtype=np.uint64)
-                check(lib.sh_policy_export_history(self._ptr, ffi.from_buffer("uint64_t[]", history), total))
-            held = None
-            if with_history and self._options.get("vote_rate"):
-                held = np.empty(total, dtype=np.uint32)
-                check(lib.sh_policy_export_held(self._ptr, ffi.from_buffer("uint32_t[]", held), total))
-            return counts, positions, scores, history, held, self._last
+            return self._export_locked(with_history, equal)
+
+    def _export_locked(self, with_history: bool = False, equal: str | None = None) -> tuple[
+            np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, int]:
+        """:meth:`_export`; must hold the lock."""
+        if self._ragged:
+            if equal is not None:
+                raise ragged_counts_error(equal)
+            counts = self._counts_locked()
+        else:
+            counts = np.full(self._heads, self._n, dtype=np.uint32)
+        total = int(counts.sum())
+        positions = np.empty(total, dtype=np.uint32)
+        scores = None
+        votes_ptr = scores_ptr = ffi.NULL
+        if self._score_name == "votes":
+            scores = np.empty(total, dtype=np.uint32)
+            votes_ptr = ffi.from_buffer("uint32_t[]", scores)
+        elif self._score_name == "scores":
+            scores = np.empty(total, dtype=np.float64)
+            scores_ptr = ffi.from_buffer("double[]", scores)
+        check(lib.sh_policy_export(self._ptr, ffi.from_buffer("uint32_t[]", positions),
+                                   votes_ptr, scores_ptr, total))
+        history = None
+        if with_history and self._options.get("history_window") is not None:
+            history = np.empty(total, dtype=np.uint64)
+            check(lib.sh_policy_export_history(self._ptr, ffi.from_buffer("uint64_t[]", history), total))
+        held = None
+        if with_history and self._options.get("vote_rate"):
+            held = np.empty(total, dtype=np.uint32)
+            check(lib.sh_policy_export_held(self._ptr, ffi.from_buffer("uint32_t[]", held), total))
+        return counts, positions, scores, history, held, self._last
 
     def _equal_rows(self, name: str, index: int, with_history: bool = False) -> np.ndarray:
         """Array ``index`` of :meth:`_export` shaped as the property ``name`` returns it."""
@@ -885,7 +992,9 @@ class NativePolicy:
         """Bytes of policy state: ``64 + capacity * bytes_per_slot`` for one head,
         ``64 + 4 * heads + capacity * heads * bytes_per_slot`` for more (each row's
         count); bytes per slot 9 Scissorhands (+8 with a history window, +4 with a
-        vote rate), 13 H2O and TOVA, 4 StreamingLLM and Full."""
+        vote rate), 13 H2O and TOVA, 4 StreamingLLM and Full; plus ``4 + 8 * m``
+        with ``m >= 1`` pinned spans (their number, each start and stop: the spans are
+        the object's, not per slot)."""
         return int(lib.sh_policy_memory_bytes(self._ptr))
 
     def fit_capacity(self, capacity: int) -> None:
@@ -905,8 +1014,19 @@ class NativePolicy:
 
     def reset(self) -> None:
         """Back to holding ``{0}`` in every row with nothing remembered, for a new
-        sequence (the number of rows and the capacity stay)."""
+        sequence (the number of rows and the capacity stay): a fresh object as
+        constructed, so the pinned spans given to the constructor stay and those added
+        by :meth:`pin` are forgotten (a policy loaded by :meth:`from_state_dict` counts
+        every span its state held as given to the constructor).
+
+        Raises
+        ------
+        MemoryError
+            Storing the constructor's spans again failed (nothing changes).
+        """
         with self._lock:
+            if self._pins != self._initial_pins:
+                self._set_pins(self._initial_pins)
             check(lib.sh_policy_reset(self._ptr))
             self._n = 1
             self._ragged = False
@@ -942,8 +1062,11 @@ class NativePolicy:
         before those options existed)."""
         shown = shown_values(self.name, self._options)
         first = dict(list(shown.items())[:1])
-        return {"budget": self._budget, **first, "heads": self._heads,
-                **{k: v for k, v in shown.items() if k not in first}}
+        params = {"budget": self._budget, **first, "heads": self._heads,
+                  **{k: v for k, v in shown.items() if k not in first}}
+        if self._pins:
+            params["pins"] = [list(span) for span in self._pins]
+        return params
 
     def _sink_count(self) -> int:
         return min(self._options["sinks"], self.kept_count())
@@ -1004,7 +1127,7 @@ class NativePolicy:
         required = ("budget", *names[:1], "heads")
         keeps_registers = spec.takes("history_window")
         optional_keys = ("history", "steps_held") if keeps_registers else ()
-        policy, rows = parse_state(state, cls.name, cls._score_name, required, cls, tuple(names[1:]),
+        policy, rows = parse_state(state, cls.name, cls._score_name, required, cls, (*names[1:], "pins"),
                                    optional_keys)
         history = held = None
         if keeps_registers:

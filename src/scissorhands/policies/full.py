@@ -20,6 +20,9 @@ class Full(NativePolicy):
         Accepted and ignored.
     heads : int, default 1
         Independent rows held in one object.
+    pins : sequence of (int, int), default ()
+        Pinned spans ``(start, stop)``, checked and kept as :meth:`pin` keeps them;
+        they change nothing here, since the full cache never evicts.
 
     Notes
     -----
@@ -28,12 +31,15 @@ class Full(NativePolicy):
 
     name = "full"
 
-    def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1) -> None:
+    def __init__(self, budget: int | None = None, rng: Any = None, heads: int = 1, pins: Any = ()) -> None:
         self._configured = None if budget is None else check_int("budget", budget, 1)
-        super().__init__(budget=UINT32_MAX, heads=heads)
+        super().__init__(budget=UINT32_MAX, heads=heads, pins=pins)
 
     def _params(self) -> dict[str, Any]:
-        return {"budget": self._configured, "heads": self._heads}
+        params: dict[str, Any] = {"budget": self._configured, "heads": self._heads}
+        if self._pins:
+            params["pins"] = [list(span) for span in self._pins]
+        return params
 
     @property
     def budget(self) -> int | None:  # type: ignore[override]

@@ -45,6 +45,11 @@ class H2O(RankingPolicy):
         ``heads``; with ``pool > 1`` rows evict different numbers, so only
         ``step_rows``/``evict_rows`` evict. 1 = each row its own budget.
 
+    pins : sequence of (int, int), default ()
+        Pinned spans ``(start, stop)``, half-open: positions ``start <= pos < stop``
+        that no eviction takes, in any row, merged as :meth:`pin` merges them and
+        refused as it refuses them (``InvalidTypeError``, ``InvalidInputError``).
+        Sinks are the span ``(0, sinks)``; :meth:`reset` keeps these spans.
     Raises
     ------
     InvalidTypeError
@@ -62,8 +67,8 @@ class H2O(RankingPolicy):
     name = "h2o"
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
-                 sinks: int = 0, pool: int = 1) -> None:
-        super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads, pool=pool)
+                 sinks: int = 0, pool: int = 1, pins: Any = ()) -> None:
+        super().__init__(budget=budget, recent_window=recent_window, sinks=sinks, heads=heads, pool=pool, pins=pins)
 
     @property
     def scores(self) -> np.ndarray:

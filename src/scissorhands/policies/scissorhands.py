@@ -60,6 +60,11 @@ class Scissorhands(RankingPolicy):
         ``heads``; with ``pool > 1`` rows evict different numbers, so only
         ``step_rows``/``evict_rows`` evict. 1 = each row its own budget.
 
+    pins : sequence of (int, int), default ()
+        Pinned spans ``(start, stop)``, half-open: positions ``start <= pos < stop``
+        that no eviction takes, in any row, merged as :meth:`pin` merges them and
+        refused as it refuses them (``InvalidTypeError``, ``InvalidInputError``).
+        Sinks are the span ``(0, sinks)``; :meth:`reset` keeps these spans.
     Raises
     ------
     InvalidTypeError
@@ -84,9 +89,10 @@ class Scissorhands(RankingPolicy):
 
     def __init__(self, budget: int = 512, recent_window: int = 32, rng: Any = None, heads: int = 1,
                  sinks: int = 0, history_window: int | None = None, vote_rate: bool = False,
-                 pool: int = 1) -> None:
+                 pool: int = 1, pins: Any = ()) -> None:
         super().__init__(budget=budget, recent_window=recent_window, sinks=sinks,
-                         history_window=history_window, vote_rate=vote_rate, heads=heads, pool=pool)
+                         history_window=history_window, vote_rate=vote_rate, heads=heads, pool=pool,
+                         pins=pins)
 
     @property
     def history_window(self) -> int | None:

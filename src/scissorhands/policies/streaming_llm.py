@@ -25,6 +25,11 @@ class StreamingLLM(NativePolicy):
     heads : int, default 1
         Independent rows held in one object, ``[1, 65536]``.
 
+    pins : sequence of (int, int), default ()
+        Pinned spans ``(start, stop)``, half-open: positions ``start <= pos < stop``
+        that no eviction takes, in any row, merged as :meth:`pin` merges them and
+        refused as it refuses them (``InvalidTypeError``, ``InvalidInputError``).
+        Sinks are the span ``(0, sinks)``; :meth:`reset` keeps these spans.
     Raises
     ------
     InvalidTypeError
@@ -39,8 +44,9 @@ class StreamingLLM(NativePolicy):
 
     name = "streaming-llm"
 
-    def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1) -> None:
-        super().__init__(budget=budget, sinks=sinks, heads=heads)
+    def __init__(self, budget: int = 512, sinks: int = 4, rng: Any = None, heads: int = 1,
+                 pins: Any = ()) -> None:
+        super().__init__(budget=budget, sinks=sinks, heads=heads, pins=pins)
 
     @property
     def sinks(self) -> int:

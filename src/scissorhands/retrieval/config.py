@@ -19,11 +19,15 @@ from typing import Any
 
 from ..errors import InvalidInputError, ScissorhandsError
 from ..options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec
+from ..prompt_aware import PromptAware, parse_flag
 
 __all__ = ["CACHE_ARGS", "CacheConfig", "pop_cache_config"]
 
 #: The ``--model_args`` keys this model takes beside the policy options and lm-eval's own.
-CACHE_ARGS = ("policy", "budget", "prefill_chunk", "backend", "head_mode", "positions", "attention")
+CACHE_ARGS = ("policy", "budget", "prefill_chunk", "backend", "head_mode", "positions", "attention", "prompt_aware",
+              "prefill_budget", "observation_window", "pool_kernel")
+#: The prompt-aware settings among them (:class:`~scissorhands.prompt_aware.PromptAware`).
+PROMPT_ARGS = ("prefill_budget", "observation_window", "pool_kernel")
 #: Prompt tokens per forward while an evicting cache reads a prompt (None: one forward).
 DEFAULT_PREFILL_CHUNK = 64
 
@@ -50,6 +54,9 @@ class CacheConfig:
         :func:`scissorhands.retrieval.model.check_modes`, which needs torch).
     attention : {"sdpa", "eager"}
         The implementation the model is loaded with (when this model loads it).
+    prompt : PromptAware
+        ``prompt_aware``, ``prefill_budget``, ``observation_window``, ``pool_kernel``
+        (checked against the policy and budget).
     """
 
     policy: str = "full"
@@ -60,6 +67,7 @@ class CacheConfig:
     head_mode: str = "per-head"
     positions: str = "original"
     attention: str = "sdpa"
+    prompt: PromptAware = field(default_factory=PromptAware)
 
     @property
     def evicts(self) -> bool:
@@ -76,12 +84,25 @@ class CacheConfig:
         if not self.evicts:
             return self.policy
         resolved = SPECS[self.policy].check(self.budget or 0, self.options.values(self.policy, self.budget))
-        return f"{self.policy} budget={self.budget} {config_label(self.policy, resolved)}"
+        aware = f" {self.prompt.label()}" if self.prompt.enabled else ""
+        return f"{self.policy} budget={self.budget} {config_label(self.policy, resolved)}{aware}"
+
+    def prompt_args(self) -> dict[str, Any]:
+        """The prompt-aware model arguments (empty when off), as ``--model_args`` take them."""
+        if not self.prompt.enabled:
+            return {}
+        prompt = self.prompt
+        return {"prompt_aware": True, "prefill_budget": prompt.prefill_budget,
+                "observation_window": prompt.observation_window, "pool_kernel": prompt.pool_kernel}
 
     def cache_kwargs(self) -> dict[str, Any]:
         """Keywords of :meth:`scissorhands.hf.EvictingCache.from_model`."""
-        return {"policy": self.policy, "budget": self.budget, "options": self.options, "backend": self.backend,
-                "head_mode": self.head_mode, "positions": self.positions}
+        kwargs = {"policy": self.policy, "budget": self.budget, "options": self.options, "backend": self.backend,
+                  "head_mode": self.head_mode, "positions": self.positions}
+        if self.prompt.enabled:
+            kwargs.update(prompt_aware=True, prefill_budget=self.prompt.prefill_budget,
+                          observation_window=self.prompt.observation_window, pool_kernel=self.prompt.pool_kernel)
+        return kwargs
 
 
 def _value(option: Any, raw: Any) -> Any:
@@ -101,6 +122,28 @@ def _positive_or_none(name: str, raw: Any) -> int | None:
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
         raise InvalidInputError(f"{name} must be a positive integer or none, got {raw!r}")
     return raw
+
+
+def _integer(name: str, raw: Any) -> Any:
+    """A prompt-aware count: text parsed as a base-10 integer, anything else as given
+    (:meth:`~scissorhands.prompt_aware.PromptAware.check` checks it)."""
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip(), 10)
+        except ValueError:
+            raise InvalidInputError(f"{name} must be an integer, got {raw!r}") from None
+    return raw
+
+
+def _prompt_aware(args: MutableMapping[str, Any], policy: str, budget: Any,
+                  values: Mapping[str, Any]) -> PromptAware:
+    """Take the prompt-aware keys out of ``args``, checked against the policy."""
+    enabled = parse_flag("prompt_aware", args.pop("prompt_aware", False))
+    given = {name: _integer(name, args.pop(name)) for name in PROMPT_ARGS if name in args}
+    if given and not enabled:
+        raise InvalidInputError(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only with "
+                                "prompt_aware=true")
+    return PromptAware(enabled, **given).check(policy, budget, PolicyOptions(**values))
 
 
 def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
@@ -133,11 +176,13 @@ def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
         spec.check(budget, PolicyOptions(**values).values(policy, budget))
     elif budget is not None:
         budget = None  # the full cache keeps everything: a budget means nothing to it
+    prompt = _prompt_aware(args, policy, budget, values)
     chunk = _positive_or_none("prefill_chunk", args.pop("prefill_chunk", DEFAULT_PREFILL_CHUNK))
     config = CacheConfig(
         policy=policy, budget=budget, values=values, prefill_chunk=chunk,
         backend=str(args.pop("backend", "native")), head_mode=str(args.pop("head_mode", "per-head")),
-        positions=str(args.pop("positions", "original")), attention=str(args.pop("attention", "sdpa")))
+        positions=str(args.pop("positions", "original")), attention=str(args.pop("attention", "sdpa")),
+        prompt=prompt)
     if config.backend not in BACKENDS:
         raise InvalidInputError(f"backend must be one of {', '.join(BACKENDS)}, got {config.backend!r}")
     return config

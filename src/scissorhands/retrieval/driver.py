@@ -52,7 +52,9 @@ KNOWN_TASKS = OFFLINE_RULER + GENERATORS
 DEFAULT_TASKS = ("niah_single_1", "niah_multikey_2", *GENERATORS)
 #: The configurations of the grid, by name: a policy and its option values (the rest
 #: at the policy's defaults).  ``scissorhands`` is the recommended configuration
-#: (docs/eval.md), ``scissorhands-seed`` the seed's defaults.
+#: (docs/eval.md), ``scissorhands-seed`` the seed's defaults; a ``+pa`` name is the
+#: same configuration with prompt-aware eviction (the prompt held up to the cap, and
+#: decided at its end by its last rows' attention: :mod:`scissorhands.prompt_aware`).
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "full": ("full", {}),
     "streaming-llm": ("streaming-llm", {}),
@@ -60,6 +62,9 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "tova": ("tova", {}),
     "scissorhands": ("scissorhands", {"recent_window": "0.75x", "sinks": 4}),
     "scissorhands-seed": ("scissorhands", {}),
+    "h2o+pa": ("h2o", {"prompt_aware": True}),
+    "tova+pa": ("tova", {"prompt_aware": True}),
+    "scissorhands+pa": ("scissorhands", {"recent_window": "0.75x", "sinks": 4, "prompt_aware": True}),
 }
 DEFAULT_LENGTHS = (512, 1024)
 DEFAULT_BUDGETS = (Fraction(1, 8), Fraction(1, 4), Fraction(1, 2))
@@ -126,6 +131,18 @@ def _positive(text: str) -> int:
 _positive.__name__ = "integer"
 
 
+def _odd(text: str) -> int:
+    from ..prompt_aware import parse_odd
+
+    try:
+        return parse_odd(text)
+    except ScissorhandsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_odd.__name__ = "odd integer"
+
+
 def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
     """Add the ``tasks`` subcommand to ``sub`` (the CLI's subparsers)."""
     p = sub.add_parser(
@@ -144,7 +161,14 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> arg
                    help="budgets as fractions of each length (default: 1/8 1/4 1/2)")
     p.add_argument("--configs", type=_names(tuple(CONFIGS), "configuration"), default=None, metavar="NAMES",
                    help="comma-separated configurations (default: all: full, streaming-llm, h2o, tova, "
-                   "scissorhands = recent window 0.75x and 4 sinks, scissorhands-seed = its defaults)")
+                   "scissorhands = recent window 0.75x and 4 sinks, scissorhands-seed = its defaults, and "
+                   "h2o+pa, tova+pa, scissorhands+pa = those with prompt-aware eviction)")
+    p.add_argument("--prefill-budget", type=_positive, default=None, metavar="N",
+                   help="the +pa configurations: positions held while a prompt is read (default: 4096)")
+    p.add_argument("--observation-window", type=_positive, default=None, metavar="N",
+                   help="the +pa configurations: the prompt's last rows that decide at its end (default: 16)")
+    p.add_argument("--pool-kernel", type=_odd, default=None, metavar="N",
+                   help="the +pa configurations: max-pooling kernel over held positions, odd (default: 15)")
     p.add_argument("--samples", type=_positive, default=None, metavar="N",
                    help="samples per task and length (lm-eval's limit; default 20)")
     p.add_argument("--quick", action="store_true",
@@ -174,8 +198,9 @@ class Run:
     name: str
     fraction: Fraction | None
 
-    def config(self, length: int, chunk: int) -> CacheConfig:
-        """The cache's configuration at ``length``.
+    def config(self, length: int, chunk: int, prompt: Mapping[str, Any] | None = None) -> CacheConfig:
+        """The cache's configuration at ``length`` (``prompt``: prompt-aware settings
+        given on the command line, for the configurations that are prompt-aware).
 
         Raises
         ------
@@ -183,6 +208,8 @@ class Run:
             The policy refuses its options at this budget."""
         policy, values = CONFIGS[self.name]
         args: dict[str, Any] = {"policy": policy, **values, "prefill_chunk": chunk}
+        if values.get("prompt_aware"):
+            args.update({k: v for k, v in (prompt or {}).items() if v is not None})
         if self.fraction is not None:
             args["budget"] = int(self.fraction * length)
         return pop_cache_config(args)
@@ -205,14 +232,21 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     names = args.configs or list(CONFIGS)
     runs = [Run("full", None)] if "full" in names else []
     runs += [Run(n, f) for f in budgets for n in names if n != "full"]
+    prompt = _prompt_settings(args)
     for run in runs:
         for length in lengths:
             try:
-                run.config(length, args.prefill_chunk)
+                run.config(length, args.prefill_chunk, prompt)
             except ScissorhandsError as exc:
                 raise InvalidInputError(f"--configs {run.name} at --budgets {run.fraction} of --lengths {length} "
                                         f"(budget {int((run.fraction or 0) * length)}): {exc}") from None
-    return {"tasks": tasks, "lengths": lengths, "budgets": budgets, "samples": samples, "runs": runs}
+    return {"tasks": tasks, "lengths": lengths, "budgets": budgets, "samples": samples, "runs": runs,
+            "prompt": prompt}
+
+
+def _prompt_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The prompt-aware flags given (``prefill_budget``, ...), None where not given."""
+    return {name: getattr(args, name, None) for name in ("prefill_budget", "observation_window", "pool_kernel")}
 
 
 # ----------------------------------------------------------------------------- running
@@ -265,7 +299,8 @@ def run_tasks(args: argparse.Namespace) -> int:
         "grid": {"tasks": grid["tasks"], "lengths": grid["lengths"], "budgets": [str(b) for b in grid["budgets"]],
                  "samples": grid["samples"], "configs": list(dict.fromkeys(r.name for r in grid["runs"])),
                  "prefill_chunk": args.prefill_chunk, "max_gen_toks": args.max_gen_toks, "seed": args.seed,
-                 "chat_template": chat, "lm_eval": lm_eval.__version__},
+                 "chat_template": chat, "lm_eval": lm_eval.__version__,
+                 "prompt_aware": {k: v for k, v in grid["prompt"].items() if v is not None}},
         "seconds": round(time.time() - started, 1), "rows": rows}
     print(format_tasks([document], markdown=args.markdown))
     if args.json:
@@ -308,10 +343,11 @@ def _run_grid(args: argparse.Namespace, grid: Mapping[str, Any], model: Any, tok
             groups = [([t for n, t in loaded.items() if n in OFFLINE_RULER], chat),
                       ([t for n, t in loaded.items() if n not in OFFLINE_RULER], False)]
             for run in grid["runs"]:
-                config = run.config(length, args.prefill_chunk)
+                config = run.config(length, args.prefill_chunk, grid.get("prompt"))
                 bar.set_postfix_str(f"{length} {run.name} {run.fraction or ''}".strip())
                 lm = ScissorhandsLM(pretrained=model, tokenizer=tokenizer, quiet=True, policy=config.policy,
-                                    budget=config.budget, prefill_chunk=config.prefill_chunk, **config.values)
+                                    budget=config.budget, prefill_chunk=config.prefill_chunk, **config.values,
+                                    **config.prompt_args())
                 for task_objects, with_chat in groups:
                     if not task_objects:
                         continue

@@ -13,7 +13,9 @@ scissorhands ...`` find it.  It overrides only what an evicting cache changes:
 * log-likelihood (``loglikelihood``, ``loglikelihood_rolling``): the context is read as a
   prompt (in forwards of ``prefill_chunk`` tokens, evicting after each), then the
   continuation that is scored (in forwards of ``prefill_chunk`` tokens), its logits
-  those of the cache as it then holds; lm-eval's own code scores them.
+  those of the cache as it then holds; lm-eval's own code scores them.  With
+  ``prompt_aware`` the context's end is the prompt's end (:meth:`EvictingCache.end_prompt
+  <scissorhands.hf.EvictingCache.end_prompt>`), before the continuation is read.
 
 A cache that never evicts (``policy=full``) reads every request in one forward, as the
 stock model does, so that its results are the stock ``hf`` model's sample for sample
@@ -26,8 +28,9 @@ name; default SmolLM2-135M-Instruct; or a loaded model object with ``tokenizer``
 ``policy``, ``budget``, every option of :data:`scissorhands.options.OPTIONS`
 (``recent_window``, ``sinks``, ``history_window``, ``vote_rate``, ``pool``) by its
 name, ``prefill_chunk`` (default 64; ``none``: one forward), ``backend``, ``head_mode``,
-``positions``, ``attention`` (sdpa or eager), ``quiet`` (no progress bars), and any of
-``HFLM``'s own.
+``positions``, ``attention`` (sdpa or eager), ``prompt_aware`` (true/false) with
+``prefill_budget``, ``observation_window`` and ``pool_kernel`` (:mod:`scissorhands.prompt_aware`),
+``quiet`` (no progress bars), and any of ``HFLM``'s own.
 """
 
 from __future__ import annotations
@@ -112,7 +115,8 @@ class ScissorhandsLM(HFLM):
         if unknown:
             raise InvalidInputError(f"unknown model argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
                                     "neither a cache option (policy, budget, the policy's options, prefill_chunk, "
-                                    "backend, head_mode, positions, attention; docs/tasks.md) nor an argument of "
+                                    "backend, head_mode, positions, attention, prompt_aware, prefill_budget, "
+                                    "observation_window, pool_kernel; docs/tasks.md) nor an argument of "
                                     "lm-eval's HFLM")
         if pretrained is None or isinstance(pretrained, (str, os.PathLike)):
             from ..hf import load_model
@@ -140,6 +144,11 @@ class ScissorhandsLM(HFLM):
         config = self.cache_config
         info["scissorhands_cache"] = {"label": config.label(), "policy": config.policy, "budget": config.budget,
                                       **dict(config.values), "prefill_chunk": config.prefill_chunk}
+        if config.prompt.enabled:
+            prompt = config.prompt
+            info["scissorhands_cache"].update(prompt_aware=True, prefill_budget=prompt.prefill_budget,
+                                              observation_window=prompt.observation_window,
+                                              pool_kernel=prompt.pool_kernel)
         return info
 
     # ------------------------------------------------------------------ generation
@@ -187,10 +196,17 @@ class ScissorhandsLM(HFLM):
             pieces = [inps[:, start:min(start + chunk, end)]
                       for begin, end in ((0, split), (split, inps.shape[1]))
                       for start in range(begin, end, chunk)]
+        # prompt_aware: the context's end is the prompt's end (the continuation is what is
+        # scored, as decode steps would read it): evicted there, before the continuation.
+        context_pieces = -(-split // chunk) if config.evicts and config.prompt.enabled else None
+        logits = []
         with (torch.no_grad(),
               torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
                              enabled=self.mixed_precision_dtype is not None)):
-            logits = [self.model(piece, cache=cache, use_cache=True).logits for piece in pieces]
+            for index, piece in enumerate(pieces):
+                if index == context_pieces:
+                    cache.end_prompt()
+                logits.append(self.model(piece, cache=cache, use_cache=True).logits)
         return logits[0] if len(logits) == 1 else torch.cat(logits, dim=1)
 
 
