@@ -31,9 +31,13 @@ Where the prompt is split (``--question``):
 * ``after``: kvpress's own convention: the document is compressed, the question read
   after it, uncompressed.
 
-The budget is the package's: ``int(fraction * length)`` positions kept of the
-compressed part (kvpress's ``compression_ratio`` is set per sample to keep exactly
-that many; each row records the positions kept).  The full cache (no press) runs first,
+The budget is the package's, ``int(fraction * length)`` positions, and what it counts
+is ``--budget-of``: ``prompt`` (default) every prompt position the cache holds when the
+answer starts, as the package's caches count it, so the press keeps the budget less the
+positions read after the compression; ``compressed``: the budget kept of the
+compressed part alone, the positions read after it held on top (about 16 more).
+kvpress's ``compression_ratio`` is set per sample to keep exactly that many; each row
+records the positions kept.  The full cache (no press) runs first,
 to check that this environment answers as the package's full cache does.  Answers are
 greedy, at most ``--max-new-tokens``, cut at the first newline (the tasks' ``until``).
 
@@ -116,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--question", choices=("compressed", "after"), default="compressed",
                         help="the question inside the compressed part (default) or read after it")
+    parser.add_argument("--budget-of", choices=("prompt", "compressed"), default="prompt",
+                        help="the budget counts the whole prompt (default) or the compressed part only")
     parser.add_argument("--attention", default="eager", choices=("eager", "sdpa"))
     parser.add_argument("--no-full", action="store_true", help="skip the full-cache rows")
     parser.add_argument("--json", help="write the rows here")
@@ -169,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                     after = len(tokenizer.encode(tail, add_special_tokens=False))
                     for name, fraction in runs:
                         budget = None if fraction is None else int(fraction * length)
-                        press = None if budget is None else make_press(name, ratio_for(budget, compressed))
+                        keep = None if budget is None else budget - (after if args.budget_of == "prompt" else 0)
+                        if keep is not None and keep < 1:
+                            raise SystemExit(f"--budgets {fraction}: {budget} positions leave none for the "
+                                             f"context after the {after} read after it")
+                        press = None if keep is None else make_press(name, ratio_for(keep, compressed))
                         cache = DynamicCache()
                         out = pipe(context, question=question, answer_prefix=sample["answer_start"], press=press,
                                    max_new_tokens=args.max_new_tokens, cache=cache)
@@ -193,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"format": "kvpress.peer", "version": 1, "model": os.path.basename(os.path.normpath(args.model)),
                        "kvpress": getattr(kvpress, "__version__", "0.5.5"), "transformers": transformers.__version__,
-                       "torch": torch.__version__, "question": args.question, "attention": args.attention,
+                       "torch": torch.__version__, "question": args.question, "budget_of": args.budget_of,
+                       "attention": args.attention,
                        "seed": args.seed, "max_new_tokens": args.max_new_tokens, "seconds": seconds,
                        "rows": rows}, handle, indent=1)
     return 0
