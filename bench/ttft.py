@@ -9,7 +9,11 @@ once with ``EvictingCache.from_model(model, "scissorhands", budget=512,
 recent_window=0.75, sinks=4)``, alternately in one process (one torch thread), so that
 their ratio is measured under the same load.  The cache's own stats (rows beside sdpa,
 bookkeeping, policy calls) are reported beside.  ``--profile`` writes a cProfile of the
-evicting runs.
+evicting runs.  ``--prompt-aware`` adds a third run per length,
+``prompt_aware=True`` (the prompt held up to ``--prefill-budget`` while it is read, decided
+at its end): its time to the first token, then the prompt-end eviction the first decode
+step would run (``end_prompt()``, timed apart), and the positions and bytes held at the
+prompt's end, before it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--profile", metavar="PATH")
+    parser.add_argument("--prompt-aware", action="store_true", help="also time a prompt-aware cache")
+    parser.add_argument("--prefill-budget", type=int, default=4096)
     args = parser.parse_args(argv)
     check_json(parser, args.json)
 
@@ -47,12 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, ids = load_smollm2()
     profiler = cProfile.Profile() if args.profile else None
 
-    def run(length: int, evicting: bool) -> tuple[float, Any]:
+    def run(length: int, evicting: bool, prompt_aware: bool = False) -> tuple[float, Any]:
         prompt = ids[:, :length]
         cache: Any
         if evicting:
             cache = hf.EvictingCache.from_model(model, "scissorhands", budget=args.budget,
-                                                recent_window=0.75, sinks=4)
+                                                recent_window=0.75, sinks=4, prompt_aware=prompt_aware,
+                                                prefill_budget=args.prefill_budget)
         else:
             hf.uninstall(model)
             cache = DynamicCache(config=model.config)
@@ -79,11 +86,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{length:6d} tokens: DynamicCache {stock:7.2f} s, EvictingCache {ours:7.2f} s "
                   f"({ours / stock:.2f}x); rows {s.rows_seconds:.2f} s, bookkeeping {s.bookkeeping_seconds:.2f} s, "
                   f"policy {s.policy_seconds:.2f} s", flush=True)
+            if args.prompt_aware:
+                aware, cache = run(length, True, prompt_aware=True)
+                held, held_mb = int(cache.held_counts().max()), cache.memory_bytes() / 2**20
+                start = time.perf_counter()
+                cache.end_prompt()
+                end = time.perf_counter() - start
+                rows[-1].update({"prompt_aware_s": aware, "prompt_aware_ratio": aware / stock,
+                                 "prompt_end_s": end, "prompt_held": held, "prompt_mb": held_mb,
+                                 "after_held": int(cache.held_counts().max())})
+                print(f"        prompt-aware {aware:7.2f} s ({aware / stock:.2f}x the DynamicCache, "
+                      f"{aware / ours:.2f}x chunked eviction); prompt's end {end:.3f} s; held at the prompt's "
+                      f"end {held} positions, {held_mb:.1f} MB, then {rows[-1]['after_held']}", flush=True)
     if profiler is not None:
         profiler.dump_stats(args.profile)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"budget": args.budget, "chunk": args.chunk, "rows": rows}, f, indent=1)
+            json.dump({"budget": args.budget, "chunk": args.chunk, "prefill_budget": args.prefill_budget,
+                       "rows": rows}, f, indent=1)
     return 0
 
 
