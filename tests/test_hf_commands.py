@@ -181,8 +181,6 @@ def test_generate_prompt_aware_holds_the_prompt_then_the_budget(tiny_model, caps
     assert cache.stats.prompt_ends == 1 and cache.prompt_aware.pool_kernel == 3
 
 
-@pytest.mark.skipif(not hasattr(__import__("scissorhands").Scissorhands, "pin"),
-                    reason="the policies have no pinned spans in this build")
 def test_pin_system_keeps_the_system_prompt_through_a_long_generation(tiny_model, capsys, monkeypatch):
     """--pin-system: the template's system message (and the user turn's header) is pinned
     and every row still holds it after a long prompt and answer at a small budget."""

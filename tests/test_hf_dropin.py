@@ -23,7 +23,7 @@ from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
 from scissorhands.options import SPECS, PolicyOptions  # noqa: E402
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 VOCAB = 97
 PAD = 0
@@ -49,15 +49,6 @@ def _config(family: str) -> object:
                             **{k: v for k, v in common.items() if k != "num_hidden_layers"})
     raise ValueError(family)
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: these models are tiny, and two threads on a shared machine can be
-    ten times slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 FAMILIES = ("llama", "qwen2", "mistral", "phi3", "gemma2")

@@ -16,23 +16,13 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 from test_hf_dropin import VOCAB, _generate, _model, _prompts  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-import scissorhands  # noqa: E402
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
 
-pytestmark = [pytest.mark.hf, pytest.mark.skipif(not hasattr(scissorhands.Scissorhands, "pin"),
-                                                 reason="the policies have no pinned spans in this build")]
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 POLICIES = ("scissorhands", "h2o", "tova", "streaming-llm")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread (tiny models; two threads on a shared machine are slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _options(policy):

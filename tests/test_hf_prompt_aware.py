@@ -23,30 +23,12 @@ from transformers import DynamicCache  # noqa: E402
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 #: A prompt-aware configuration that evicts on these tiny prompts.
 AWARE = dict(prompt_aware=True, prefill_budget=64, observation_window=3, pool_kernel=3, sinks=1)
 BACKENDS = ("reference", "native")
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread (tiny models; two threads on a shared machine are slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _native_has_rule() -> bool:
-    from scissorhands import Scissorhands
-
-    return hasattr(Scissorhands, "evict_observed_rows")
-
-
-def _backends() -> list[str]:
-    return [b for b in BACKENDS if b == "reference" or _native_has_rule()]
 
 
 def _cache(model, policy="scissorhands", budget=8, backend="native", **kwargs):
@@ -102,7 +84,7 @@ def test_prompt_aware_refuses_one_configuration_per_sequence():
 # ----------------------------------------------------------------------------- without eviction
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_without_eviction_generate_equals_the_stock_cache(impl, mode, backend):
@@ -242,7 +224,7 @@ def _rule(kept: list[int], rows: np.ndarray, budget: int, sinks: int, kernel: in
     return [p for i, p in enumerate(kept) if i not in gone]
 
 
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("policy", ["scissorhands", "h2o", "tova"])
 def test_the_first_decode_step_evicts_every_row_by_the_rule_before_attending(policy, backend):
     """When the first decode step's mask is sized, every row holds what the rule keeps

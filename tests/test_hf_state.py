@@ -21,16 +21,8 @@ from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
 from scissorhands.options import SPECS, PolicyOptions  # noqa: E402
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread (tiny models; two threads on a shared machine are slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class _Interrupt(Exception):

@@ -41,6 +41,17 @@ def group_mean(weights: torch.Tensor, rows: int) -> np.ndarray:
     return total
 
 
+def _column_rows(columns: np.ndarray, total: int) -> tuple[np.ndarray, int, int]:
+    """``columns`` as ``total`` rows of int64 the C gathers read in place (a copy only
+    when its dtype or layout is not one), with its width and row stride in elements."""
+    columns = np.asarray(columns)
+    if (columns.dtype != np.int64 or columns.ndim != 2 or columns.shape[0] != total or columns.strides[1] != 8
+            or columns.strides[0] % 8 or columns.strides[0] < 8 * columns.shape[1]):
+        columns = np.ascontiguousarray(columns, dtype=np.int64).reshape(total, -1)
+    width = int(columns.shape[1])
+    return columns, width, (columns.strides[0] // 8 if total > 1 else width)
+
+
 def gather_group_mean(weights: torch.Tensor, rows: int, columns: np.ndarray, held: np.ndarray | None = None,
                       out: np.ndarray | None = None) -> np.ndarray:
     """:func:`group_mean` and a gather into each row's kept order in one C pass over the
@@ -77,12 +88,7 @@ def gather_group_mean(weights: torch.Tensor, rows: int, columns: np.ndarray, hel
     w = w.contiguous()
     batch, heads, q, extent = w.shape
     total = batch * rows
-    columns = np.asarray(columns)
-    if (columns.dtype != np.int64 or columns.ndim != 2 or columns.shape[0] != total or columns.strides[1] != 8
-            or columns.strides[0] % 8 or columns.strides[0] < 8 * columns.shape[1]):
-        columns = np.ascontiguousarray(columns, dtype=np.int64).reshape(total, -1)
-    width = columns.shape[1]
-    stride = columns.strides[0] // 8 if total > 1 else width
+    columns, width, stride = _column_rows(columns, total)
     if out is None:
         out = np.empty((total, q, width), dtype=np.float32)
     held_c = ffi.NULL
@@ -130,12 +136,7 @@ def gather_group_mean_layers(weights: list[torch.Tensor], rows: int, columns: np
     if q != 1:
         raise ValueError("gather_group_mean_layers: one query row")
     total = len(layers) * batch * rows
-    columns = np.asarray(columns)
-    if (columns.dtype != np.int64 or columns.ndim != 2 or columns.shape[0] != total or columns.strides[1] != 8
-            or columns.strides[0] % 8 or columns.strides[0] < 8 * columns.shape[1]):
-        columns = np.ascontiguousarray(columns, dtype=np.int64).reshape(total, -1)
-    width = columns.shape[1]
-    stride = columns.strides[0] // 8 if total > 1 else width
+    columns, width, stride = _column_rows(columns, total)
     addresses = np.array([w.data_ptr() for w in layers], dtype=np.uintp)
     pointers = ffi.cast("const float *const *", addresses.ctypes.data)
     check(lib.sh_gqa_gather_layers(pointers, len(layers), batch * rows, heads // rows, extent,
