@@ -108,9 +108,10 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
                     continue;
                 }
                 /* group_mean's additions in head order, then its division: the same float32. */
-                float sum = first[c];
+                const size_t at = (size_t)c;
+                float sum = first[at];
                 for (size_t g = 1; g < group; g++)
-                    sum += first[g * extent + c];
+                    sum += first[g * extent + at];
                 dst[j] = sum / divisor;
             }
         }
