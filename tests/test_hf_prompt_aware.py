@@ -54,7 +54,11 @@ def _cache(model, policy="scissorhands", budget=8, backend="native", **kwargs):
     (dict(prompt_aware=True, prefill_budget=10.0), InvalidTypeError, "prefill_budget must be an integer"),
     (dict(prompt_aware="yes"), InvalidTypeError, "prompt_aware must be True or False"),
     (dict(prompt_aware=True, pool="layer"), InvalidInputError, "pooled budgets"),
-    (dict(pool_kernel=2), InvalidInputError, "pool_kernel must be odd"),  # checked even when off
+    (dict(prompt_aware=True, prefill_budget=2**32), InvalidInputError, "prefill_budget must be at most 2\\*\\*32 - 1"),
+    (dict(prompt_aware=True, pool_kernel=2**32 + 1), InvalidInputError, "pool_kernel must be at most"),
+    (dict(pool_kernel=3), InvalidInputError, "pool_kernel=3 applies only with prompt_aware=True"),
+    (dict(prefill_budget=512, observation_window=8), InvalidInputError,
+     "prefill_budget=512, observation_window=8 applies only with prompt_aware=True"),
 ])
 def test_bad_prompt_aware_settings_are_refused_before_the_model_is_touched(kwargs, error, message):
     """Each bad setting raises the library's error naming it, before anything is built."""
@@ -413,3 +417,15 @@ def test_a_compiled_forward_drives_a_prompt_aware_cache_like_an_uncompiled_one()
         torch._dynamo.reset()
     assert torch.equal(compiled, plain)
     assert cache.stats.prompt_ends == 1 and cache.held_counts().max() == 8
+
+
+def test_the_settings_are_true_exactly_when_prompt_aware_is_on():
+    """``if cache.prompt_aware:`` reads the switch, not the settings object's existence."""
+    from scissorhands.prompt_aware import PromptAware
+
+    assert not PromptAware() and not PromptAware(False, 512, 8, 3)
+    assert PromptAware(True)
+    model = _model("llama", "eager")
+    assert not hf.EvictingCache.from_model(model, "scissorhands", 8, recent_window=2).prompt_aware
+    assert hf.EvictingCache.from_model(model, "scissorhands", 8, recent_window=2, prompt_aware=True,
+                                       observation_window=3, sinks=1).prompt_aware

@@ -254,9 +254,9 @@ def test_lm_eval_command_line_gets_the_package_tasks_on_its_include_path():
     (["--tasks", "niah_multikey_1"], 2, "unknown task"),
     (["--lengths", "100"], 2, "leaves no prompt"),
     (["--budgets", "1/64", "--lengths", "256"], 2, "--budgets 1/64 of --lengths 256"),
-    (["--pool-kernel", "4"], 2, "pool_kernel must be odd"),
+    (["--pool-kernel", "4"], 2, "--pool-kernel: must be odd"),
     (["--configs", "h2o+pa", "--budgets", "1/4", "--lengths", "512", "--prefill-budget", "100"], 2,
-     "prefill_budget 100 < budget 128"),
+     "--prefill-budget 100 < budget 128"),
 ])
 def test_tasks_refuses_bad_flags_before_the_model_loads(monkeypatch, capsys, argv, status, message):
     """Bad tasks flags exit with a message naming the flag, before any model loads."""

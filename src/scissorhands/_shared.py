@@ -634,7 +634,7 @@ def pins_budget_error(spans: list[Span], sinks: int, recent_window: int,
     if not spans or pinned + recent_window + sinks < budget:
         return None
     return InvalidInputError(
-        f"pins leave nothing to evict: {pinned} pinned positions outside the sinks + recent_window "
+        f"pins leave nothing to evict: {pinned} pinned (not counting the first {sinks}) + recent_window "
         f"{recent_window} + sinks {sinks} = {pinned + recent_window + sinks} reach budget {budget}")
 
 

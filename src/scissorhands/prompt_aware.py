@@ -39,12 +39,18 @@ DEFAULT_POOL_KERNEL = 15
 PROMPT_AWARE_POLICIES = ("h2o", "tova", "scissorhands")
 
 
+#: The most any count may be: positions and budgets are uint32 in the C core.
+_MOST = 2**32 - 1
+
+
 def _count(name: str, value: Any, least: int) -> int:
-    """``value`` as an int of at least ``least`` (not a bool), or the error naming ``name``."""
+    """``value`` as an int in ``[least, 2**32 - 1]`` (not a bool), or the error naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidTypeError(f"{name} must be an integer, got {value!r}")
     if int(value) < least:
         raise InvalidInputError(f"{name} must be at least {least}, got {value}")
+    if int(value) > _MOST:
+        raise InvalidInputError(f"{name} must be at most 2**32 - 1 = {_MOST}, got {value}")
     return int(value)
 
 
@@ -82,8 +88,9 @@ class PromptAware:
         InvalidTypeError
             ``enabled`` not a bool; a count not an integer (bools refused).
         InvalidInputError
-            A count out of range, an even ``pool_kernel``; with ``enabled``: a policy that
-            reads no attention (``full``, ``streaming-llm``), a pooled budget (``pool``),
+            A count out of range (below its least or above ``2**32 - 1``), an even
+            ``pool_kernel``; with ``enabled``: a policy that reads no attention
+            (``full``, ``streaming-llm``), a pooled budget (``pool``),
             ``prefill_budget`` below the budget, or ``observation_window`` plus the
             policy's sinks not below the budget.
         """
@@ -117,6 +124,10 @@ class PromptAware:
                                     "rows and the sinks are never evicted at the prompt's end, so they must leave "
                                     "room in the budget")
         return checked
+
+    def __bool__(self) -> bool:
+        """Whether prompt-aware eviction is on (``if cache.prompt_aware:``)."""
+        return self.enabled
 
     def label(self) -> str:
         """``pa`` settings as a table label writes them (empty when off)."""
@@ -156,4 +167,7 @@ def parse_odd(text: str) -> int:
         value = int(str(text).strip(), 10)
     except ValueError:
         raise InvalidInputError(f"{text!r} is not an integer") from None
-    return PromptAware(pool_kernel=value).check("full", None).pool_kernel
+    try:
+        return PromptAware(pool_kernel=value).check("full", None).pool_kernel
+    except InvalidInputError as exc:  # the flag's name is argparse's to say ("argument --pool-kernel: ...")
+        raise InvalidInputError(str(exc).removeprefix("pool_kernel ")) from None

@@ -444,6 +444,20 @@ def _check_pins_leave_room(spans: list[tuple[int, int]], settings: PromptAware,
             f"{settings.observation_window} + sinks {sinks} >= budget {config.budget}")
 
 
+def _prompt_settings(enabled: Any, prefill_budget: int | None, observation_window: int | None,
+                     pool_kernel: int | None) -> PromptAware:
+    """The prompt-aware settings of the cache's keywords (None: the default); a setting
+    given without ``prompt_aware=True`` is refused rather than silently unused."""
+    values = {"prefill_budget": prefill_budget, "observation_window": observation_window, "pool_kernel": pool_kernel}
+    given: dict[str, int] = {name: value for name, value in values.items() if value is not None}
+    if enabled is not True and given:
+        raise InvalidInputError(f"{', '.join(f'{n}={v!r}' for n, v in given.items())} applies only with "
+                                f"prompt_aware=True (got prompt_aware={enabled!r})")
+    return PromptAware(enabled, given.get("prefill_budget", DEFAULT_PREFILL_BUDGET),
+                       given.get("observation_window", DEFAULT_OBSERVATION_WINDOW),
+                       given.get("pool_kernel", DEFAULT_POOL_KERNEL))
+
+
 def _check_prompt_aware(settings: PromptAware, configs: Sequence[PolicyConfig], per_sequence: bool) -> PromptAware:
     """The prompt-aware settings checked against the cache's one configuration
     (:meth:`~scissorhands.prompt_aware.PromptAware.check`); refused with one
@@ -498,7 +512,8 @@ class EvictingCache(Cache):
         positions at its end; with the policy's sinks below ``budget``.
     pool_kernel : int, default 15
         ``prompt_aware``: the max-pooling kernel over held positions (odd, >= 1; 1: no
-        pooling).  Defaults measured in ``docs/prompt-aware-research.md``.
+        pooling).  Defaults measured in ``docs/prompt-aware-research.md``.  These three
+        are refused without ``prompt_aware=True`` (rather than silently unused).
     pins : sequence of (start, stop), default ()
         Spans of positions no row ever evicts (a system prompt; :meth:`pin`), checked
         by the policies' ``pin`` at construction.
@@ -567,14 +582,15 @@ class EvictingCache(Cache):
                  options: PolicyOptions | None = None, *, head_mode: str = "per-head",
                  cache_mode: str = "reuse", backend: str = "native", positions: str = "original",
                  configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool = False,
-                 prefill_budget: int = DEFAULT_PREFILL_BUDGET, observation_window: int = DEFAULT_OBSERVATION_WINDOW,
-                 pool_kernel: int = DEFAULT_POOL_KERNEL, pins: Sequence[tuple[int, int]] = (),
+                 prefill_budget: int | None = None, observation_window: int | None = None,
+                 pool_kernel: int | None = None, pins: Sequence[tuple[int, int]] = (),
                  **option_values: Any) -> None:
         _check_modes(positions, head_mode, cache_mode)
         configs, self.per_sequence = _policy_configs(policy, budget, options, backend, positions, configs,
                                                      option_values)
         self.prompt_aware = _check_prompt_aware(
-            PromptAware(prompt_aware, prefill_budget, observation_window, pool_kernel), configs, self.per_sequence)
+            _prompt_settings(prompt_aware, prefill_budget, observation_window, pool_kernel), configs,
+            self.per_sequence)
         #: The pinned spans every policy row gets, merged (:meth:`pin`).
         self._pins: list[tuple[int, int]] = _checked_pins(configs, [], _spans(pins))
         _check_pins_leave_room(self._pins, self.prompt_aware, configs)

@@ -238,8 +238,11 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 run.config(length, args.prefill_chunk, prompt)
             except ScissorhandsError as exc:
+                text = str(exc)
+                for name in ("prefill_budget", "observation_window", "pool_kernel"):
+                    text = text.replace(name, "--" + name.replace("_", "-"))
                 raise InvalidInputError(f"--configs {run.name} at --budgets {run.fraction} of --lengths {length} "
-                                        f"(budget {int((run.fraction or 0) * length)}): {exc}") from None
+                                        f"(budget {int((run.fraction or 0) * length)}): {text}") from None
     return {"tasks": tasks, "lengths": lengths, "budgets": budgets, "samples": samples, "runs": runs,
             "prompt": prompt}
 
