@@ -30,8 +30,7 @@ static size_t span_after(const uint32_t *sp, size_t m, uint32_t x)
     return lo;
 }
 
-/* The first slot of [lo, hi) of the ascending row pos holding x or more (hi: none). */
-static size_t slot_at_least(const uint32_t *pos, size_t lo, size_t hi, uint32_t x)
+size_t sh_slot_at_least(const uint32_t *pos, size_t lo, size_t hi, uint32_t x)
 {
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -68,10 +67,10 @@ size_t sh_next_pinned(const sh_policy *p, size_t h, size_t from, size_t hi, size
             break;
         uint32_t start = p->pins[1 + 2 * j], stop = p->pins[2 + 2 * j];
         if (pos[at] >= start) { /* pos[at] lies in [start, stop) */
-            *end = slot_at_least(pos, at, hi, stop);
+            *end = sh_slot_at_least(pos, at, hi, stop);
             return at;
         }
-        at = slot_at_least(pos, at, hi, start);
+        at = sh_slot_at_least(pos, at, hi, start);
     }
     *end = hi;
     return hi;

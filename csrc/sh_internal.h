@@ -411,6 +411,10 @@ static inline size_t sh_update_row(const sh_kind_ops *ops, sh_policy *p, size_t 
 
 /* ---------------------------------------------------------------- pinned spans (pins.c) */
 
+/* The first slot of [lo, hi) of the ascending row pos holding x or more (hi: none):
+   a binary search, the lookups of pinned runs and of a held position share it. */
+size_t sh_slot_at_least(const uint32_t *pos, size_t lo, size_t hi, uint32_t x);
+
 /* The number of pinned spans (0 when there are none). */
 size_t sh_pin_spans(const sh_policy *p);
 

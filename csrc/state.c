@@ -158,14 +158,7 @@ int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos)
     if (p == NULL || head >= p->heads)
         return -1;
     const uint32_t *row = sh_row_positions(p, head);
-    size_t lo = 0, hi = p->counts[head];
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (row[mid] < pos)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = sh_slot_at_least(row, 0, p->counts[head], pos);
     return (lo < p->counts[head] && row[lo] == pos) ? (int64_t)lo : -1;
 }
 
