@@ -143,6 +143,31 @@ def make_policy(backend: Any, name: str, budget: int = 6, protected: int = 2, he
     return cls(budget=budget, heads=heads, **{first: protected})
 
 
+#: A chat template for the tiny tokenizers: ``<|role|>content`` per message.
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def chat_bpe_tokenizer(vocab_size: int, characters: int) -> Any:
+    """A byte-level BPE tokenizer of ``vocab_size`` trained on the first ``characters`` of
+    the built-in text, with :data:`CHAT_TEMPLATE` (needs ``tokenizers`` and ``transformers``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from scissorhands.evaluate import default_text
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = default_text()
+    bpe.train_from_iterator([text[i:i + 2000] for i in range(0, characters, 2000)], trainer)
+    out = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    out.chat_template = CHAT_TEMPLATE
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Any:
     """One torch thread for a module's tests (tiny models: two threads on a shared machine

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 
+from conftest import chat_bpe_tokenizer
+
 from scissorhands.retrieval import data
 
-CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "kvpress_peer.py")
 
 
@@ -31,21 +31,7 @@ def peer():
 @pytest.fixture(scope="module")
 def tokenizer():
     """A byte-level BPE tokenizer trained on the built-in text, with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from scissorhands.evaluate import default_text
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = default_text()
-    bpe.train_from_iterator([text[i:i + 2000] for i in range(0, 60_000, 2000)], trainer)
-    out = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="</s>")
-    out.chat_template = CHAT
-    return out
+    return chat_bpe_tokenizer(400, 60_000)
 
 
 @pytest.mark.parametrize("mode", ["compressed", "after"])

@@ -20,34 +20,22 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install .[tasks])")
 
+from conftest import chat_bpe_tokenizer  # noqa: E402
+
 from scissorhands import cli, hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, ScissorhandsError  # noqa: E402
 from scissorhands.retrieval import TASKS_DIR, data, driver  # noqa: E402
 from scissorhands.retrieval.__main__ import lm_eval_argv  # noqa: E402
 from scissorhands.retrieval.config import pop_cache_config  # noqa: E402
 
-CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A 2-layer random Llama (GQA) and a byte-level BPE tokenizer with a chat template,
     saved as one checkpoint directory (what ``--model`` and ``tokenizer=`` take)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from scissorhands.evaluate import default_text
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = default_text()
-    bpe.train_from_iterator([text[i:i + 2000] for i in range(0, 200_000, 2000)], trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="</s>")
-    tokenizer.chat_template = CHAT
+    tokenizer = chat_bpe_tokenizer(600, 200_000)
     path = tmp_path_factory.mktemp("tiny-tasks")
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
