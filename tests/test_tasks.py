@@ -101,6 +101,17 @@ def test_full_cache_equals_the_stock_hf_model_sample_for_sample_through_simple_e
     assert samples(ScissorhandsLM(pretrained=model, tokenizer=tokenizer, policy="full", quiet=True)) == expected
 
 
+def _caches_of_every_request(ours, monkeypatch):
+    """Run a log-likelihood and a generation request per text through ``ours``; return
+    the cache each request got, in order."""
+    caches = []
+    fresh = ours.fresh_cache
+    monkeypatch.setattr(ours, "fresh_cache", lambda: caches.append(fresh()) or caches[-1])
+    ours.loglikelihood(_instances("loglikelihood", [(t, " and nothing else") for t in TEXTS]))
+    ours.generate_until(_instances("generate_until", [(t, {"until": ["\n"], "max_gen_toks": 4}) for t in TEXTS]))
+    return caches
+
+
 def test_an_evicting_cache_holds_its_budget_in_every_request(loaded, monkeypatch):
     """h2o at budget 24 with prompts of 20-90 tokens: each request has its own cache, none holds more than 24."""
     from scissorhands.retrieval.model import ScissorhandsLM
@@ -108,11 +119,7 @@ def test_an_evicting_cache_holds_its_budget_in_every_request(loaded, monkeypatch
     model, tokenizer = loaded
     ours = ScissorhandsLM(pretrained=model, tokenizer=tokenizer, policy="h2o", budget=24, recent_window=8,
                           prefill_chunk=16, quiet=True)
-    caches = []
-    fresh = ours.fresh_cache
-    monkeypatch.setattr(ours, "fresh_cache", lambda: caches.append(fresh()) or caches[-1])
-    ours.loglikelihood(_instances("loglikelihood", [(t, " and nothing else") for t in TEXTS]))
-    ours.generate_until(_instances("generate_until", [(t, {"until": ["\n"], "max_gen_toks": 4}) for t in TEXTS]))
+    caches = _caches_of_every_request(ours, monkeypatch)
     assert len(caches) == 2 * len(TEXTS)
     assert len({id(c) for c in caches}) == len(caches)
     seen = [c.get_seq_length() for c in caches]
@@ -178,11 +185,7 @@ def test_a_prompt_aware_cache_decides_at_the_prompts_end_in_every_request(loaded
     model, tokenizer = loaded
     ours = ScissorhandsLM(pretrained=model, tokenizer=tokenizer, policy="h2o", budget=24, recent_window=8,
                           prefill_chunk=16, quiet=True, prompt_aware=True, prefill_budget=256)
-    caches = []
-    fresh = ours.fresh_cache
-    monkeypatch.setattr(ours, "fresh_cache", lambda: caches.append(fresh()) or caches[-1])
-    ours.loglikelihood(_instances("loglikelihood", [(t, " and nothing else") for t in TEXTS]))
-    ours.generate_until(_instances("generate_until", [(t, {"until": ["\n"], "max_gen_toks": 4}) for t in TEXTS]))
+    caches = _caches_of_every_request(ours, monkeypatch)
     assert len(caches) == 2 * len(TEXTS)
     long = [c for c in caches if c.get_seq_length() > 40]
     assert long and all(c.stats.prompt_ends == 1 for c in long)
