@@ -122,6 +122,19 @@ def _widen(values: Any) -> list[float]:
 # --------------------------------------------------------------------------------------
 
 
+def _weights_or_shape(attn: Any, read: bool, ragged: str) -> tuple[np.ndarray | None, tuple[int, ...]]:
+    """``attn`` as weights (:func:`read_weights`) and its shape when ``read``; else only
+    its shape, for a policy that reads none (``ragged``: the error when its rows differ
+    in length)."""
+    if read:
+        arr = read_weights(attn)
+        return arr, tuple(arr.shape)
+    try:
+        return None, tuple(np.shape(attn))
+    except ValueError:
+        raise InvalidInputError(ragged) from None
+
+
 def _locked(method: Any) -> Any:
     """Run ``method`` holding the object's lock, as the C-backed classes do, so one
     object may be shared between threads."""
@@ -355,21 +368,14 @@ class _Policy:
 
         A policy that ignores attention reads only the shape.
         """
-        if self._reads_attention:
-            arr = read_weights(attn)
-            shape = arr.shape
-        else:
-            try:
-                shape = tuple(np.shape(attn))
-            except ValueError:
-                raise InvalidInputError("attn is ragged: rows of different lengths") from None
+        arr, shape = _weights_or_shape(attn, self._reads_attention, "attn is ragged: rows of different lengths")
         p = shape[-1] if shape else 0
         allowed = [(self.heads, p, p)] + ([(p, p)] if self.heads == 1 else [])
         if p < 1 or shape not in allowed:
             raise InvalidInputError(
                 f"prefill attn must have shape (P, P) or ({self.heads}, P, P), got {shape}"
             )
-        if not self._reads_attention:
+        if arr is None:  # a policy that reads no attention
             return p, None
         grid = arr.reshape(self.heads, p, p)
         rows = [[_widen(grid[h, i, :i]) for i in range(1, p)] for h in range(self.heads)]
@@ -495,15 +501,8 @@ class _Policy:
         """The window's height ``W`` and its weights as a ``(heads, W, n)`` array, ``n``
         the largest count; a policy that never evicts reads only the shape (None)."""
         n = max(counts)
-        arr = None
-        if SPECS[self.name].evicts:
-            arr = read_weights(attn)
-            given = tuple(arr.shape)
-        else:
-            try:
-                given = tuple(np.shape(attn))
-            except ValueError:
-                raise InvalidInputError("evict_observed attn is ragged: rows of different lengths") from None
+        arr, given = _weights_or_shape(attn, SPECS[self.name].evicts,
+                                       "evict_observed attn is ragged: rows of different lengths")
         shape = (1, *given) if len(given) == 2 and self.heads == 1 else given
         if len(shape) != 3 or shape[0] != self.heads or shape[1] < 1 or shape[2] != n:
             raise observed_shape_error(self.heads, n, given)
@@ -827,15 +826,8 @@ class _Policy:
         fresh = self._fresh()
         before = [0] * self.heads if fresh else self._counts()
         base = max(before)
-        arr = None
-        if self._reads_attention:
-            arr = read_weights(attn)
-            shape = tuple(arr.shape)
-        else:
-            try:
-                shape = tuple(np.shape(attn))
-            except ValueError:
-                raise InvalidInputError("extend attn must be a rectangular (heads, C, W) array") from None
+        arr, shape = _weights_or_shape(attn, self._reads_attention,
+                                       "extend attn must be a rectangular (heads, C, W) array")
         given = shape
         if len(shape) == 2 and self.heads == 1:
             shape = (1, *shape)

@@ -90,6 +90,18 @@ def as_weights(attn: Any) -> np.ndarray:
     return arr
 
 
+def _weights_or_shape(attn: Any, read: bool, ragged: str) -> tuple[np.ndarray | None, tuple[int, ...]]:
+    """``attn`` as weights (:func:`as_weights`) and its shape when ``read``; else only its
+    shape, for a policy that reads none (``ragged``: the error when it has none)."""
+    if read:
+        arr = as_weights(attn)
+        return arr, tuple(arr.shape)
+    try:
+        return None, tuple(np.shape(attn))
+    except (TypeError, ValueError):
+        raise InvalidInputError(ragged) from None
+
+
 class NativePolicy:
     """Base of the C-backed policies; see the subclasses for the public API."""
 
@@ -548,14 +560,8 @@ class NativePolicy:
         if self._pool != 1:
             raise observed_pooled_error(self._pool)
         h = self._heads
-        if self._evicts:
-            attn = as_weights(attn)
-            given = attn.shape
-        else:  # never evicts: only the shape is checked
-            try:
-                given = np.shape(attn)
-            except (TypeError, ValueError):
-                raise InvalidInputError("evict_observed attn is ragged: rows of different lengths") from None
+        arr, given = _weights_or_shape(attn, self._evicts,  # never evicts: only the shape is checked
+                                       "evict_observed attn is ragged: rows of different lengths")
         shape = (1, *given) if len(given) == 2 and h == 1 else tuple(given)
         if len(shape) != 3 or shape[0] != h or shape[1] < 1 or shape[2] != self._n:
             raise observed_shape_error(h, self._n, tuple(given))
@@ -579,7 +585,7 @@ class NativePolicy:
         victims = np.empty(total, dtype=np.uint32)
         slots = np.empty(total, dtype=np.int64)
         rows = np.empty(h, dtype=np.uint32)
-        dtype, ptr = (_DTYPE_CODES[attn.dtype], _from_buffer(attn)) if self._evicts else (_NONE, _NULL)
+        dtype, ptr = (_NONE, _NULL) if arr is None else (_DTYPE_CODES[arr.dtype], _from_buffer(arr))
         rc = lib.sh_policy_evict_observed(self._ptr, dtype, ptr, h, window, self._n, budget, pool_kernel,
                                           ffi.from_buffer("uint32_t[]", victims),
                                           ffi.from_buffer("int64_t[]", slots), total,
@@ -727,15 +733,9 @@ class NativePolicy:
             h = self._heads
             fresh = self._fresh()
             base = 0 if fresh else self._n
-            arr = None
-            if self._reads_attention:
-                arr = as_weights(attn)
-                given = shape = arr.shape
-            else:  # attention is never read: only the chunk's shape matters
-                try:
-                    given = shape = np.shape(attn)
-                except (TypeError, ValueError):
-                    raise InvalidInputError("extend attn must be a rectangular (heads, C, W) array") from None
+            arr, given = _weights_or_shape(attn, self._reads_attention,  # else only the chunk's shape matters
+                                           "extend attn must be a rectangular (heads, C, W) array")
+            shape = given
             if len(shape) == 2 and h == 1:
                 shape = (1, *shape)
             if len(shape) != 3 or shape[0] != h or shape[1] < 1 or shape[2] != base + shape[1]:
@@ -822,15 +822,8 @@ class NativePolicy:
             if not self._fresh():
                 raise InvalidInputError("prefill needs a fresh policy (holding only position 0)")
             h = self._heads
-            arr = None
-            if self._reads_attention:
-                arr = as_weights(attn)
-                shape = arr.shape
-            else:  # attention is never read: only the prompt length matters
-                try:
-                    shape = np.shape(attn)
-                except (TypeError, ValueError):
-                    raise InvalidInputError("prefill attn must be a rectangular (P, P) array") from None
+            arr, shape = _weights_or_shape(attn, self._reads_attention,  # else only the prompt length matters
+                                           "prefill attn must be a rectangular (P, P) array")
             if len(shape) == 2 and h == 1:
                 shape = (1, *shape)
             if len(shape) != 3 or shape[0] != h or shape[1] != shape[2] or shape[1] < 1:
