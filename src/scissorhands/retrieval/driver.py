@@ -104,11 +104,16 @@ def _fraction(text: str) -> Fraction:
 _fraction.__name__ = "fraction"
 
 
-def _length(text: str) -> int:
+def _integer(text: str) -> int:
+    """A base-10 integer flag value, or argparse's error naming it."""
     try:
-        value = int(text, 10)
+        return int(text, 10)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def _length(text: str) -> int:
+    value = _integer(text)
     if value <= ANSWER_ROOM:
         raise argparse.ArgumentTypeError(f"{value} leaves no prompt: lengths count the {ANSWER_ROOM} tokens "
                                          "RULER keeps for the answer, so each must be above that")
@@ -119,10 +124,7 @@ _length.__name__ = "length"
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is below the minimum 1")
     return value
