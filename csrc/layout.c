@@ -9,6 +9,8 @@
  * embeddings, in double precision and rounded once, so that turning a key many times
  * adds one float32 rounding per turn and no drift of its norm.
  */
+#include <string.h>
+
 #include "scissorhands.h"
 
 int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_t *which, size_t count,
@@ -94,23 +96,36 @@ int64_t sh_rope_turns(const int64_t *slots, size_t slot_stride, const int64_t *c
     return (int64_t)n;
 }
 
-int sh_slots_drop_one(int64_t *slots, size_t rows, size_t stride, size_t count, const int64_t *index,
-                      int64_t *freed)
+int sh_slots_step_steady(int64_t *slots, size_t rows, size_t stride, size_t count, const int64_t *counts,
+                         const int64_t *free_slots, const int64_t *index, uint8_t *valid, size_t valid_stride,
+                         int64_t *freed)
 {
     if (rows == 0)
         return SH_OK;
-    if (slots == NULL || index == NULL || freed == NULL || count + 1 > stride)
+    if (slots == NULL || counts == NULL || free_slots == NULL || index == NULL || valid == NULL || freed == NULL)
         return SH_ERR_ARG;
+    if (count + 1 > stride)
+        return SH_ERR_LENGTH;
     for (size_t r = 0; r < rows; r++) {
-        if (index[r] < 0 || (uint64_t)index[r] > count)
+        if (counts[r] < 0 || (uint64_t)counts[r] != count)
+            return SH_ERR_LENGTH;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        const int64_t *row = slots + r * stride;
+        int64_t v = index[r];
+        if (v < 0 || (uint64_t)v > count)
+            return SH_ERR_ARG;
+        int64_t gone = (uint64_t)v == count ? free_slots[r] : row[v];
+        if (gone < 0 || (uint64_t)gone >= valid_stride)
             return SH_ERR_ARG;
     }
     for (size_t r = 0; r < rows; r++) {
         int64_t *row = slots + r * stride;
         size_t v = (size_t)index[r];
+        row[count] = free_slots[r];
         freed[r] = row[v];
-        for (size_t j = v; j < count; j++)
-            row[j] = row[j + 1];
+        memmove(row + v, row + v + 1, (count - v) * sizeof *row);
+        valid[r * valid_stride + (size_t)freed[r]] = 0;
     }
     return SH_OK;
 }

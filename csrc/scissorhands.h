@@ -432,23 +432,28 @@ int64_t sh_rope_turns(const int64_t *slots, size_t slot_stride, const int64_t *c
                       int64_t *offset, int64_t *row_out, int64_t *slot_out, int64_t *turn_out, int64_t *target_out,
                       size_t room);
 
-/* The cache's slot table after a step evicting one position per row (layout.c): row r
-   (slots + r * stride) holds count + 1 slots in kept order, the new token's last;
-   the one at kept index index[r] (0..count) is removed, the later ones move one
-   left, and freed[r] is the removed slot. SH_ERR_ARG, nothing changed, for a NULL
-   pointer (rows > 0), count + 1 > stride or an index past count. */
-int sh_slots_drop_one(int64_t *slots, size_t rows, size_t stride, size_t count, const int64_t *index,
-                      int64_t *freed);
+/* The cache's slot table after a decode step evicting one position per row, every
+   row having held `count` positions and taken its token at free_slots[r] (layout.c):
+   row r (slots + r * stride) gets the new token's slot at kept index count, then the
+   one at kept index index[r] (0..count) is removed, the later ones move one left,
+   freed[r] is the removed slot and valid[r * valid_stride + freed[r]] becomes 0.
+   SH_ERR_LENGTH, nothing changed, when a row's count is not `count` or count + 1 >
+   stride (not this case); SH_ERR_ARG, nothing changed, for a NULL pointer (rows > 0),
+   an index past count or a removed slot past valid_stride. */
+int sh_slots_step_steady(int64_t *slots, size_t rows, size_t stride, size_t count, const int64_t *counts,
+                         const int64_t *free_slots, const int64_t *index, uint8_t *valid, size_t valid_stride,
+                         int64_t *freed);
 
 /* sh_gqa_gather for one query row of every layer, each layer's weights where the
    attention left them (gqa.c): weights[e] is layer e's float32 (rows * group) x extent;
    out[e * rows + r, j] (float32, layers * rows x width) is the mean of the group's
    weights at column columns[(e * rows + r) * col_stride + j], with sh_gqa_gather's
    arithmetic (heads added in order in float32, divided by group), 0 for a column
-   outside [0, extent). SH_ERR_ARG for a NULL pointer, group or extent 0, or
-   col_stride < width. */
+   outside [0, extent). *finite (when finite is not NULL) becomes 1 when every weight
+   written is finite, else 0. SH_ERR_ARG for a NULL pointer, group or extent 0, or
+   col_stride < width; SH_ERR_NOMEM when a row's scratch cannot be had. */
 int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
-                         const int64_t *columns, size_t col_stride, size_t width, float *out);
+                         const int64_t *columns, size_t col_stride, size_t width, float *out, int *finite);
 
 #ifdef __cplusplus
 }

@@ -39,8 +39,27 @@ def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, h
     columns = table[:, :extent]  # strided rows of a wider table
     stacked = torch.stack(weights).reshape(layers * batch, heads, 1, extent)
     expect = gather_group_mean(stacked, rows, columns)
-    got = gather_group_mean_layers(weights, rows, columns, np.full((total, 1, extent), np.nan, dtype=np.float32))
+    got, finite = gather_group_mean_layers(weights, rows, columns,
+                                           np.full((total, 1, extent), np.nan, dtype=np.float32))
     assert np.array_equal(got, expect)
+    assert finite
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_the_gather_of_every_layer_says_when_a_weight_it_wrote_is_not_finite(bad):
+    """sh_gqa_gather_layers' finiteness flag: false exactly when a gathered weight is
+    inf or NaN; a non-finite weight in a column no row reads leaves it true."""
+    from scissorhands.hf.gqa import gather_group_mean_layers
+
+    weights = [torch.full((1, 4, 1, 6), 0.25) for _ in range(2)]
+    columns = np.tile(np.arange(5, dtype=np.int64), (4, 1))  # column 5 is never read
+    out = np.empty((4, 1, 5), dtype=np.float32)
+    weights[1][0, 3, 0, 5] = bad
+    assert gather_group_mean_layers(weights, 2, columns, out)[1]
+    weights[1][0, 3, 0, 2] = bad
+    _, finite = gather_group_mean_layers(weights, 2, columns, out)
+    assert not finite
+    assert np.isfinite(out[:3]).all() and not np.isfinite(out[3, 0, 2])
 
 
 def test_the_steady_slot_step_equals_the_general_one():
@@ -218,9 +237,10 @@ def test_key_value_memory_follows_what_is_held_not_the_budget(budget, policy):
 
 
 def test_layout_kernels_refuse_bad_arguments_and_change_nothing():
-    """sh_rope_rotate, sh_slots_drop_one and sh_rope_turns refuse a vector past the buffer,
-    a table row past the table, an index past the count or a slot past the rotations, with
-    nothing written; sh_rope_rotate by a table of angle 0 changes nothing."""
+    """sh_rope_rotate, sh_slots_step_steady and sh_rope_turns refuse a vector past the buffer,
+    a table row past the table, an index past the count, rows of different counts or a
+    slot past the rotations or the validity table, with nothing written; sh_rope_rotate by
+    a table of angle 0 changes nothing."""
     from scissorhands._native import ffi, lib
 
     x = np.arange(8, dtype=np.float32)
@@ -237,16 +257,25 @@ def test_layout_kernels_refuse_bad_arguments_and_change_nothing():
     assert rotate([0, 5], [0, 0]) == lib.SH_ERR_ARG and np.array_equal(x, before)  # 5 + 4 > 8
     assert rotate([0, 4], [0, 1]) == lib.SH_ERR_ARG and np.array_equal(x, before)  # table row 1 of 1
     assert rotate([0, 4], [0, 0]) == lib.SH_OK and np.array_equal(x, before)  # angle 0
-    slots = np.array([[3, 1, 2, 0], [0, 1, 2, 3]], dtype=np.int64)
+    slots = np.array([[3, 1, 2, -1], [0, 1, 2, -1]], dtype=np.int64)
     freed = np.zeros(2, dtype=np.int64)
-    bad = np.array([1, 4], dtype=np.int64)  # index 4 past count 3
-    assert lib.sh_slots_drop_one(ffi.cast(i64, slots.ctypes.data), 2, 4, 3, ffi.cast(i64, bad.ctypes.data),
-                                 ffi.cast(i64, freed.ctypes.data)) == lib.SH_ERR_ARG
-    assert np.array_equal(slots, [[3, 1, 2, 0], [0, 1, 2, 3]])
-    good = np.array([1, 3], dtype=np.int64)
-    assert lib.sh_slots_drop_one(ffi.cast(i64, slots.ctypes.data), 2, 4, 3, ffi.cast(i64, good.ctypes.data),
-                                 ffi.cast(i64, freed.ctypes.data)) == lib.SH_OK
+    valid = np.ones((2, 4), dtype=bool)
+    u8 = "uint8_t *"
+
+    def steady(index, count=3, held=(3, 3), free=(0, 3)):
+        i, c, fr = (np.array(v, dtype=np.int64) for v in (index, held, free))
+        return lib.sh_slots_step_steady(ffi.cast(i64, slots.ctypes.data), 2, 4, count, ffi.cast(i64, c.ctypes.data),
+                                        ffi.cast(i64, fr.ctypes.data), ffi.cast(i64, i.ctypes.data),
+                                        ffi.cast(u8, valid.ctypes.data), 4, ffi.cast(i64, freed.ctypes.data))
+
+    assert steady([1, 4]) == lib.SH_ERR_ARG  # index 4 past count 3
+    assert steady([1, 3], free=(0, 9)) == lib.SH_ERR_ARG  # row 1 would free slot 9, past the 4 valid
+    assert steady([1, 3], held=(3, 2)) == lib.SH_ERR_LENGTH  # the rows' counts differ
+    assert steady([1, 3], count=4, held=(4, 4)) == lib.SH_ERR_LENGTH  # count + 1 past the stride
+    assert np.array_equal(slots, [[3, 1, 2, -1], [0, 1, 2, -1]]) and valid.all() and not freed.any()
+    assert steady([1, 3]) == lib.SH_OK
     assert np.array_equal(slots[:, :3], [[3, 2, 0], [0, 1, 2]]) and list(freed) == [1, 3]
+    assert np.array_equal(valid, [[True, False, True, True], [True, True, True, False]])
     counts, rope = np.array([2], dtype=np.int64), np.array([[5, 7, 0]], dtype=np.int64)
     out = np.zeros((5, 4), dtype=np.int64)
 

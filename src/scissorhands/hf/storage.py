@@ -44,6 +44,11 @@ _UNBUILT: Any = object()
 _TRIANGLE: dict[int, torch.Tensor] = {}
 
 
+def _int64_p(array: np.ndarray) -> Any:
+    """A C-contiguous int64 array's data as ``int64_t *``."""
+    return ffi.from_buffer("int64_t[]", array)
+
+
 def causal_triangle(q: int) -> torch.Tensor:
     """``(q, q)`` float32: 0 on and below the diagonal, float32's lowest above it (the
     additive form of a chunk's causal block; the last one built is kept)."""
@@ -124,6 +129,10 @@ class SlotStorage:
         self._flat: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self._rows_cache: np.ndarray | None = None
         self._offsets: tuple[tuple[int, int], np.ndarray] | None = None
+        # Facts about `counts` and `free` kept while they are the same arrays (every
+        # change to either assigns a new one): the largest count, the single-token extent.
+        self._most: tuple[np.ndarray, int] | None = None
+        self._free_extent: tuple[np.ndarray, int, int] | None = None
 
     # ------------------------------------------------------------------ shape
 
@@ -158,7 +167,7 @@ class SlotStorage:
 
     #: Derived caches (views, kept masks), rebuilt on demand: not part of a copy.
     _DERIVED = ("_views", "_flat", "_mask_store", "_mask_views", "_masks", "_write_index", "_mask_changes",
-                "_rows_cache", "_offsets")
+                "_rows_cache", "_offsets", "_most", "_free_extent")
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
@@ -176,6 +185,23 @@ class SlotStorage:
         self._write_index = ()
         self._rows_cache = None
         self._offsets = None
+        self._most = None
+        self._free_extent = None
+
+    def most(self) -> int:
+        """The largest count of a row (0 without rows)."""
+        seen = self._most
+        if seen is None or seen[0] is not self.counts:
+            seen = self._most = (self.counts, int(self.counts.max(initial=0)))
+        return seen[1]
+
+    def single_extent(self) -> int:
+        """The extent a single-token forward returns once positions were evicted: each
+        row's token goes to its free slot, so the extent reaches past the largest."""
+        seen = self._free_extent
+        if seen is None or seen[0] is not self.free or seen[1] != self.extent:
+            seen = self._free_extent = (self.free, self.extent, max(self.extent, int(self.free.max(initial=0)) + 1))
+        return seen[2]
 
     def valid4(self) -> np.ndarray:
         """``valid`` as ``(layers, batch, kv_heads, capacity)`` (a view)."""
@@ -215,7 +241,7 @@ class SlotStorage:
         anything was evicted; otherwise the tokens are appended after the extent."""
         self.q = q
         if q == 1 and not self.aligned:
-            extent = max(self.extent, int(self.free.max(initial=0)) + 1)
+            extent = self.single_extent()
             self._grow(extent)
             self.valid[np.arange(self.rows), self.free] = True
             self._note_valid(np.arange(self.rows), self.free.copy(), True)
@@ -414,31 +440,36 @@ class SlotStorage:
         return np.clip(out, 0, self.extent - 1)
 
     def apply_steady(self, slots: np.ndarray) -> bool:
-        """The steady state of :meth:`apply_step`, in few array operations: every row held
-        the same count, took its token at ``free`` and evicted exactly one kept index
-        (``slots``, one per row). Returns False (nothing done) when that is not the case."""
-        n = self.counts
+        """The steady state of :meth:`apply_step`, in one C pass (``sh_slots_step_steady``):
+        every row held the same count, took its token at ``free`` and evicted exactly one
+        kept index (``slots``, one per row). Returns False (nothing done) when that is not
+        the case."""
         if self.aligned or len(slots) != self.rows or self.compact_every_step:
             return False
-        count = int(n[0])
-        if not (n == count).all():
-            return False
-        rows = self._row_index()
-        if count + 1 > self.capacity:
-            return False
-        if not self.slots.flags.c_contiguous:
-            self.slots = np.ascontiguousarray(self.slots)
-        self.slots[:, count] = self.free
-        index = np.ascontiguousarray(slots, dtype=np.int64)
+        count = int(self.counts[0])
+        if not (self.slots.flags.c_contiguous and self.valid.flags.c_contiguous):
+            self.slots, self.valid = np.ascontiguousarray(self.slots), np.ascontiguousarray(self.valid)
+        for name in ("counts", "free"):  # read in place by C
+            array = getattr(self, name)
+            if array.dtype != np.int64 or not array.flags.c_contiguous:
+                setattr(self, name, np.ascontiguousarray(array, dtype=np.int64))
+        index = slots if slots.dtype == np.int64 and slots.flags.c_contiguous else np.ascontiguousarray(
+            slots, dtype=np.int64)
         freed = np.empty(self.rows, dtype=np.int64)
-        # Each row's victim out of its kept order, the later slots one left (one C pass).
-        check(lib.sh_slots_drop_one(ffi.cast("int64_t *", self.slots.ctypes.data), self.rows, self.slots.shape[1],
-                                    count, ffi.cast("const int64_t *", index.ctypes.data),
-                                    ffi.cast("int64_t *", freed.ctypes.data)), "apply_steady")
-        self.valid[rows, freed] = False
+        # Each row's token into its kept order, its victim out of it (the later slots one
+        # left) and its slot freed, or nothing when the rows' counts differ.
+        rc = lib.sh_slots_step_steady(_int64_p(self.slots), self.rows, self.slots.shape[1], count,
+                                      _int64_p(self.counts), _int64_p(self.free), _int64_p(index),
+                                      ffi.from_buffer("uint8_t[]", self.valid), self.valid.shape[1],
+                                      _int64_p(freed))
+        if rc == lib.SH_ERR_LENGTH:
+            return False
+        check(rc, "apply_steady")
         if not self._mask_stale:
-            self._mask_changes.append((rows, freed, np.zeros(self.rows, dtype=bool)))
+            self._mask_changes.append((self._row_index(), freed, np.zeros(self.rows, dtype=bool)))
         self.free = freed
+        # Every freed slot held a position, inside the extent: the next token's extent is this one.
+        self._free_extent = (freed, self.extent, self.extent)
         return True
 
     def _row_index(self) -> np.ndarray:
