@@ -387,3 +387,39 @@ def test_allocation_failures_raise_memory_error_and_change_nothing():
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "['MemoryError', 'MemoryError']"
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_the_caches_steady_step_equals_step_rows(name):
+    """The C policies' ``_step_slots`` (the transformers cache's decode step straight to C)
+    evicts what ``step_rows`` evicts on a twin, step after step, and leaves the same
+    state; it declines (None, nothing changed) what is not its case: another budget,
+    rows of different counts, a non-contiguous array, a position not after the last,
+    and a step C refuses (a NaN weight read)."""
+    fast, slow = (make_policy(scissorhands, name, budget=6, protected=2, heads=3) for _ in range(2))
+    budget = fast._budget  # the configured one (full's is the largest)
+    reads = SPECS[name].reads_attention
+    rng = np.random.default_rng(7)
+    for pos in range(1, 12):
+        w = rng.random((3, int(np.asarray(slow.counts).max()))).astype(np.float32)
+        done = fast._step_slots(pos, w, budget)
+        expect = slow.step_rows(pos, w, budget)
+        assert done is not None
+        k, slots = done
+        assert np.array_equal(np.full(3, k), expect.counts) and np.array_equal(slots, expect.slots)
+        assert fast.state_dict() == slow.state_dict()
+    n = int(np.asarray(fast.counts).max())
+    w = rng.random((3, n)).astype(np.float32)
+    bad = w.copy()
+    bad[1, 0] = NAN
+    declined = [(12, w, 7), (11, w, budget)]
+    if reads:  # the weights' layout and values matter only to a policy that reads them
+        declined += [(12, rng.random((3, 2 * n)).astype(np.float32)[:, ::2], budget), (12, bad, budget)]
+    for args in declined:
+        before = fast.state_dict()
+        assert fast._step_slots(*args) is None
+        assert fast.state_dict() == before
+    fast.extend(np.zeros((3, 1, n + 1), dtype=np.float32), np.array([[True], [False], [True]]))
+    before = fast.state_dict()
+    assert fast._step_slots(13, np.zeros((3, n + 1), dtype=np.float32), budget) is None  # rows of different counts
+    assert fast.state_dict() == before

@@ -49,7 +49,7 @@ from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
-from .gqa import gather_group_mean, gather_group_mean_layers
+from .gqa import gather_group_mean, gather_layers
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, make_storage
@@ -273,7 +273,7 @@ class EvictingLayer(CacheLayerMixin):
             forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
         storage = cache.storage
         mask: Any = None
-        if structured and not storage.aligned:
+        if structured and not storage.aligned and forward.q != 1:
             mask = storage.chunk_mask(self.index, forward.pads)
         if mask is None:
             mask = stock if storage.aligned else storage.mask(self.index, forward.pads, cache.groups,
@@ -341,7 +341,7 @@ class EvictingLayer(CacheLayerMixin):
             for observer in list(cache._observers):
                 observer(self.layer, weights.detach())
         if weights is not None and cache._policies_read and cache._decodes(forward):
-            forward.pending.append(weights.detach())  # a decode step's: all layers in one call
+            forward.pending.append(weights)  # a decode step's: all layers in one call at the last
         elif weights is not None and cache._policies_read:
             # Each chunk layer's rows are reduced to the policy heads and gathered into kept
             # order as the layer hands them in (one C pass, sh_gqa_gather), so that the
@@ -953,7 +953,7 @@ class EvictingCache(Cache):
         if not storage.started() or storage.aligned:
             return self.seen + q, 0
         if q == 1:
-            extent = max(storage.extent, int(storage.free.max(initial=0)) + 1)
+            extent = storage.single_extent()
         else:
             extent = storage.extent + q
         return extent, self.seen + q - extent
@@ -1009,7 +1009,7 @@ class EvictingCache(Cache):
         if forward.gathered is None or forward.columns is None:
             storage = self.storage
             repeat = self.num_kv_heads // self.policy_heads
-            most = int(storage.counts.max(initial=0))
+            most = storage.most()
             if self._decodes(forward):
                 columns, held = storage.kept_columns(most)[::repeat], None
             else:
@@ -1038,27 +1038,36 @@ class EvictingCache(Cache):
         if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
-        if self._policies_read and forward.pending:  # a decode step: every layer's rows in one C call
-            columns, _, out = self._gather_target(forward)
-            pending = forward.pending
-            if pending[0].device.type != "cpu":
-                pending = [w.cpu() for w in pending]
-            gather_group_mean_layers(pending, self.policy_heads, columns, out)
+        finite = False  # known finite (checked by the decode step's gather)
+        if self._policies_read and forward.pending:  # a decode step: every layer in one C call
+            _, _, out = self._gather_target(forward)
+            if not storage.slots.flags.c_contiguous:
+                storage.slots = np.ascontiguousarray(storage.slots)
+            # Each policy row's held slots in kept order: every repeat-th row of the slot table.
+            finite = gather_layers(forward.pending, self.policy_heads, storage.slots,
+                                   self.num_kv_heads // self.policy_heads, out.shape[2], out)
         gathered = forward.gathered if self._policies_read else None  # (rows, q, width), kept order
         repeat = self.num_kv_heads // self.policy_heads
         pads = forward.pads
         policy_seconds = 0.0
         fresh = self.seen == 0
         if self._decodes(forward):
-            weights = None if gathered is None else self._contained(gathered.reshape(rows, -1))
+            weights = None if gathered is None else gathered.reshape(rows, -1)
+            if weights is not None and not finite:
+                weights = self._contained(weights)
             t0 = time.perf_counter()
-            victims, slots = bank.step(self.seen, weights)
+            steady = bank.step_steady(self.seen, weights)  # every row evicts the same number
+            if steady is None:
+                victims, slots = bank.step(self.seen, weights)
             policy_seconds = time.perf_counter() - t0
-            if repeat > 1:
-                victims, slots = _repeat_rows(victims, slots, repeat)
             # One victim in every row: the storage's steady path, else the general one.
-            if len(slots) != storage.rows or not storage.apply_steady(slots):
-                storage.apply_step(victims, slots)
+            if steady is None or repeat > 1 or steady[0] != 1 or not storage.apply_steady(steady[1]):
+                if steady is not None:
+                    victims, slots = np.full(bank.rows, steady[0], dtype=np.int64), steady[1]
+                if repeat > 1:
+                    victims, slots = _repeat_rows(victims, slots, repeat)
+                if len(slots) != storage.rows or not storage.apply_steady(slots):
+                    storage.apply_step(victims, slots)
             self.stats.steps += 1
         else:
             chunk_weights = gathered

@@ -177,6 +177,22 @@ class PolicyRows:
             flat[starts + within] = np.asarray(victims.slots, dtype=np.int64)
         return counts, flat
 
+    def step_steady(self, pos: int, weights: np.ndarray | None) -> tuple[int, np.ndarray] | None:
+        """:meth:`step` in its steady case, when it can be one C call: a single policy of
+        the C backend whose rows hold the same count.  Returns ``(k, slots)``: every row
+        evicted ``k``, their kept-order slots row after row (``int64``, a view of a
+        buffer the next step overwrites); None, nothing done, when it is not that case
+        (:meth:`step` then takes it, and raises what it raises)."""
+        if not self._plain:
+            return None
+        fast = getattr(self.policies[0], "_step_slots", None)  # the C policies have it
+        if fast is None:
+            return None
+        start = time.perf_counter()
+        done: tuple[int, np.ndarray] | None = fast(pos, weights, self.configs[0].budget)
+        self.seconds[0] += time.perf_counter() - start
+        return done
+
     def step(self, pos: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """One decode step on every row: ``weights`` ``(rows, W)`` over each row's held
         positions (kept order, W = the largest count), or None for policies that read no

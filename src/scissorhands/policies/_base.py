@@ -455,6 +455,42 @@ class NativePolicy:
         finally:
             self._release()
 
+    def _step_slots(self, pos: Any, attn: Any, budget: Any) -> tuple[int, np.ndarray] | None:
+        """The transformers cache's decode step, when every row holds the same count:
+        :meth:`step_rows` as one ``sh_policy_step`` straight from an ``int`` position,
+        the configured budget and a C-contiguous float32/float64 ``(heads, width)``
+        array, into the reusable buffers.  Returns ``(k, slots)``: every row evicted
+        ``k``, ``slots`` their kept-order indices row after row (``int64`` ``(heads *
+        k,)``, a view of a buffer the next call overwrites); None when the call is not
+        that case or C refused it (nothing changed: :meth:`step_rows` then validates
+        and raises, or takes the case)."""
+        h = self._heads
+        if (self._ragged or self._pool != 1 or type(pos) is not int or budget != self._budget
+                or not self._last < pos <= UINT32_MAX):
+            return None
+        if not self._reads_attention:
+            dtype, buf, width = _NONE, _NULL, 0
+        elif (type(attn) is _ndarray and (dtype := _DTYPE_CODES.get(attn.dtype)) and attn.ndim == 2
+              and len(attn) == h and attn.flags.c_contiguous):
+            buf, width = _from_buffer(attn), attn.shape[1]
+        else:
+            return None
+        most = self._n + 1 - budget if self._evicts else 0
+        if h * most > self._victims_size:
+            self._grow_victims(h * most)
+        self._acquire()
+        try:
+            rc = _step(self._ptr, _BOTH, pos, dtype, buf, h, width, budget, self._victims_c, self._slots_c,
+                       self._victims_size, self._n_victims)
+            if rc:
+                return None
+            k = self._n_victims[0]
+            self._n += 1 - k  # every row admitted pos and evicted k
+            self._last = pos
+            return k, self._slots[: h * k]
+        finally:
+            self._release()
+
     def _call_rows(self, flags: int, pos: Any, attn: Any, budget: Any) -> RowVictims:
         """:meth:`_call` for rows that may evict different numbers: the same validation
         in the same order, one sh_policy_step_rows; must hold the lock."""
