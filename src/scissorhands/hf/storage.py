@@ -487,6 +487,15 @@ class SlotStorage:
         rows = np.arange(self.rows)
         n = self.counts
         new_slot = np.full(self.rows, self.extent - 1, dtype=np.int64) if self.aligned else self.free.copy()
+        if not victims.any():  # nothing evicted (below the budget): each row's token goes last
+            width = self.most() + 1
+            self._grow(width)
+            self.valid[rows, new_slot] = True
+            self.slots[rows, n] = new_slot
+            self.counts = n + 1
+            self._most = (self.counts, width)  # every count one more
+            self.free = np.full(self.rows, self.extent, dtype=np.int64) if self.aligned else self._first_free()
+            return
         if self.aligned and victims.any():
             self._apply_general(victims, slots, [new_slot[r:r + 1] for r in rows.tolist()])
             return
@@ -519,7 +528,7 @@ class SlotStorage:
         self._note_valid(rows[one], freed[one], False)
         self.counts = n + 1 - victims
         if self.aligned:
-            self.free[:] = self.extent
+            self.free = np.full(self.rows, self.extent, dtype=np.int64)  # a new array: kept facts follow it
         elif one.all():
             self.free = freed
         else:
@@ -579,7 +588,7 @@ class SlotStorage:
                 self.slots[r, self.counts[r]:self.counts[r] + k] = new[r]
                 self.valid[r, new[r]] = True
             self.counts = self.counts + np.array([len(x) for x in new], dtype=np.int64)
-            self.free[:] = self.extent
+            self.free = np.full(self.rows, self.extent, dtype=np.int64)  # a new array: kept facts follow it
             self._mask_stale = True
             return
         self._apply_general(victims, slots, new)
