@@ -92,6 +92,39 @@ def test_the_steady_slot_step_equals_the_general_one():
     assert np.array_equal(a_slots, b_slots) and np.array_equal(a_free, b_free) and np.array_equal(a_valid, b_valid)
 
 
+@pytest.mark.parametrize("aligned", [True, False])
+def test_a_decode_step_that_evicts_nothing_appends_each_rows_token(aligned):
+    """SlotStorage.apply_step with no victim: each row's token (at the extent's end
+    while aligned, else at its free slot) goes last in its kept order, the rest of the
+    table is untouched, the token's slot is valid, and the next free slot is the end
+    (aligned) or each row's lowest invalid one; rows of different counts included."""
+    from scissorhands.hf.storage import SlotStorage
+
+    storage = SlotStorage(1, 8)
+    storage.start(1, 3)
+    storage.capacity, storage.extent, storage.aligned = 8, 6, aligned
+    rng = np.random.default_rng(5)
+    storage.slots = np.stack([rng.permutation(8) for _ in range(3)]).astype(np.int64)
+    storage.counts = np.array([5, 4, 5], dtype=np.int64)
+    storage.valid = np.zeros((3, 8), dtype=bool)
+    for r in range(3):
+        storage.valid[r, storage.slots[r, : storage.counts[r]]] = True
+    storage.free = np.array([storage.slots[r, storage.counts[r]] for r in range(3)], dtype=np.int64)
+    storage.rope = np.zeros((3, 8), dtype=np.int64)
+    before, counts = storage.slots.copy(), storage.counts.copy()
+    new = np.full(3, 5) if aligned else storage.free.copy()
+    storage.apply_step(np.zeros(3, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    assert np.array_equal(storage.counts, counts + 1) and storage.most() == 6
+    for r in range(3):
+        c = counts[r]
+        assert np.array_equal(storage.slots[r, :c], before[r, :c]) and storage.slots[r, c] == new[r]
+        assert storage.valid[r, new[r]]
+    if aligned:
+        assert np.array_equal(storage.free, np.full(3, 6))
+    else:
+        assert np.array_equal(storage.free, [int(np.argmin(v)) for v in storage.valid])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("batch", "heads", "rows", "q", "extent"),
                          [(2, 6, 3, 5, 17), (1, 9, 1, 1, 30), (3, 4, 4, 1, 8)])
