@@ -465,21 +465,21 @@ class NativePolicy:
         that case or C refused it (nothing changed: :meth:`step_rows` then validates
         and raises, or takes the case)."""
         h = self._heads
-        if (self._ragged or self._pool != 1 or type(pos) is not int or budget != self._budget
-                or not self._last < pos <= UINT32_MAX):
-            return None
-        if not self._reads_attention:
-            dtype, buf, width = _NONE, _NULL, 0
-        elif (type(attn) is _ndarray and (dtype := _DTYPE_CODES.get(attn.dtype)) and attn.ndim == 2
-              and len(attn) == h and attn.flags.c_contiguous):
-            buf, width = _from_buffer(attn), attn.shape[1]
-        else:
-            return None
-        most = self._n + 1 - budget if self._evicts else 0
-        if h * most > self._victims_size:
-            self._grow_victims(h * most)
         self._acquire()
         try:
+            if (self._ragged or self._pool != 1 or type(pos) is not int or budget != self._budget
+                    or not self._last < pos <= UINT32_MAX):
+                return None
+            if not self._reads_attention:
+                dtype, buf, width = _NONE, _NULL, 0
+            elif (type(attn) is _ndarray and (dtype := _DTYPE_CODES.get(attn.dtype)) and attn.ndim == 2
+                  and len(attn) == h and attn.flags.c_contiguous):
+                buf, width = _from_buffer(attn), attn.shape[1]
+            else:
+                return None
+            most = self._n + 1 - budget if self._evicts else 0
+            if h * most > self._victims_size:
+                self._grow_victims(h * most)
             rc = _step(self._ptr, _BOTH, pos, dtype, buf, h, width, budget, self._victims_c, self._slots_c,
                        self._victims_size, self._n_victims)
             if rc:
