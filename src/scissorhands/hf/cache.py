@@ -1056,18 +1056,13 @@ class EvictingCache(Cache):
             if weights is not None and not finite:
                 weights = self._contained(weights)
             t0 = time.perf_counter()
-            steady = bank.step_steady(self.seen, weights)  # every row evicts the same number
-            if steady is None:
-                victims, slots = bank.step(self.seen, weights)
+            victims, slots = bank.step(self.seen, weights)
             policy_seconds = time.perf_counter() - t0
+            if repeat > 1:
+                victims, slots = _repeat_rows(victims, slots, repeat)
             # One victim in every row: the storage's steady path, else the general one.
-            if steady is None or repeat > 1 or steady[0] != 1 or not storage.apply_steady(steady[1]):
-                if steady is not None:
-                    victims, slots = np.full(bank.rows, steady[0], dtype=np.int64), steady[1]
-                if repeat > 1:
-                    victims, slots = _repeat_rows(victims, slots, repeat)
-                if len(slots) != storage.rows or not storage.apply_steady(slots):
-                    storage.apply_step(victims, slots)
+            if len(slots) != storage.rows or not storage.apply_steady(slots):
+                storage.apply_step(victims, slots)
             self.stats.steps += 1
         else:
             chunk_weights = gathered

@@ -121,6 +121,7 @@ class PolicyRows:
         self._plain = len(self.policies) == 1 and not self.configs[0].pooled
         #: Seconds spent in each group's policy calls.
         self.seconds = [0.0] * len(self.policies)
+        self._counts_of: tuple[int, np.ndarray] | None = None
 
     @property
     def rows(self) -> int:
@@ -177,31 +178,32 @@ class PolicyRows:
             flat[starts + within] = np.asarray(victims.slots, dtype=np.int64)
         return counts, flat
 
-    def step_steady(self, pos: int, weights: np.ndarray | None) -> tuple[int, np.ndarray] | None:
-        """:meth:`step` in its steady case, when it can be one C call: a single policy of
-        the C backend whose rows hold the same count.  Returns ``(k, slots)``: every row
-        evicted ``k``, their kept-order slots row after row (``int64``, a view of a
-        buffer the next step overwrites); None, nothing done, when it is not that case
-        (:meth:`step` then takes it, and raises what it raises)."""
-        if not self._plain:
-            return None
-        fast = getattr(self.policies[0], "_step_slots", None)  # the C policies have it
-        if fast is None:
-            return None
-        start = time.perf_counter()
-        done: tuple[int, np.ndarray] | None = fast(pos, weights, self.configs[0].budget)
-        self.seconds[0] += time.perf_counter() - start
-        return done
+    def _every_row(self, k: int) -> np.ndarray:
+        """``(rows,)`` int64 all ``k``, read-only (kept from step to step)."""
+        kept = self._counts_of
+        if kept is None or kept[0] != k or len(kept[1]) != self.rows:
+            counts = np.full(self.rows, k, dtype=np.int64)
+            counts.flags.writeable = False
+            kept = self._counts_of = (k, counts)
+        return kept[1]
 
     def step(self, pos: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """One decode step on every row: ``weights`` ``(rows, W)`` over each row's held
         positions (kept order, W = the largest count), or None for policies that read no
         attention; returns each row's victim count and their kept-order slots, row after
-        row."""
+        row (when every row evicted the same number, a read-only count array and the slots
+        as a view of a buffer that the next step overwrites)."""
         if self._plain:  # the weights are the one policy's, already (rows, largest count)
             start = time.perf_counter()
-            victims = self.policies[0].step_rows(pos, weights, self.configs[0].budget)
+            policy = self.policies[0]
+            # The C policies' steady form (every row evicts the same number) is one C call
+            # into reusable buffers; anything else, and any refusal, is step_rows'.
+            fast = getattr(policy, "_step_slots", None)
+            done = None if fast is None else fast(pos, weights, self.configs[0].budget)
+            victims = policy.step_rows(pos, weights, self.configs[0].budget) if done is None else None
             self.seconds[0] += time.perf_counter() - start
+            if done is not None:
+                return self._every_row(done[0]), done[1]
             return self._merge([(np.arange(self.rows), victims)])
         parts = []
         for g, policy, rows, config in self._each():
