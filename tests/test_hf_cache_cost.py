@@ -7,6 +7,8 @@ stay finite where sdpa does; storage that grows with what is held, not the budge
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 
 from scissorhands import hf  # noqa: E402
+from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
 from scissorhands.hf.attention import attention_rows  # noqa: E402
 from scissorhands.hf.gqa import gather_group_mean, group_mean  # noqa: E402
 from scissorhands.hf.storage import ChunkMask  # noqa: E402
@@ -203,6 +206,43 @@ def _tiny(dtype: torch.dtype = torch.float32, head_dim: int = 16) -> object:
                          pad_token_id=0, bos_token_id=1, eos_token_id=VOCAB - 1)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+
+
+def test_what_the_cache_is_handed_by_hand_is_refused_naming_it():
+    """Keys and values that are not the forward's shape, width or dtype, a layer index
+    outside the cache (or not an integer) and a non-integer layer, sequence or head for
+    the inspection methods are refused with the library's errors, naming what was
+    passed; the cache then goes on as if they had not been handed in."""
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (2, 20), generator=torch.Generator().manual_seed(1))
+    cache = hf.EvictingCache.from_model(model, "scissorhands", budget=12, recent_window=4)
+    twin = hf.EvictingCache.from_model(model, "scissorhands", budget=12, recent_window=4)
+    with torch.no_grad():
+        for c in (cache, twin):
+            model(input_ids=ids, cache=c, use_cache=True)
+    z = torch.zeros
+    bad = [((z(2, 3, 1, 16), z(2, 3, 1, 16), 0), InvalidInputError, "(2, 3, 1, 16)"),
+           ((z(2, 2, 1, 16), z(2, 2, 2, 16), 0), InvalidInputError, "(2, 2, 2, 16)"),
+           ((z(2, 2, 1, 8), z(2, 2, 1, 8), 0), InvalidInputError, "width 8"),
+           ((z(2, 2, 1, 16, dtype=torch.float64), z(2, 2, 1, 16, dtype=torch.float64), 0), InvalidInputError,
+            "torch.float64"),
+           ((z(2, 2, 1, 16), z(2, 2, 1, 16), 99), InvalidInputError, "got 99"),
+           ((z(2, 2, 1, 16), z(2, 2, 1, 16), "0"), InvalidTypeError, "not str")]
+    for args, kind, named in bad:
+        with pytest.raises(kind, match=re.escape(named)):
+            cache.update(*args)
+    for call, kind, named in ((lambda: cache.get_seq_length(2), InvalidInputError, "got 2"),
+                              (lambda: cache.kept_positions("0"), InvalidTypeError, "not str"),
+                              (lambda: cache.kept_positions(1.0), InvalidTypeError, "not float"),
+                              (lambda: cache.kept_positions(0, 0.0), InvalidTypeError, "sequence must be")):
+        with pytest.raises(kind, match=re.escape(named)):
+            call()
+    with torch.no_grad():
+        for t in range(3):
+            step = ids[:, t:t + 1]
+            assert torch.equal(model(input_ids=step, cache=cache, use_cache=True).logits,
+                               model(input_ids=step, cache=twin, use_cache=True).logits)
+    assert np.array_equal(cache.held_counts(), twin.held_counts())
 
 
 def _greedy(model, cache, ids, **kwargs):

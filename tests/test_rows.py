@@ -423,3 +423,15 @@ def test_the_caches_steady_step_equals_step_rows(name):
     before = fast.state_dict()
     assert fast._step_slots(13, np.zeros((3, n + 1), dtype=np.float32), budget) is None  # rows of different counts
     assert fast.state_dict() == before
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None, 1.0])
+def test_return_indices_must_be_a_bool(backend, value):
+    """``evict`` and ``step`` refuse a ``return_indices`` that is not a bool (``1``
+    included), naming its type, before anything changes."""
+    p = make_policy(backend, "scissorhands", budget=6, protected=2)
+    p.step(1, [1.0])
+    for call in (lambda: p.evict(return_indices=value), lambda: p.step(2, [0.5, 0.5], return_indices=value)):
+        unchanged(p, InvalidTypeError, call)
+    victims, slots = p.step(2, [0.5, 0.5], return_indices=np.bool_(True))
+    assert list(victims) == [] and list(slots) == []

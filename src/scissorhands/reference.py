@@ -60,6 +60,7 @@ from ._shared import (
     UINT32_MAX,
     RowVictims,
     Span,
+    check_flag,
     check_int,
     check_pool,
     check_pool_kernel,
@@ -639,6 +640,7 @@ class _Policy:
             evicted); checked even when nothing needs evicting.  The rows would evict
             different numbers of positions (:meth:`evict_rows` takes that case).
         """
+        return_indices = check_flag("return_indices", return_indices)
         budget = self._check_budget(budget)
         self._check_pinned(budget, None)
         self._check_unpooled(budget, "evict")
@@ -654,6 +656,7 @@ class _Policy:
         :meth:`on_decode_step` and :meth:`evict` for the arguments, the return value and
         the errors.
         """
+        return_indices = check_flag("return_indices", return_indices)
         pos = self._check_pos(pos)
         budget = self._check_budget(budget)
         self._check_pinned(budget, pos)

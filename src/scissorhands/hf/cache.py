@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
+from .._shared import check_int
 from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
@@ -785,11 +786,28 @@ class EvictingCache(Cache):
             raise InvalidInputError("the cache holds nothing yet")
         e = self._evicting_index(layer)
         for name, value, bound in (("sequence", sequence, self.batch), ("head", head, self.num_kv_heads)):
+            value = check_int(name, value, -(1 << 62), 1 << 62)
             if not 0 <= value < bound:
                 raise InvalidInputError(f"{name} must be in [0, {bound}), got {value}")
         return (e * self.batch + sequence) * self.num_kv_heads + head
 
+    def _layer_index(self, name: str, value: Any) -> int:
+        """``value`` as one of the cache's layer indices.
+
+        Raises
+        ------
+        InvalidTypeError
+            Not an integer (or a bool).
+        InvalidInputError
+            Outside ``[0, len(layers))``.
+        """
+        index = check_int(name, value, -(1 << 62), 1 << 62)
+        if not 0 <= index < len(self.layers):
+            raise InvalidInputError(f"{name} must be in [0, {len(self.layers)}) (the cache's layers), got {index}")
+        return index
+
     def _evicting_index(self, layer: int) -> int:
+        layer = check_int("layer", layer, -(1 << 62), 1 << 62)
         if not 0 <= layer < len(self.layers) or not isinstance(self.layers[layer], EvictingLayer):
             raise InvalidInputError(f"layer {layer} is not one of the cache's full-attention layers")
         evicting = self.layers[layer]
@@ -1126,6 +1144,8 @@ class EvictingCache(Cache):
         forward).  At layer 0 a forward that did not finish is undone first; transformers'
         own layers are remembered as they were, so that a forward failing before its step
         leaves every layer as it was."""
+        if type(layer_idx) is not int or not 0 <= layer_idx < len(self.layers):
+            layer_idx = self._layer_index("layer_idx", layer_idx)
         if layer_idx == 0:
             self._settle()
             self._slid = {}
@@ -1146,6 +1166,8 @@ class EvictingCache(Cache):
         transformers asks before every forward's layers run: a forward that did not
         finish is undone here (or, when none of its layers handed over attention,
         refused), so that every layer's mask is sized for the cache as it was before it."""
+        if type(layer_idx) is not int or not 0 <= layer_idx < len(self.layers):
+            self._layer_index("layer_idx", layer_idx)
         self._settle()
         return self.seen
 

@@ -269,15 +269,24 @@ class SlotStorage:
 
     def write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer ``e``'s new keys and values as planned; return ``[0, extent)``."""
-        if key.shape[0] != self.batch or key.shape[1] != self.heads:
+        if key.dim() != 4 or value.dim() != 4 or key.shape[0] != self.batch or key.shape[1] != self.heads:
             raise InvalidInputError(
                 f"the cache holds {self.batch} sequences of {self.heads} KV heads, the model "
-                f"wrote {tuple(key.shape[:2])}: reset() the cache before a new batch")
+                f"wrote keys {tuple(key.shape)} and values {tuple(value.shape)}: reset() the cache before a new batch")
+        if key.shape[:3] != value.shape[:3] or key.shape[2] != self.q:
+            raise InvalidInputError(
+                f"layer {e}'s keys {tuple(key.shape)} and values {tuple(value.shape)} are not "
+                f"({self.batch}, {self.heads}, {self.q}, head_dim) each ({self.q} new tokens a sequence in this forward)")
         decode = self.q == 1 and not self.aligned
         for store, new in ((self.keys, key.detach()), (self.values, value.detach())):
             buffer = store[e]
             if buffer is None:
                 buffer = store[e] = new.new_zeros((self.batch, self.heads, self.capacity, new.shape[-1]))
+            elif buffer.shape[-1] != new.shape[-1] or buffer.dtype is not new.dtype:
+                raise InvalidInputError(
+                    f"layer {e} holds {'keys' if store is self.keys else 'values'} of width {buffer.shape[-1]} "
+                    f"({buffer.dtype}); the model wrote width {new.shape[-1]} ({new.dtype}): reset() the cache "
+                    "before another model")
             if decode:
                 key_ = (e, store is self.keys)
                 flat = self._flat.get(key_)

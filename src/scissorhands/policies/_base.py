@@ -22,6 +22,7 @@ from scissorhands._shared import (
     UINT32_MAX,
     RowVictims,
     Span,
+    check_flag,
     check_int,
     check_pool,
     check_pool_kernel,
@@ -405,6 +406,8 @@ class NativePolicy:
             The rows would evict different numbers of positions (rows holding
             different counts): nothing changes; :meth:`evict_rows` takes that case.
         """
+        if return_indices is not False and return_indices is not True:
+            return_indices = check_flag("return_indices", return_indices)
         self._acquire()
         try:
             return self._call(_EVICT, 0, None, budget, return_indices)
@@ -422,6 +425,8 @@ class NativePolicy:
         C, which checks the position, the row length and every weight before anything
         changes. Anything else, and any error C reports, takes the path that validates
         in the documented order first (so errors are the same either way)."""
+        if return_indices is not False and return_indices is not True:
+            return_indices = check_flag("return_indices", return_indices)
         self._acquire()
         try:
             if type(pos) is int and budget is None and not return_indices and self._pool == 1:
