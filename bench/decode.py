@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                        rerotate_ms=(s.rerotate_seconds - before[3]) * 1e3 / args.steps)
         return row
 
+    print("per held count: dynamic = transformers' DynamicCache; unevicted = budget 4x held, nothing evicted yet "
+          "(rows computed beside sdpa); original / cache = budget held, one eviction a step, true positions / "
+          "positions='cache'; % = policy + bookkeeping as a share of that step", flush=True)
     rows = []
     for held in args.held:
         for kind in ("dynamic", "unevicted", "original", "cache"):
