@@ -42,6 +42,19 @@ static void group_mean(const float *first, size_t group, size_t plane, size_t hi
         mean[c] /= divisor;
 }
 
+/* Ask for every cache line of [p, p + bytes) (a hint: nothing when the compiler has none). */
+static void prefetch_span(const void *p, size_t bytes)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    const char *c = (const char *)p;
+    for (size_t at = 0; at < bytes; at += 64)
+        __builtin_prefetch(c + at, 0, 3);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, size_t extent,
                   const int64_t *columns, size_t col_stride, size_t width, const int64_t *held,
                   float *out)
@@ -108,6 +121,14 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
         for (size_t r = 0; r < rows; r++) {
             const int64_t *col = columns + (e * rows + r) * col_stride;
             float *dst = out + (e * rows + r) * width;
+            /* The next row's weights and columns are asked of memory while this row is
+               reduced: a decode step's rows are cold (the model's weights streamed
+               through the caches since the attention wrote them). */
+            size_t ne = r + 1 < rows ? e : e + 1, nr = r + 1 < rows ? r + 1 : 0;
+            if (ne < layers) {
+                prefetch_span(weights[ne] + nr * group * extent, group * extent * sizeof(float));
+                prefetch_span(columns + (ne * rows + nr) * col_stride, width * sizeof(int64_t));
+            }
             group_mean(weights[e] + r * group * extent, group, extent, extent, mean);
             for (size_t j = 0; j < width; j++) {
                 int64_t c = col[j];
