@@ -276,7 +276,8 @@ class SlotStorage:
         if key.shape[:3] != value.shape[:3] or key.shape[2] != self.q:
             raise InvalidInputError(
                 f"layer {e}'s keys {tuple(key.shape)} and values {tuple(value.shape)} are not "
-                f"({self.batch}, {self.heads}, {self.q}, head_dim) each ({self.q} new tokens a sequence in this forward)")
+                f"({self.batch}, {self.heads}, {self.q}, head_dim) each ({self.q} new tokens a sequence in "
+                "this forward)")
         decode = self.q == 1 and not self.aligned
         for store, new in ((self.keys, key.detach()), (self.values, value.detach())):
             buffer = store[e]
