@@ -435,3 +435,14 @@ def test_return_indices_must_be_a_bool(backend, value):
         unchanged(p, InvalidTypeError, call)
     victims, slots = p.step(2, [0.5, 0.5], return_indices=np.bool_(True))
     assert list(victims) == [] and list(slots) == []
+
+
+def test_an_ndarray_subclass_is_read_as_its_plain_array(backend):
+    """Weights as ``np.matrix`` (an ndarray subclass whose rows are 2-D) step as the
+    same plain array does, in either backend."""
+    plain, sub = (make_policy(backend, "scissorhands", budget=6, protected=2, heads=3) for _ in range(2))
+    rng = np.random.default_rng(11)
+    for pos in range(1, 9):
+        w = rng.random((3, int(np.asarray(plain.counts).max())))
+        assert np.array_equal(plain.step(pos, w), sub.step(pos, np.asmatrix(w)))
+    assert plain.state_dict() == sub.state_dict()

@@ -286,8 +286,8 @@ def read_weights(attn: Any) -> np.ndarray:
         return arr
     if isinstance(attn, np.ma.MaskedArray):
         raise InvalidTypeError(MASKED_MESSAGE)
-    if isinstance(attn, np.ndarray):
-        arr = attn
+    if isinstance(attn, np.ndarray):  # a subclass (np.matrix) as the plain array it wraps
+        arr = attn if type(attn) is np.ndarray else np.asarray(attn)
     elif hasattr(attn, "__array__") or isinstance(attn, memoryview):
         arr = _from_array_like(attn)
     elif _is_real(attn):
