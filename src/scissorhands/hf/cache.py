@@ -140,8 +140,8 @@ class _Forward:
     ``positions`` of the new keys (``(batch, q)`` int64) and the ``rotations`` to the
     ranks, computed once at the first layer that needs them."""
 
-    __slots__ = ("columns", "fresh", "gathered", "held", "observed", "pads", "pending", "plan", "positions", "q",
-                 "rope", "rotations", "written")
+    __slots__ = ("columns", "fresh", "gathered", "held", "masks", "observed", "pads", "pending", "plan", "positions",
+                 "q", "rope", "rotations", "written")
 
     def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int]) -> None:
         self.q = q
@@ -153,6 +153,8 @@ class _Forward:
         self.written = [False] * layers
         self.observed = [False] * layers
         self.pads: np.ndarray | None = None
+        #: A single token's masks once positions were evicted: ``(dtype, every layer's)``.
+        self.masks: tuple[torch.dtype | None, list[Any]] | None = None
         self.positions: np.ndarray | None = None
         self.rotations: RankPlan | tuple[torch.Tensor, ...] | None = None
         #: Every policy row's weights in kept order, ``(rows, q, width)`` float32, filled
@@ -270,6 +272,11 @@ class EvictingLayer(CacheLayerMixin):
         cache = self.cache
         forward = self._in_flight()
         start = time.perf_counter()
+        kept = forward.masks  # a single token's, every layer's, once the first layer asked
+        if kept is not None and kept[0] is dtype:
+            layer_mask = kept[1][self.index]
+            cache.stats.bookkeeping_seconds += time.perf_counter() - start
+            return layer_mask
         if self.index == 0:
             forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
         storage = cache.storage
@@ -279,6 +286,9 @@ class EvictingLayer(CacheLayerMixin):
         if mask is None:
             mask = stock if storage.aligned else storage.mask(self.index, forward.pads, cache.groups,
                                                               int(query.shape[2]), dtype)
+            every = storage.decode_masks(dtype) if forward.q == 1 and not storage.aligned else None
+            if every is not None:
+                forward.masks = (dtype, every)
         cache.stats.bookkeeping_seconds += time.perf_counter() - start
         return mask
 

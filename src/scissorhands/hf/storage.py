@@ -131,7 +131,7 @@ class SlotStorage:
         self._offsets: tuple[tuple[int, int], np.ndarray] | None = None
         # Facts about `counts` and `free` kept while they are the same arrays (every
         # change to either assigns a new one): the largest count, the single-token extent.
-        self._most: tuple[np.ndarray, int] | None = None
+        self._most: tuple[np.ndarray, int, int] | None = None
         self._free_extent: tuple[np.ndarray, int, int] | None = None
 
     # ------------------------------------------------------------------ shape
@@ -190,10 +190,18 @@ class SlotStorage:
 
     def most(self) -> int:
         """The largest count of a row (0 without rows)."""
+        return self._count_range()[1]
+
+    def least(self) -> int:
+        """The smallest count of a row (0 without rows)."""
+        return self._count_range()[0]
+
+    def _count_range(self) -> tuple[int, int]:
         seen = self._most
         if seen is None or seen[0] is not self.counts:
-            seen = self._most = (self.counts, int(self.counts.max(initial=0)))
-        return seen[1]
+            counts = self.counts
+            seen = self._most = (counts, int(counts.min()) if counts.size else 0, int(counts.max(initial=0)))
+        return seen[1], seen[2]
 
     def single_extent(self) -> int:
         """The extent a single-token forward returns once positions were evicted: each
@@ -319,7 +327,10 @@ class SlotStorage:
         masks = self._masks.get(dtype)
         if masks is None:
             if q == 1 and dtype is not None and not self.aligned:
-                if self.valid[:, : self.extent].all():  # every slot holds a key: nothing to mask
+                # Every slot of the extent holds a key (nothing to mask) when each row's held
+                # slots and its token's, all distinct and inside the extent, are as many as
+                # the extent (the steady state); else the slots say.
+                if self.least() + 1 >= self.extent or self.valid[:, : self.extent].all():
                     self._mask_stale = True
                     masks = self._masks[dtype] = [None] * self.layers
                 else:
@@ -331,6 +342,14 @@ class SlotStorage:
             masks[:] = [_UNBUILT] * self.layers  # one layer's at a time: a chunk's are large
             mask = masks[e] = self._layer_mask(pads, groups, q, dtype, e)[0]
         return mask
+
+    def decode_masks(self, dtype: torch.dtype | None) -> list[Any] | None:
+        """Every layer's mask of this forward in ``dtype``, as :meth:`mask` gives them,
+        when its first call built them all (a single token's); else None."""
+        masks = self._masks.get(dtype)
+        if masks is None or any(m is _UNBUILT for m in masks):
+            return None
+        return masks
 
     def chunk_mask(self, e: int, pads: np.ndarray | None) -> ChunkMask | None:
         """Layer ``e``'s mask of a chunk once positions were evicted, as a
@@ -502,8 +521,9 @@ class SlotStorage:
             self._grow(width)
             self.valid[rows, new_slot] = True
             self.slots[rows, n] = new_slot
+            least = self.least()
             self.counts = n + 1
-            self._most = (self.counts, width)  # every count one more
+            self._most = (self.counts, least + 1, width)  # every count one more
             self.free = np.full(self.rows, self.extent, dtype=np.int64) if self.aligned else self._first_free()
             return
         if self.aligned and victims.any():
