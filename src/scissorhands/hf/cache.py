@@ -363,8 +363,7 @@ class EvictingLayer(CacheLayerMixin):
             columns, held, gathered = cache._gather_target(forward)
             per_layer = len(columns) // cache.evicting_layers
             part = slice(e * per_layer, (e + 1) * per_layer)
-            gather_group_mean(weights.detach().cpu(), cache.policy_heads, columns[part],
-                              None if held is None else held[part], gathered[part])
+            gather_group_mean(weights.detach().cpu(), cache.policy_heads, columns[part], held[part], gathered[part])
             cache.stats.bookkeeping_seconds += time.perf_counter() - start
         forward.observed[e] = True
         if e == cache.evicting_layers - 1:
@@ -1028,32 +1027,32 @@ class EvictingCache(Cache):
         no padding); else a chunk (a prompt, even of one token)."""
         return forward.q == 1 and self.seen != 0 and (forward.pads is None or not forward.pads.any())
 
-    def _gather_target(self, forward: _Forward) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-        """The forward's physical columns per policy row in the policies' order, ``(rows,
-        width)`` (each row's held slots in kept order; for a chunk then its tokens, in
-        ``extend``'s layout), for a chunk the positions each row held before it (else
-        None), and the ``(rows, q, width)`` float32 array their weights go to; made at the
-        first layer that hands weights in."""
-        if forward.gathered is None or forward.columns is None:
+    def _decode_target(self, forward: _Forward) -> np.ndarray:
+        """A decode step's ``(rows, 1, width)`` float32 array for every policy row's
+        weights in kept order (width the largest count): the last step's when the shape
+        is the same (the steady state; written whole by the gather, read only by this
+        step's policies)."""
+        shape = (self.evicting_layers * self.storage.batch * self.policy_heads, 1, self.storage.most())
+        kept = self._gathered
+        if kept is None or kept.shape != shape:
+            kept = self._gathered = np.empty(shape, dtype=np.float32)
+        forward.gathered = kept
+        return kept
+
+    def _gather_target(self, forward: _Forward) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A chunk's physical columns per policy row in the policies' order, ``(rows,
+        width)`` (each row's held slots in kept order, then the chunk's tokens, in
+        ``extend``'s layout), the positions each row held before it, and the ``(rows, q,
+        width)`` float32 array their weights go to; made at the first layer that hands
+        weights in (a decode step's is :meth:`_decode_target`)."""
+        if forward.gathered is None or forward.columns is None or forward.held is None:
             storage = self.storage
             repeat = self.num_kv_heads // self.policy_heads
-            most = storage.most()
-            if self._decodes(forward):
-                columns, held = storage.kept_columns(most)[::repeat], None
-            else:
-                fresh = self.seen == 0
-                columns = storage.chunk_columns((0 if fresh else most) + forward.q)[::repeat]
-                held = np.zeros(len(columns), dtype=np.int64) if fresh else storage.counts[::repeat].copy()
+            fresh = self.seen == 0
+            columns = storage.chunk_columns((0 if fresh else storage.most()) + forward.q)[::repeat]
+            held = np.zeros(len(columns), dtype=np.int64) if fresh else storage.counts[::repeat].copy()
             forward.columns, forward.held = columns, held
-            shape = (len(columns), forward.q, columns.shape[1])
-            # A decode step's array is the last one's when the shape is the same (the
-            # steady state): written whole by the gather, read only by this step's policies.
-            kept = self._gathered if self._decodes(forward) else None
-            if kept is None or kept.shape != shape:
-                kept = np.empty(shape, dtype=np.float32)
-                if self._decodes(forward):
-                    self._gathered = kept
-            forward.gathered = kept
+            forward.gathered = np.empty((len(columns), forward.q, columns.shape[1]), dtype=np.float32)
         return forward.columns, forward.held, forward.gathered
 
     def _finish(self, forward: _Forward) -> None:
@@ -1068,7 +1067,7 @@ class EvictingCache(Cache):
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
         finite = False  # known finite (checked by the decode step's gather)
         if self._policies_read and forward.pending:  # a decode step: every layer in one C call
-            _, _, out = self._gather_target(forward)
+            out = self._decode_target(forward)
             if not storage.slots.flags.c_contiguous:
                 storage.slots = np.ascontiguousarray(storage.slots)
             # Each policy row's held slots in kept order: every repeat-th row of the slot table.
