@@ -128,10 +128,10 @@ class SlotStorage:
         self._views: list[tuple[Any, ...] | None] = []
         self._flat: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self._rows_cache: np.ndarray | None = None
-        self._offsets: tuple[tuple[int, int], np.ndarray] | None = None
-        # Facts about `counts` and `free` kept while they are the same arrays (every
-        # change to either assigns a new one): the largest count, the single-token extent.
-        self._most: tuple[np.ndarray, int, int] | None = None
+                # Facts about `counts` and `free` kept while they are the same arrays (every
+        # change to either assigns a new one): the least and largest counts, the
+        # single-token extent.
+        self._count_range_of: tuple[np.ndarray, int, int] | None = None
         self._free_extent: tuple[np.ndarray, int, int] | None = None
 
     # ------------------------------------------------------------------ shape
@@ -167,7 +167,7 @@ class SlotStorage:
 
     #: Derived caches (views, kept masks), rebuilt on demand: not part of a copy.
     _DERIVED = ("_views", "_flat", "_mask_store", "_mask_views", "_masks", "_write_index", "_mask_changes",
-                "_rows_cache", "_offsets", "_most", "_free_extent")
+                "_rows_cache", "_count_range_of", "_free_extent")
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
@@ -184,8 +184,7 @@ class SlotStorage:
         self._mask_changes = []
         self._write_index = ()
         self._rows_cache = None
-        self._offsets = None
-        self._most = None
+        self._count_range_of = None
         self._free_extent = None
 
     def most(self) -> int:
@@ -197,10 +196,10 @@ class SlotStorage:
         return self._count_range()[0]
 
     def _count_range(self) -> tuple[int, int]:
-        seen = self._most
+        seen = self._count_range_of
         if seen is None or seen[0] is not self.counts:
             counts = self.counts
-            seen = self._most = (counts, int(counts.min()) if counts.size else 0, int(counts.max(initial=0)))
+            seen = self._count_range_of = (counts, int(counts.min()) if counts.size else 0, int(counts.max(initial=0)))
         return seen[1], seen[2]
 
     def single_extent(self) -> int:
@@ -440,22 +439,6 @@ class SlotStorage:
         rank[np.broadcast_to(rows, (self.rows, self.q)), self.new_columns()] = new_rank
         return rank[:, : self.extent], new_rank
 
-    def gather_kept(self, weights: np.ndarray, width: int, step: int = 1) -> np.ndarray:
-        """``(rows / step, width)``: each row's weights (``weights`` ``(rows / step,
-        extent)``, physical order) at its held slots, in kept order (every ``step``-th
-        storage row's slots: ``mean`` head mode)."""
-        slots = self.slots[::step, :width]
-        key = (slots.shape[0], weights.shape[1])
-        cached = self._offsets
-        if cached is None or cached[0] != key:
-            cached = self._offsets = (key, (np.arange(key[0], dtype=np.int64) * key[1])[:, None])
-        return weights.reshape(-1)[slots + cached[1]]
-
-    def kept_columns(self, width: int) -> np.ndarray:
-        """``(rows, width)`` physical slots of each row's held positions, kept order (the
-        columns past a row's count are never read)."""
-        return self.slots[:, :width]
-
     # ------------------------------------------------------------------ after the policies
 
     def chunk_columns(self, width: int) -> np.ndarray:
@@ -523,16 +506,16 @@ class SlotStorage:
             self.slots[rows, n] = new_slot
             least = self.least()
             self.counts = n + 1
-            self._most = (self.counts, least + 1, width)  # every count one more
+            self._count_range_of = (self.counts, least + 1, width)  # every count one more
             self.free = np.full(self.rows, self.extent, dtype=np.int64) if self.aligned else self._first_free()
             return
-        if self.aligned and victims.any():
+        if self.aligned:  # (something is evicted from here on)
             self._apply_general(victims, slots, [new_slot[r:r + 1] for r in rows.tolist()])
             return
         if (victims > 1).any():  # rows sharing a budget (pools): any number per row
             self._apply_ragged(victims, slots, new_slot)
             return
-        width = int(n.max(initial=0)) + 1
+        width = self.most() + 1
         self._grow(width)
         flat_valid = self.valid
         flat_valid[rows, new_slot] = True
@@ -557,13 +540,11 @@ class SlotStorage:
         flat_valid[rows[one], freed[one]] = False
         self._note_valid(rows[one], freed[one], False)
         self.counts = n + 1 - victims
-        if self.aligned:
-            self.free = np.full(self.rows, self.extent, dtype=np.int64)  # a new array: kept facts follow it
-        elif one.all():
+        if one.all():
             self.free = freed
         else:
             self.free = np.where(one, freed, self._first_free())
-        if self.compact_every_step and victims.any():
+        if self.compact_every_step:
             self.compact()
 
     def _apply_ragged(self, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
