@@ -28,22 +28,23 @@ class _Module:
     head_dim = 16
 
 
+@pytest.mark.parametrize("row_step", [1, 2])
 @pytest.mark.parametrize(("layers", "batch", "heads", "rows", "extent"), [(3, 2, 6, 3, 17), (2, 1, 9, 1, 30)])
-def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, heads, rows, extent):
+def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, heads, rows, extent, row_step):
     """sh_gqa_gather_layers (a decode step's layers read where they are) gives bit for bit
-    sh_gqa_gather's weights over the layers stacked, strided columns and columns past
-    the extent included."""
-    from scissorhands.hf.gqa import gather_group_mean_layers
+    sh_gqa_gather's weights over the layers stacked, strided columns (every
+    ``row_step``-th row of a wider table) and columns past the extent included."""
+    from scissorhands.hf.gqa import gather_layers
 
     gen = torch.Generator().manual_seed(layers * 7 + extent)
     weights = [torch.softmax(torch.randn(batch, heads, 1, extent, generator=gen) * 3, -1) for _ in range(layers)]
     total = layers * batch * rows
-    table = torch.randint(-1, extent + 2, (total, extent + 5), generator=gen).numpy().astype(np.int64)
-    columns = table[:, :extent]  # strided rows of a wider table
+    table = torch.randint(-1, extent + 2, (total * row_step, extent + 5), generator=gen).numpy().astype(np.int64)
+    columns = table[::row_step, :extent]  # strided rows of a wider table
     stacked = torch.stack(weights).reshape(layers * batch, heads, 1, extent)
     expect = gather_group_mean(stacked, rows, columns)
-    got, finite = gather_group_mean_layers(weights, rows, columns,
-                                           np.full((total, 1, extent), np.nan, dtype=np.float32))
+    got = np.full((total, 1, extent), np.nan, dtype=np.float32)
+    finite = gather_layers(weights, rows, table, row_step, extent, got)
     assert np.array_equal(got, expect)
     assert finite
 
@@ -52,15 +53,15 @@ def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, h
 def test_the_gather_of_every_layer_says_when_a_weight_it_wrote_is_not_finite(bad):
     """sh_gqa_gather_layers' finiteness flag: false exactly when a gathered weight is
     inf or NaN; a non-finite weight in a column no row reads leaves it true."""
-    from scissorhands.hf.gqa import gather_group_mean_layers
+    from scissorhands.hf.gqa import gather_layers
 
     weights = [torch.full((1, 4, 1, 6), 0.25) for _ in range(2)]
     columns = np.tile(np.arange(5, dtype=np.int64), (4, 1))  # column 5 is never read
     out = np.empty((4, 1, 5), dtype=np.float32)
     weights[1][0, 3, 0, 5] = bad
-    assert gather_group_mean_layers(weights, 2, columns, out)[1]
+    assert gather_layers(weights, 2, columns, 1, 5, out)
     weights[1][0, 3, 0, 2] = bad
-    _, finite = gather_group_mean_layers(weights, 2, columns, out)
+    finite = gather_layers(weights, 2, columns, 1, 5, out)
     assert not finite
     assert np.isfinite(out[:3]).all() and not np.isfinite(out[3, 0, 2])
 

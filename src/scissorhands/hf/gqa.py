@@ -7,14 +7,12 @@ weight on itself, not renormalised.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from .._native import check, ffi, lib
 
-__all__ = ["gather_group_mean", "gather_group_mean_layers", "gather_layers", "group_mean"]
+__all__ = ["gather_group_mean", "gather_layers", "group_mean"]
 
 
 def group_mean(weights: torch.Tensor, rows: int) -> np.ndarray:
@@ -103,35 +101,37 @@ def gather_group_mean(weights: torch.Tensor, rows: int, columns: np.ndarray, hel
     return out
 
 
-def _layer_pointers(weights: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
-    """Every layer's ``(batch, num_heads, 1, extent)`` weights as float32, contiguous and
-    on the CPU (widened exactly, or copied, when not), and a C table of their addresses
-    (valid while the tensors live).
-
-    Raises
-    ------
-    ValueError
-        Layers of different shapes, or more than one query row.
-    """
-    shape = weights[0].shape
-    layers = weights
-    if not all(w.is_cpu and w.dtype is torch.float32 and w.shape == shape and w.is_contiguous() for w in weights):
-        layers = [w.detach().cpu().float().contiguous() for w in weights]
-        if any(w.shape != shape for w in layers):
-            raise ValueError("gather_group_mean_layers: the same shape in every layer")
-    if len(shape) != 4 or shape[2] != 1:
-        raise ValueError("gather_group_mean_layers: one query row")
-    addresses = np.fromiter((w.data_ptr() for w in layers), dtype=np.uintp, count=len(layers))
-    return layers, (addresses, ffi.cast("const float *const *", ffi.from_buffer(addresses)))
-
-
 def gather_layers(weights: list[torch.Tensor], rows: int, table: np.ndarray, row_step: int, width: int,
                   out: np.ndarray) -> bool:
-    """:func:`gather_group_mean_layers` with policy row ``i``'s columns the first
-    ``width`` of row ``i * row_step`` of a C-contiguous int64 slot ``table`` (the
-    cache's decode step: every ``row_step``-th storage row is a policy row); returns
-    whether every weight written to ``out`` (``(layers * batch * rows, 1, width)``
-    float32 C-contiguous) is finite.
+    """:func:`gather_group_mean` of a decode step's every layer at once, each layer's
+    weights read where the attention left them (``sh_gqa_gather_layers``: no stacked
+    copy): ``out[e * batch * rows + r, 0, j]`` is layer ``e``'s ``group_mean`` at row
+    ``r`` and column ``table[(e * batch * rows + r) * row_step, j]``, the same float32
+    arithmetic (0 for a column outside the extent).
+
+    Parameters
+    ----------
+    weights : list of torch.Tensor
+        Per layer ``(batch, num_heads, 1, extent)`` attention weights (the same shape in
+        every layer; widened to float32 exactly, or copied to the CPU, first when not).
+    rows : int
+        Policy rows per sequence (divides ``num_heads``; consecutive heads).
+    table : numpy.ndarray
+        C-contiguous int64 ``(layers * batch * rows * row_step, stride)`` slot table,
+        ``stride >= width``: every ``row_step``-th row is a policy row's physical
+        columns in kept order (the cache's slot table; ``row_step`` > 1 in ``mean``
+        head mode).
+    row_step : int
+        Table rows per policy row.
+    width : int
+        Columns per policy row.
+    out : numpy.ndarray
+        ``(layers * batch * rows, 1, width)`` float32 C-contiguous to write into.
+
+    Returns
+    -------
+    bool
+        Whether every weight written to ``out`` is finite (checked in the same pass).
 
     Raises
     ------
@@ -139,53 +139,24 @@ def gather_layers(weights: list[torch.Tensor], rows: int, table: np.ndarray, row
         Layers of different shapes, more than one query row, or a table or out of
         another shape.
     """
-    layers, (keep, pointers) = _layer_pointers(weights)
-    batch, heads, _, extent = layers[0].shape
+    shape = weights[0].shape
+    layers = weights
+    if not all(w.is_cpu and w.dtype is torch.float32 and w.shape == shape and w.is_contiguous() for w in weights):
+        layers = [w.detach().cpu().float().contiguous() for w in weights]
+        if any(w.shape != shape for w in layers):
+            raise ValueError("gather_layers: the same shape in every layer")
+    if len(shape) != 4 or shape[2] != 1:
+        raise ValueError("gather_layers: one query row")
+    batch, heads, _, extent = shape
     total = len(layers) * batch * rows
     if (table.dtype != np.int64 or table.ndim != 2 or table.shape[0] != total * row_step or table.shape[1] < width
             or out.dtype != np.float32 or out.size != total * width):
         raise ValueError("gather_layers: a table or out of another shape")
+    # Every layer's address, in a table C reads (the tensors in `layers` outlive the call).
+    addresses = np.fromiter((w.data_ptr() for w in layers), dtype=np.uintp, count=len(layers))
     finite = ffi.new("int *")
-    check(lib.sh_gqa_gather_layers(pointers, len(layers), batch * rows, heads // rows, extent,
-                                   ffi.from_buffer("int64_t[]", table), table.shape[1] * row_step, width,
-                                   ffi.from_buffer("float[]", out), finite), "gather_layers")
-    del keep
+    check(lib.sh_gqa_gather_layers(ffi.cast("const float *const *", ffi.from_buffer(addresses)), len(layers),
+                                   batch * rows, heads // rows, extent, ffi.from_buffer("int64_t[]", table),
+                                   table.shape[1] * row_step, width, ffi.from_buffer("float[]", out), finite),
+          "gather_layers")
     return bool(finite[0])
-
-
-def gather_group_mean_layers(weights: list[torch.Tensor], rows: int, columns: np.ndarray,
-                             out: np.ndarray) -> tuple[np.ndarray, bool]:
-    """:func:`gather_group_mean` of a decode step's every layer at once, each layer's
-    weights read where the attention left them (``sh_gqa_gather_layers``: no stacked
-    copy): ``out[e * batch * rows + r, 0, j]`` is layer ``e``'s ``group_mean`` at row ``r``
-    and column ``columns[e * batch * rows + r, j]``, the same float32 arithmetic.
-
-    Parameters
-    ----------
-    weights : list of torch.Tensor
-        Per layer ``(batch, num_heads, 1, extent)`` attention weights on the CPU (the same
-        shape in every layer; widened to float32 exactly first when not float32).
-    rows : int
-        Policy rows per sequence (divides ``num_heads``; consecutive heads).
-    columns : numpy.ndarray
-        ``(layers * batch * rows, width)`` int64 physical columns, kept order (rows may
-        be strided views of a wider table).
-    out : numpy.ndarray
-        ``(layers * batch * rows, 1, width)`` float32 C-contiguous to write into.
-
-    Returns
-    -------
-    tuple of (numpy.ndarray, bool)
-        ``out``, and whether every weight written to it is finite (checked in the same
-        pass).
-    """
-    layers, (keep, pointers) = _layer_pointers(weights)
-    batch, heads, _, extent = layers[0].shape
-    total = len(layers) * batch * rows
-    columns, width, stride = _column_rows(columns, total)
-    finite = ffi.new("int *")
-    check(lib.sh_gqa_gather_layers(pointers, len(layers), batch * rows, heads // rows, extent,
-                                   ffi.cast("const int64_t *", columns.ctypes.data), stride, width,
-                                   ffi.from_buffer("float[]", out), finite), "gather_group_mean_layers")
-    del keep
-    return out, bool(finite[0])
