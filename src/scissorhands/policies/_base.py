@@ -429,70 +429,69 @@ class NativePolicy:
             return_indices = check_flag("return_indices", return_indices)
         self._acquire()
         try:
-            if type(pos) is int and budget is None and not return_indices and self._pool == 1:
-                h = self._heads
-                if not self._reads_attention:
-                    dtype, buf, width = _NONE, _NULL, 0
-                elif (type(attn) is _ndarray and (dtype := _DTYPE_CODES.get(attn.dtype))
-                      and (attn.ndim == 1 if h == 1 else attn.ndim == 2 and len(attn) == h)):
-                    try:  # ValueError: not C-contiguous (the general path copies it)
-                        buf = _from_buffer(attn)
-                    except ValueError:
-                        buf = None
-                    width = len(attn) if h == 1 else attn.size // h
-                else:
-                    buf = None
-                if buf is not None:
-                    vc = self._victims_c
-                    try:  # OverflowError: pos outside uint32 (the general path says why)
-                        rc = _step(self._ptr, _BOTH, pos, dtype, buf, h, width, self._budget, vc, _NULL,
-                                   self._victims_size, self._n_victims)
-                    except OverflowError:
-                        rc = -1
-                    if not rc:
-                        k = self._n_victims[0]
-                        self._n += 1 - k  # every row admitted pos and evicted k
-                        self._last = pos
-                        if h == 1:
-                            return [vc[0]] if k == 1 else _unpack(vc, k)
-                        return self._victims[: h * k].reshape(h, k).copy()
+            if budget is None and not return_indices:
+                k = self._fast_step(pos, attn, self._budget, False)
+                if k is not None:
+                    h = self._heads
+                    if h == 1:
+                        return [self._victims_c[0]] if k == 1 else _unpack(self._victims_c, k)
+                    return self._victims[: h * k].reshape(h, k).copy()
             return self._call(_BOTH, pos, attn, budget, return_indices)
         finally:
             self._release()
 
+    def _fast_step(self, pos: Any, attn: Any, budget: int, with_slots: bool) -> int | None:
+        """The serving loop's step straight to C: one ``sh_policy_step`` admitting an
+        ``int`` ``pos`` and evicting to ``budget``, from a C-contiguous float32/float64
+        array of the rank :meth:`step` takes (anything, for a policy that reads no
+        attention), into the reusable buffers (their slots too with ``with_slots``).
+        Returns every row's victim count, or None when the call is not that case or C
+        refused it (nothing changed: the general path validates, then raises or takes
+        it). Must hold the lock."""
+        if type(pos) is not int or self._pool != 1:
+            return None
+        h = self._heads
+        if not self._reads_attention:
+            dtype, buf, width = _NONE, _NULL, 0
+        elif (type(attn) is _ndarray and (dtype := _DTYPE_CODES.get(attn.dtype))
+              and ((attn.ndim == 1 and h == 1) or (attn.ndim == 2 and len(attn) == h))):
+            try:  # ValueError: not C-contiguous (the general path copies it)
+                buf = _from_buffer(attn)
+            except ValueError:
+                return None
+            width = attn.shape[-1]
+        else:
+            return None
+        most = self._n + 1 - budget if self._evicts else 0
+        if h * most > self._victims_size:
+            self._grow_victims(h * most)
+        try:  # OverflowError: pos outside uint32 (the general path says why)
+            rc = _step(self._ptr, _BOTH, pos, dtype, buf, h, width, budget, self._victims_c,
+                       self._slots_c if with_slots else _NULL, self._victims_size, self._n_victims)
+        except OverflowError:
+            return None
+        if rc:
+            return None
+        k = int(self._n_victims[0])
+        self._n += 1 - k  # every row admitted pos and evicted k
+        self._last = pos
+        return k
+
     def _step_slots(self, pos: Any, attn: Any, budget: Any) -> tuple[int, np.ndarray] | None:
         """The transformers cache's decode step, when every row holds the same count:
-        :meth:`step_rows` as one ``sh_policy_step`` straight from an ``int`` position,
-        the configured budget and a C-contiguous float32/float64 ``(heads, width)``
-        array, into the reusable buffers.  Returns ``(k, slots)``: every row evicted
-        ``k``, ``slots`` their kept-order indices row after row (``int64`` ``(heads *
-        k,)``, a view of a buffer the next call overwrites); None when the call is not
-        that case or C refused it (nothing changed: :meth:`step_rows` then validates
-        and raises, or takes the case)."""
-        h = self._heads
+        :meth:`step_rows` as :meth:`_fast_step` at the configured budget, with the slots.
+        Returns ``(k, slots)``: every row evicted ``k``, ``slots`` their kept-order
+        indices row after row (``int64`` ``(heads * k,)``, a view of a buffer the next
+        call overwrites); None when the call is not that case or C refused it (nothing
+        changed: :meth:`step_rows` then validates and raises, or takes the case)."""
+        if budget != self._budget:
+            return None
         self._acquire()
         try:
-            if (self._ragged or self._pool != 1 or type(pos) is not int or budget != self._budget
-                    or not self._last < pos <= UINT32_MAX):
+            if self._ragged:  # rows of different counts: step_rows' case
                 return None
-            if not self._reads_attention:
-                dtype, buf, width = _NONE, _NULL, 0
-            elif (type(attn) is _ndarray and (dtype := _DTYPE_CODES.get(attn.dtype)) and attn.ndim == 2
-                  and len(attn) == h and attn.flags.c_contiguous):
-                buf, width = _from_buffer(attn), attn.shape[1]
-            else:
-                return None
-            most = self._n + 1 - budget if self._evicts else 0
-            if h * most > self._victims_size:
-                self._grow_victims(h * most)
-            rc = _step(self._ptr, _BOTH, pos, dtype, buf, h, width, budget, self._victims_c, self._slots_c,
-                       self._victims_size, self._n_victims)
-            if rc:
-                return None
-            k = self._n_victims[0]
-            self._n += 1 - k  # every row admitted pos and evicted k
-            self._last = pos
-            return k, self._slots[: h * k]
+            k = self._fast_step(pos, attn, budget, True)
+            return None if k is None else (k, self._slots[: self._heads * k])
         finally:
             self._release()
 
