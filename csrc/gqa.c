@@ -100,6 +100,28 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
     return SH_OK;
 }
 
+/* dst[j] = mean[col[j]] for a column in [0, extent), else 0 (mean[extent] is 0: an
+   out-of-range column reads it). */
+static void gather_columns(const float *mean, const int64_t *col, size_t width, size_t extent, float *dst)
+{
+    for (size_t j = 0; j < width; j++) {
+        uint64_t c = (uint64_t)col[j];
+        dst[j] = mean[c < extent ? c : extent];
+    }
+}
+
+/* Whether each of the n floats is finite. */
+static int all_finite(const float *a, size_t n)
+{
+    uint32_t special = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &a[i], sizeof bits);
+        special |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    return special == 0;
+}
+
 int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                          const int64_t *columns, size_t col_stride, size_t width, float *out, int *finite)
 {
@@ -113,10 +135,11 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
        compiler vectorises), then the gather from it: the same additions and division
        per weight as one pass, at a fraction of the cost when the weights come from
        memory rather than the cache. */
-    float *mean = malloc(extent * sizeof *mean);
+    float *mean = malloc((extent + 1) * sizeof *mean);
     if (mean == NULL)
         return SH_ERR_NOMEM;
-    uint32_t special = 0; /* an exponent of all ones (inf, NaN) among the written weights */
+    mean[extent] = 0.0f;
+    int every = 1; /* every written weight finite */
     for (size_t e = 0; e < layers; e++) {
         for (size_t r = 0; r < rows; r++) {
             const int64_t *col = columns + (e * rows + r) * col_stride;
@@ -130,18 +153,16 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
                 prefetch_span(columns + (ne * rows + nr) * col_stride, width * sizeof(int64_t));
             }
             group_mean(weights[e] + r * group * extent, group, extent, extent, mean);
-            for (size_t j = 0; j < width; j++) {
-                int64_t c = col[j];
-                float v = c >= 0 && (uint64_t)c < extent ? mean[c] : 0.0f;
-                uint32_t bits;
-                memcpy(&bits, &v, sizeof bits);
-                special |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
-                dst[j] = v;
-            }
+            int whole = all_finite(mean, extent);
+            gather_columns(mean, col, width, extent, dst);
+            /* A weight that is not finite may lie outside the gathered columns: then
+               only the gathered ones decide. */
+            if (!whole && every)
+                every = all_finite(dst, width);
         }
     }
     free(mean);
     if (finite != NULL)
-        *finite = special == 0;
+        *finite = every;
     return SH_OK;
 }
