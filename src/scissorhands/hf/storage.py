@@ -128,7 +128,7 @@ class SlotStorage:
         self._views: list[tuple[Any, ...] | None] = []
         self._flat: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self._rows_cache: np.ndarray | None = None
-                # Facts about `counts` and `free` kept while they are the same arrays (every
+        # Facts about `counts` and `free` kept while they are the same arrays (every
         # change to either assigns a new one): the least and largest counts, the
         # single-token extent.
         self._count_range_of: tuple[np.ndarray, int, int] | None = None
