@@ -10,6 +10,7 @@
  * adds one float32 rounding per turn and no drift of its norm.
  */
 #include <string.h>
+#include <time.h>
 
 #include "scissorhands.h"
 
@@ -128,4 +129,54 @@ int sh_slots_step_steady(int64_t *slots, size_t rows, size_t stride, size_t coun
         valid[r * valid_stride + (size_t)freed[r]] = 0;
     }
     return SH_OK;
+}
+
+/* Seconds on a monotonic-enough clock (C11's timespec_get: the policy's share of a step,
+   for the cache's statistics only). */
+static double now_seconds(void)
+{
+    struct timespec ts;
+    if (timespec_get(&ts, TIME_UTC) != TIME_UTC)
+        return 0.0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                         int64_t *slots, size_t stride, size_t count, const int64_t *counts,
+                         const int64_t *free_slots, uint8_t *valid, size_t valid_stride, float *gathered,
+                         sh_policy *p, uint32_t pos, uint32_t budget, uint32_t *victims, int64_t *victim_slots,
+                         size_t victims_cap, size_t *n_victims, int64_t *freed, int *done,
+                         double *policy_seconds)
+{
+    if (done == NULL || n_victims == NULL || counts == NULL || freed == NULL)
+        return SH_ERR_ARG;
+    *done = 0;
+    if (policy_seconds != NULL)
+        *policy_seconds = 0.0;
+    const size_t total = layers * rows;
+    for (size_t r = 0; r < total; r++) { /* the slot step's case, known before anything changes */
+        if (counts[r] < 0 || (uint64_t)counts[r] != count)
+            return SH_OK;
+    }
+    if (count == 0 || count + 1 > stride)
+        return SH_OK;
+    int finite = 0;
+    int rc = sh_gqa_gather_layers(weights, layers, rows, group, extent, slots, stride, count, gathered, &finite);
+    if (rc != SH_OK || !finite)
+        return rc;
+    double start = policy_seconds != NULL ? now_seconds() : 0.0;
+    rc = sh_policy_step(p, SH_STEP_ADMIT | SH_STEP_EVICT, pos, SH_DTYPE_F32, gathered, total, count, budget, victims,
+                        victim_slots, victims_cap, n_victims);
+    if (policy_seconds != NULL)
+        *policy_seconds = now_seconds() - start;
+    if (rc != SH_OK)
+        return rc;
+    *done = 1;
+    if (*n_victims != 1)
+        return SH_OK;
+    rc = sh_slots_step_steady(slots, total, stride, count, counts, free_slots, victim_slots, valid, valid_stride,
+                              freed);
+    if (rc == SH_OK)
+        *done = 2;
+    return rc == SH_ERR_LENGTH ? SH_OK : rc;
 }

@@ -455,6 +455,27 @@ int sh_slots_step_steady(int64_t *slots, size_t rows, size_t stride, size_t coun
 int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                          const int64_t *columns, size_t col_stride, size_t width, float *out, int *finite);
 
+/* A transformers cache's steady decode step in one call (layout.c), with nothing
+   between its three passes: every layer's GQA gather (sh_gqa_gather_layers, columns
+   from the slot table, col_stride = stride, into gathered: layers * rows x width, width
+   = count), then, when every gathered weight is finite, one sh_policy_step of p (the
+   flags of a step, pos, float32 gathered as layers * rows heads of width count, budget,
+   victims and victim_slots of victims_cap, n_victims), then, when every row evicted
+   exactly one position, sh_slots_step_steady of the layers * rows rows (count,
+   counts, free_slots, the victim slots as index, valid, valid_stride, freed).
+   *done says how far it went: 0, nothing changed (the weights were not all finite, or
+   the policy refused: its code is returned, or a row's count is not `count`: the
+   caller takes its general path); 1, the policy stepped and the slot table did not
+   (a row evicted no position or more than one, or the slot step refused: its code is
+   returned); 2, all of it. *policy_seconds (when not NULL) receives the time spent in
+   the policy's step. SH_ERR_ARG, nothing changed, for a NULL pointer. */
+int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                         int64_t *slots, size_t stride, size_t count, const int64_t *counts,
+                         const int64_t *free_slots, uint8_t *valid, size_t valid_stride, float *gathered,
+                         sh_policy *p, uint32_t pos, uint32_t budget, uint32_t *victims, int64_t *victim_slots,
+                         size_t victims_cap, size_t *n_victims, int64_t *freed, int *done,
+                         double *policy_seconds);
+
 #ifdef __cplusplus
 }
 #endif

@@ -209,6 +209,75 @@ def _tiny(dtype: torch.dtype = torch.float32, head_dim: int = 16) -> object:
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
 
 
+def _layout(cache) -> list[np.ndarray]:
+    storage = cache.storage
+    return [storage.slots.copy(), storage.valid.copy(), storage.free.copy(), storage.counts.copy()]
+
+
+@pytest.mark.parametrize(("policy", "positions", "pin"), [("scissorhands", "original", False),
+                                                         ("scissorhands", "cache", False),
+                                                         ("scissorhands", "original", True),
+                                                         ("h2o", "original", False), ("tova", "cache", False)])
+def test_the_steady_step_in_one_c_call_leaves_what_the_general_path_leaves(policy, positions, pin, monkeypatch):
+    """A steady decode step (every row at the same count) runs the gather, the policy's
+    step and the slot table's in one C call (sh_cache_step_steady); the cache it leaves
+    is the general path's, step by step: the same logits, held positions, slot table,
+    validity and free slots, in a batch of two evicting every step (with a pinned span
+    too); and a steady step does take it."""
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (2, 48), generator=torch.Generator().manual_seed(4))
+    whole = []
+    original = hf.rows.PolicyRows.step_with
+
+    def counted(self, pos, call):
+        got = original(self, pos, call)
+        whole.append(got is not None and got[0] == 2)
+        return got
+
+    monkeypatch.setattr(hf.rows.PolicyRows, "step_with", counted)
+    caches = [hf.EvictingCache.from_model(model, policy, budget=12, recent_window=4, positions=positions)
+              for _ in range(2)]
+    caches[1]._steady_step = lambda forward: None  # the general path only
+    if pin:
+        for cache in caches:
+            cache.pin(2, 5)
+    with torch.no_grad():
+        for cache in caches:
+            model(input_ids=ids[:, :16], cache=cache, use_cache=True)
+        for t in range(16, ids.shape[1]):
+            fused, general = (model(input_ids=ids[:, t:t + 1], cache=c, use_cache=True).logits for c in caches)
+            assert torch.equal(fused, general), t
+            for got, expected in zip(_layout(caches[0]), _layout(caches[1])):
+                assert np.array_equal(got, expected), t
+            for layer in caches[0].observed_layers:
+                for b in range(2):
+                    for h in range(caches[0].num_kv_heads):
+                        assert np.array_equal(caches[0].kept_positions(layer, b, h),
+                                              caches[1].kept_positions(layer, b, h)), t
+    assert sum(whole) >= ids.shape[1] - 16 - 2  # every step once the rows are at the budget
+
+
+def test_a_replaced_policy_step_is_called_by_the_steady_step(monkeypatch):
+    """PolicyRows.step is where a decode step's weights reach the policies: replaced (an
+    experiment, a test recording them), the steady state calls it and not the one C call."""
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (1, 30), generator=torch.Generator().manual_seed(5))
+    seen = []
+    original = hf.rows.PolicyRows.step
+
+    def step(self, pos, weights):
+        seen.append(pos)
+        return original(self, pos, weights)
+
+    monkeypatch.setattr(hf.rows.PolicyRows, "step", step)
+    cache = hf.EvictingCache.from_model(model, "scissorhands", budget=8, recent_window=2)
+    with torch.no_grad():
+        model(input_ids=ids[:, :10], cache=cache, use_cache=True)
+        for t in range(10, 30):
+            model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+    assert seen == list(range(10, 30))
+
+
 def test_what_the_cache_is_handed_by_hand_is_refused_naming_it():
     """Keys and values that are not the forward's shape, width or dtype, a layer index
     outside the cache (or not an integer) and a non-integer layer, sequence or head for

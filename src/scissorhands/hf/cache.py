@@ -45,12 +45,13 @@ import numpy as np
 import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
+from .._native import ffi, lib
 from .._shared import check_int
 from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
-from .gqa import gather_group_mean, gather_layers
+from .gqa import DecodeWeights, gather_group_mean, gather_layers
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, make_storage
@@ -102,6 +103,10 @@ class CacheStats:
     prompt_ends: int = 0
 
 
+#: The library's own decode-step call of the policies (the steady step runs it in C).
+_OWN_STEP = PolicyRows.step
+
+
 def _always_dynamo() -> object:
     return True
 
@@ -134,16 +139,29 @@ def _outside_graph(method: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _undone_on_failure(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A layer's step of the forward that, when it raises, undoes the forward first."""
+def _layer_entry(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A layer's step of the forward (called by the installed attention), outside the
+    graph as :func:`_outside_graph` says, that undoes the forward first when it raises:
+    one wrapper, so that each of a decode step's 90-odd such calls pays one frame."""
 
-    @functools.wraps(method)
-    def run(self: EvictingLayer, *args: Any, **kwargs: Any) -> Any:
+    def undone(self: EvictingLayer, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except BaseException:
             self.cache._rollback()
             raise
+
+    disabled: Callable[..., Any] = torch.compiler.disable(undone)
+
+    @functools.wraps(method)
+    def run(self: EvictingLayer, *args: Any, **kwargs: Any) -> Any:
+        if not _tracing() and _dynamo_callback() is None:  # as in _outside_graph
+            try:
+                return method(self, *args, **kwargs)
+            except BaseException:
+                self.cache._rollback()
+                raise
+        return disabled(self, *args, **kwargs)
 
     return run
 
@@ -164,7 +182,7 @@ class _Forward:
     __slots__ = ("columns", "fresh", "gathered", "held", "masks", "observed", "pads", "pending", "plan", "positions",
                  "q", "rope", "rotations", "written")
 
-    def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int]) -> None:
+    def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int], pending: DecodeWeights) -> None:
         self.q = q
         #: What undoes it (:meth:`EvictingCache._rollback`): whether the cache held nothing
         #: before it, the storage's plan before it, the rotary positions it overwrote.
@@ -183,8 +201,10 @@ class _Forward:
         self.gathered: np.ndarray | None = None
         self.columns: np.ndarray | None = None
         self.held: np.ndarray | None = None
-        #: A decode step's weights, layer by layer, gathered together after the last.
-        self.pending: list[torch.Tensor] = []
+        #: A decode step's weights, layer by layer, gathered together after the last (the
+        #: cache's reusable collector, started at each forward).
+        self.pending = pending
+        pending.start()
 
 
 class ObserverHandle:
@@ -281,8 +301,7 @@ class EvictingLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # the cache moves every layer at once
         raise InvalidInputError("reorder an EvictingCache as a whole: cache.reorder_cache(beam_idx)")
 
-    @_outside_graph
-    @_undone_on_failure
+    @_layer_entry
     def attention_mask(self, stock: Any, query: torch.Tensor, dtype: torch.dtype | None,
                        structured: bool = False) -> Any:
         """The mask this layer attends with (called by the installed attention): the one
@@ -313,8 +332,7 @@ class EvictingLayer(CacheLayerMixin):
         cache.stats.bookkeeping_seconds += time.perf_counter() - start
         return mask
 
-    @_outside_graph
-    @_undone_on_failure
+    @_layer_entry
     def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
         """``positions="cache"``: at the forward's first evicting layer, remember the rotary
         position each new key was rotated with (``position_ids``, else the tokens seen)."""
@@ -337,8 +355,7 @@ class EvictingLayer(CacheLayerMixin):
         storage.rope[rows, columns] = per_row
         forward.positions = positions
 
-    @_outside_graph
-    @_undone_on_failure
+    @_layer_entry
     def rerotate(self, query: torch.Tensor, key: torch.Tensor,
                  kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions="cache"``: the query and keys rotated to their ranks (called by the
@@ -357,8 +374,7 @@ class EvictingLayer(CacheLayerMixin):
         cache.stats.rerotate_seconds += time.perf_counter() - start
         return query, key
 
-    @_outside_graph
-    @_undone_on_failure
+    @_layer_entry
     def observe(self, weights: torch.Tensor | None) -> None:
         """This layer's attention weights ``(batch, heads, q, extent)`` of the forward
         (None when neither a policy of the cache nor an observer reads attention): handed
@@ -373,7 +389,7 @@ class EvictingLayer(CacheLayerMixin):
             for observer in list(cache._observers):
                 observer(self.layer, weights.detach())
         if weights is not None and cache._policies_read and cache._decodes(forward):
-            forward.pending.append(weights)  # a decode step's: all layers in one call at the last
+            forward.pending.add(weights)  # a decode step's: all layers in one call at the last
         elif weights is not None and cache._policies_read:
             # Each chunk layer's rows are reduced to the policy heads and gathered into kept
             # order as the layer hands them in (one C pass, sh_gqa_gather), so that the
@@ -656,6 +672,12 @@ class EvictingCache(Cache):
         self._observers: list[AttentionObserver] = []
         #: The last decode step's gathered weights, reused while the shape stays.
         self._gathered: np.ndarray | None = None
+        #: What collects a forward's weights layer by layer (reused from forward to forward).
+        self._pending: DecodeWeights | None = None
+        #: ``_gathered`` as C reads it, and the steady step's outputs (how far it went, the
+        #: policy's seconds).
+        self._gathered_c: Any = None
+        self._steady_out = (ffi.new("int *"), ffi.new("double *"))
         #: ``prompt_aware``: the attention of the last held positions' rows, ``(rows,
         #: observation_window, width)`` float32 over each policy row's held positions in
         #: kept order (row ``j`` is kept index ``count - window + j``; zeros where the
@@ -792,7 +814,13 @@ class EvictingCache(Cache):
         state = self.__dict__.copy()
         state["_observers"] = []
         state["_gathered"] = None
+        state["_pending"] = state["_gathered_c"] = state["_steady_out"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._gathered, self._gathered_c, self._pending = None, None, None  # C views: made again
+        self._steady_out = (ffi.new("int *"), ffi.new("double *"))
 
     # ------------------------------------------------------------------ inspection
 
@@ -912,7 +940,10 @@ class EvictingCache(Cache):
         storage = self.storage
         fresh = not storage.started()
         plan = (storage.extent, storage.chunk_start, storage.q)
-        self._forward = _Forward(self.evicting_layers, q, fresh, plan)
+        pending = self._pending
+        if pending is None or pending.size != self.evicting_layers:
+            pending = self._pending = DecodeWeights(self.evicting_layers)
+        self._forward = _Forward(self.evicting_layers, q, fresh, plan, pending)
         try:
             if fresh:
                 self._start(int(key.shape[0]))
@@ -1057,6 +1088,7 @@ class EvictingCache(Cache):
         kept = self._gathered
         if kept is None or kept.shape != shape:
             kept = self._gathered = np.empty(shape, dtype=np.float32)
+            self._gathered_c = ffi.from_buffer("float[]", kept)
         forward.gathered = kept
         return kept
 
@@ -1086,13 +1118,21 @@ class EvictingCache(Cache):
         if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
+        if self._decodes(forward) and forward.pending.tensors:
+            # The steady state (every row holds the same count): gather, policy and slot
+            # table in one C call; None when it is not that case (nothing changed).
+            steady = self._steady_step(forward)
+            if steady is not None:
+                self.stats.steps += 1
+                self._finished(q, start, steady)
+                return
         finite = False  # known finite (checked by the decode step's gather)
-        if self._policies_read and forward.pending:  # a decode step: every layer in one C call
+        if self._policies_read and forward.pending.tensors:  # a decode step: every layer in one C call
             out = self._decode_target(forward)
             if not storage.slots.flags.c_contiguous:
                 storage.slots = np.ascontiguousarray(storage.slots)
             # Each policy row's held slots in kept order: every repeat-th row of the slot table.
-            finite = gather_layers(forward.pending, self.policy_heads, storage.slots,
+            finite = gather_layers(forward.pending.tensors, self.policy_heads, storage.slots,
                                    self.num_kv_heads // self.policy_heads, out.shape[2], out)
         gathered = forward.gathered if self._policies_read else None  # (rows, q, width), kept order
         repeat = self.num_kv_heads // self.policy_heads
@@ -1139,11 +1179,65 @@ class EvictingCache(Cache):
                 victims, slots = _repeat_rows(victims, slots, repeat)
             storage.apply_chunk(storage_admit, victims, slots)
             self.stats.chunks += 1
-        self.stats.compactions = storage.compactions
+        self._finished(q, start, policy_seconds)
+
+    def _finished(self, q: int, start: float, policy_seconds: float) -> None:
+        """The end of a forward's step: ``q`` tokens seen, the forward dropped, its times
+        (from ``start``, ``policy_seconds`` of it in the policies) counted."""
+        self.stats.compactions = self.storage.compactions
         self.seen += q
         self._forward = None
         self.stats.policy_seconds += policy_seconds
         self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
+
+    def _steady_step(self, forward: _Forward) -> float | None:
+        """A decode step in the steady state, when the policies are one C policy of per-head
+        rows reading attention and every row holds the same count: the gather, the
+        policy's step and the slot table's in one C call (``sh_cache_step_steady``), with
+        no Python between them; the same weights, victims and slots as the general path
+        (the calls it makes, in order).  Returns the seconds spent in the policy, or None
+        (nothing changed: the general path then runs, and raises what it raises) when it
+        is not that case, a gathered weight is not finite or the policy refuses, or when
+        :meth:`PolicyRows.step <scissorhands.hf.rows.PolicyRows.step>` is not the library's
+        own."""
+        storage = self.storage
+        # PolicyRows.step is where a decode step's weights reach the policies: replaced
+        # (an experiment's budget, a test recording what the policies see), it is called.
+        if self.num_kv_heads != self.policy_heads or self.bank is None or type(self.bank).step is not _OWN_STEP:
+            return None
+        layout = storage.steady_layout()
+        if layout is None:
+            return None
+        count, freed, slots_c, counts_c, free_c, valid_c, freed_c = layout
+        try:
+            layers, addresses = forward.pending.layers()
+        except ValueError:
+            return None
+        batch, heads, _, extent = layers[0].shape
+        out = self._decode_target(forward)
+        if out.shape[2] != count:
+            return None
+        stride, valid_stride = storage.slots.shape[1], storage.valid.shape[1]
+        out_c, done, seconds = self._gathered_c, self._steady_out[0], self._steady_out[1]
+
+        def call(state: Any, pos: int, budget: int, victims: Any, victim_slots: Any, capacity: int,
+                 n_victims: Any) -> tuple[int, float]:
+            lib.sh_cache_step_steady(addresses, len(layers), batch * self.policy_heads, heads // self.policy_heads,
+                                     extent, slots_c, stride, count, counts_c, free_c, valid_c, valid_stride,
+                                     out_c, state, pos, budget, victims, victim_slots, capacity, n_victims, freed_c,
+                                     done, seconds)
+            return done[0], seconds[0]
+
+        got = self.bank.step_with(self.seen, call)
+        if got is None:
+            return None
+        stepped, policy_seconds, victims, victim_slots = got
+        if stepped == 2:
+            storage.stepped_steady(freed, freed_c)
+        else:  # the policy stepped, the slot table did not (not one victim a row): the general path
+            assert victims is not None and victim_slots is not None
+            storage.apply_step(victims, victim_slots)
+        return policy_seconds
 
     def _contained(self, weights: np.ndarray) -> np.ndarray:
         """The weights the policies get (rows layer-major, then sequence): as they are when

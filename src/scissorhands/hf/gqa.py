@@ -7,12 +7,14 @@ weight on itself, not renormalised.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 from .._native import check, ffi, lib
 
-__all__ = ["gather_group_mean", "gather_layers", "group_mean"]
+__all__ = ["DecodeWeights", "decode_layers", "gather_group_mean", "gather_layers", "group_mean"]
 
 
 def group_mean(weights: torch.Tensor, rows: int) -> np.ndarray:
@@ -139,6 +141,41 @@ def gather_layers(weights: list[torch.Tensor], rows: int, table: np.ndarray, row
         Layers of different shapes, more than one query row, or a table or out of
         another shape.
     """
+    layers, addresses = decode_layers(weights)
+    batch, heads, _, extent = layers[0].shape
+    total = len(layers) * batch * rows
+    if (table.dtype != np.int64 or table.ndim != 2 or table.shape[0] != total * row_step or table.shape[1] < width
+            or out.dtype != np.float32 or out.size != total * width):
+        raise ValueError("gather_layers: a table or out of another shape")
+    finite = ffi.new("int *")
+    check(lib.sh_gqa_gather_layers(addresses, len(layers), batch * rows, heads // rows, extent,
+                                   ffi.from_buffer("int64_t[]", table), table.shape[1] * row_step, width,
+                                   ffi.from_buffer("float[]", out), finite),
+          "gather_layers")
+    return bool(finite[0])
+
+
+def decode_layers(weights: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
+    """A decode step's per-layer weights as the C gathers read them, and their addresses.
+
+    Parameters
+    ----------
+    weights : list of torch.Tensor
+        Per layer ``(batch, num_heads, 1, extent)`` attention weights, the same shape in
+        every layer.
+
+    Returns
+    -------
+    tuple
+        The layers as float32, C-contiguous CPU tensors (the same tensors when they are;
+        else copies, which must outlive the C call), and a ``float *[]`` of their
+        addresses in order (what a ``const float *const *`` parameter takes).
+
+    Raises
+    ------
+    ValueError
+        Layers of different shapes, or more than one query row.
+    """
     shape = weights[0].shape
     layers = weights
     if not all(w.is_cpu and w.dtype is torch.float32 and w.shape == shape and w.is_contiguous() for w in weights):
@@ -147,16 +184,66 @@ def gather_layers(weights: list[torch.Tensor], rows: int, table: np.ndarray, row
             raise ValueError("gather_layers: the same shape in every layer")
     if len(shape) != 4 or shape[2] != 1:
         raise ValueError("gather_layers: one query row")
-    batch, heads, _, extent = shape
-    total = len(layers) * batch * rows
-    if (table.dtype != np.int64 or table.ndim != 2 or table.shape[0] != total * row_step or table.shape[1] < width
-            or out.dtype != np.float32 or out.size != total * width):
-        raise ValueError("gather_layers: a table or out of another shape")
     # Every layer's address, in a table C reads (the tensors in `layers` outlive the call).
     addresses = np.fromiter((w.data_ptr() for w in layers), dtype=np.uintp, count=len(layers))
-    finite = ffi.new("int *")
-    check(lib.sh_gqa_gather_layers(ffi.cast("const float *const *", ffi.from_buffer(addresses)), len(layers),
-                                   batch * rows, heads // rows, extent, ffi.from_buffer("int64_t[]", table),
-                                   table.shape[1] * row_step, width, ffi.from_buffer("float[]", out), finite),
-          "gather_layers")
-    return bool(finite[0])
+    return layers, ffi.from_buffer("float *[]", addresses)  # keeps `addresses` alive
+
+
+class DecodeWeights:
+    """A decode step's per-layer attention weights as the layers hand them in, with their
+    addresses for the C gathers taken as each arrives (while the tensor is fresh in the
+    caches: read at the end of the step instead, the checks and addresses of 30 layers
+    cost the step several times more).
+
+    ``layers`` addresses are kept in one reusable array; :meth:`layers` gives them when
+    every layer's weights were float32, C-contiguous, on the CPU, of one query row and of
+    the first layer's shape, else what :func:`decode_layers` makes of them."""
+
+    __slots__ = ("_addresses", "_pointer", "_shape", "direct", "size", "tensors")
+
+    def __init__(self, layers: int) -> None:
+        self.size = layers
+        self._addresses = np.zeros(layers, dtype=np.uintp)
+        self._pointer = ffi.from_buffer("float *[]", self._addresses)
+        self._shape: torch.Size | None = None
+        self.tensors: list[torch.Tensor] = []
+        #: Whether every layer's weights so far are read where they are.
+        self.direct = True
+
+    def __getstate__(self) -> tuple[int, list[torch.Tensor]]:
+        return self.size, self.tensors
+
+    def __setstate__(self, state: tuple[int, list[torch.Tensor]]) -> None:
+        self.__init__(state[0])  # type: ignore[misc]
+        for weights in state[1]:
+            self.add(weights)
+
+    def start(self) -> None:
+        """Forget the last step's weights."""
+        self.tensors = []
+        self._shape = None
+        self.direct = True
+
+    def add(self, weights: torch.Tensor) -> None:
+        """The next layer's ``(batch, num_heads, 1, extent)`` weights."""
+        e = len(self.tensors)
+        self.tensors.append(weights)
+        if not self.direct:
+            return
+        if e == 0:
+            self._shape = shape = weights.shape
+            fits = len(shape) == 4 and shape[2] == 1
+        else:
+            fits = weights.shape == self._shape
+        if (fits and e < self.size and weights.is_cpu and weights.dtype is torch.float32
+                and weights.is_contiguous()):
+            self._addresses[e] = weights.data_ptr()
+        else:
+            self.direct = False
+
+    def layers(self) -> tuple[list[torch.Tensor], Any]:
+        """:func:`decode_layers` of the weights handed in, from the addresses taken as they
+        came when every layer's could be read where it is."""
+        if self.direct and len(self.tensors) == self.size:
+            return self.tensors, self._pointer
+        return decode_layers(self.tensors)

@@ -133,6 +133,9 @@ class SlotStorage:
         # single-token extent.
         self._count_range_of: tuple[np.ndarray, int, int] | None = None
         self._free_extent: tuple[np.ndarray, int, int] | None = None
+        # The slot table, validity, counts and free slots steady_layout last found ready
+        # for C, their common count, and C views of the four (slots, counts, free, valid).
+        self._steady_ready: tuple[Any, ...] | None = None
 
     # ------------------------------------------------------------------ shape
 
@@ -167,7 +170,7 @@ class SlotStorage:
 
     #: Derived caches (views, kept masks), rebuilt on demand: not part of a copy.
     _DERIVED = ("_views", "_flat", "_mask_store", "_mask_views", "_masks", "_write_index", "_mask_changes",
-                "_rows_cache", "_count_range_of", "_free_extent")
+                "_rows_cache", "_count_range_of", "_free_extent", "_steady_ready")
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
@@ -186,6 +189,7 @@ class SlotStorage:
         self._rows_cache = None
         self._count_range_of = None
         self._free_extent = None
+        self._steady_ready = None
 
     def most(self) -> int:
         """The largest count of a row (0 without rows)."""
@@ -451,37 +455,68 @@ class SlotStorage:
         out = np.where(col < counts, held, chunk)
         return np.clip(out, 0, self.extent - 1)
 
+    def steady_layout(self) -> tuple[Any, ...] | None:
+        """When a single token's step can be the steady one (positions were evicted, every
+        row holds the same count), what ``sh_slots_step_steady`` reads and writes: ``(count,
+        freed, slots, counts, free, valid, freed_c)``, the count, a new ``freed`` array for
+        the slots the step frees and C views of the slot table, counts, free slots,
+        validity and ``freed`` (each made C-contiguous, counts and free slots int64, first
+        when not); else None."""
+        if self.aligned or self.compact_every_step:
+            return None
+        ready = self._steady_ready  # what was found ready last time, while the arrays are the same
+        if (ready is None or ready[0] is not self.slots or ready[1] is not self.valid or ready[2] is not self.counts
+                or ready[3] is not self.free):
+            if not self.rows:
+                return None
+            count = self.least()
+            if count != self.most():
+                return None
+            if not (self.slots.flags.c_contiguous and self.valid.flags.c_contiguous):
+                self.slots, self.valid = np.ascontiguousarray(self.slots), np.ascontiguousarray(self.valid)
+            for name in ("counts", "free"):  # read in place by C
+                array = getattr(self, name)
+                if array.dtype != np.int64 or not array.flags.c_contiguous:
+                    setattr(self, name, np.ascontiguousarray(array, dtype=np.int64))
+            ready = self._steady_ready = (self.slots, self.valid, self.counts, self.free, count,
+                                          _int64_p(self.slots), _int64_p(self.counts), _int64_p(self.free),
+                                          ffi.from_buffer("uint8_t[]", self.valid))
+        freed = np.empty(self.rows, dtype=np.int64)
+        return ready[4], freed, ready[5], ready[6], ready[7], ready[8], _int64_p(freed)
+
+    def stepped_steady(self, freed: np.ndarray, freed_c: Any = None) -> None:
+        """After ``sh_slots_step_steady`` changed the slot table and validity in place:
+        ``freed`` (each row's slot freed; ``freed_c`` its C view from
+        :meth:`steady_layout`) is the next token's, the kept masks learn it."""
+        if not self._mask_stale:
+            self._mask_changes.append((self._row_index(), freed, np.zeros(self.rows, dtype=bool)))
+        ready = self._steady_ready
+        if ready is not None and ready[3] is self.free:  # freed is as ready as the free slots were
+            self._steady_ready = (*ready[:3], freed, ready[4], ready[5], ready[6],
+                                  _int64_p(freed) if freed_c is None else freed_c, ready[8])
+        self.free = freed
+        # Every freed slot held a position, inside the extent: the next token's extent is this one.
+        self._free_extent = (freed, self.extent, self.extent)
+
     def apply_steady(self, slots: np.ndarray) -> bool:
         """The steady state of :meth:`apply_step`, in one C pass (``sh_slots_step_steady``):
         every row held the same count, took its token at ``free`` and evicted exactly one
         kept index (``slots``, one per row). Returns False (nothing done) when that is not
         the case."""
-        if self.aligned or len(slots) != self.rows or self.compact_every_step:
+        layout = self.steady_layout() if len(slots) == self.rows else None
+        if layout is None:
             return False
-        count = int(self.counts[0])
-        if not (self.slots.flags.c_contiguous and self.valid.flags.c_contiguous):
-            self.slots, self.valid = np.ascontiguousarray(self.slots), np.ascontiguousarray(self.valid)
-        for name in ("counts", "free"):  # read in place by C
-            array = getattr(self, name)
-            if array.dtype != np.int64 or not array.flags.c_contiguous:
-                setattr(self, name, np.ascontiguousarray(array, dtype=np.int64))
+        count, freed, slots_c, counts_c, free_c, valid_c, freed_c = layout
         index = slots if slots.dtype == np.int64 and slots.flags.c_contiguous else np.ascontiguousarray(
             slots, dtype=np.int64)
-        freed = np.empty(self.rows, dtype=np.int64)
         # Each row's token into its kept order, its victim out of it (the later slots one
-        # left) and its slot freed, or nothing when the rows' counts differ.
-        rc = lib.sh_slots_step_steady(_int64_p(self.slots), self.rows, self.slots.shape[1], count,
-                                      _int64_p(self.counts), _int64_p(self.free), _int64_p(index),
-                                      ffi.from_buffer("uint8_t[]", self.valid), self.valid.shape[1],
-                                      _int64_p(freed))
+        # left) and its slot freed.
+        rc = lib.sh_slots_step_steady(slots_c, self.rows, self.slots.shape[1], count, counts_c, free_c,
+                                      _int64_p(index), valid_c, self.valid.shape[1], freed_c)
         if rc == lib.SH_ERR_LENGTH:
             return False
         check(rc, "apply_steady")
-        if not self._mask_stale:
-            self._mask_changes.append((self._row_index(), freed, np.zeros(self.rows, dtype=bool)))
-        self.free = freed
-        # Every freed slot held a position, inside the extent: the next token's extent is this one.
-        self._free_extent = (freed, self.extent, self.extent)
+        self.stepped_steady(freed, freed_c)
         return True
 
     def _row_index(self) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -492,6 +493,39 @@ class NativePolicy:
                 return None
             k = self._fast_step(pos, attn, budget, True)
             return None if k is None else (k, self._slots[: self._heads * k])
+        finally:
+            self._release()
+
+    def _step_with(self, pos: Any, budget: Any, call: Callable[..., tuple[int, float]]
+                   ) -> tuple[int, float, int, np.ndarray] | None:
+        """The transformers cache's steady decode step, run by the cache's own C call:
+        ``call(state, pos, budget, victims, slots, capacity, n_victims)`` (this policy's C
+        state and reusable output buffers) steps this policy inside
+        ``sh_cache_step_steady`` and returns ``(done, policy_seconds)``, ``done`` 0 when
+        nothing changed.  Returns ``(done, policy_seconds, k, slots)`` (every row evicted
+        ``k``; their kept-order indices row after row are the first ``heads * k`` of
+        ``slots``, a buffer the next call overwrites), or None when the call is not this case (an ``int`` position
+        in range, the configured budget, rows of equal counts, no pooled budget, a policy
+        that reads attention) or changed nothing: the caller then takes its general path,
+        which validates and raises."""
+        if (budget != self._budget or type(pos) is not int or not 0 <= pos <= UINT32_MAX or self._pool != 1
+                or not self._reads_attention):
+            return None
+        self._acquire()
+        try:
+            if self._ragged:
+                return None
+            most = self._n + 1 - budget if self._evicts else 0
+            if self._heads * most > self._victims_size:
+                self._grow_victims(self._heads * most)
+            done, seconds = call(self._ptr, pos, budget, self._victims_c, self._slots_c, self._victims_size,
+                                 self._n_victims)
+            if not done:
+                return None
+            k = self._n_victims[0]
+            self._n += 1 - k  # every row admitted pos and evicted k
+            self._last = pos
+            return done, seconds, k, self._slots
         finally:
             self._release()
 
