@@ -102,10 +102,10 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
 
 /* dst[j] = mean[col[j]] for a column in [0, extent), else 0 (mean[extent] is 0: an
    out-of-range column reads it). */
-static void gather_columns(const float *mean, const int64_t *col, size_t width, size_t extent, float *dst)
+static void gather_columns(const float *mean, const int32_t *col, size_t width, size_t extent, float *dst)
 {
     for (size_t j = 0; j < width; j++) {
-        uint64_t c = (uint64_t)col[j];
+        uint64_t c = (uint64_t)(int64_t)col[j]; /* a negative column: past any extent */
         dst[j] = mean[c < extent ? c : extent];
     }
 }
@@ -123,7 +123,7 @@ static int all_finite(const float *a, size_t n)
 }
 
 int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
-                         const int64_t *columns, size_t col_stride, size_t width, float *out, int *finite)
+                         const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite)
 {
     if (weights == NULL || columns == NULL || out == NULL || group < 1 || extent < 1 || col_stride < width)
         return SH_ERR_ARG;
@@ -142,7 +142,7 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
     int every = 1; /* every written weight finite */
     for (size_t e = 0; e < layers; e++) {
         for (size_t r = 0; r < rows; r++) {
-            const int64_t *col = columns + (e * rows + r) * col_stride;
+            const int32_t *col = columns + (e * rows + r) * col_stride;
             float *dst = out + (e * rows + r) * width;
             /* The next row's weights and columns are asked of memory while this row is
                reduced: a decode step's rows are cold (the model's weights streamed
@@ -150,7 +150,7 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
             size_t ne = r + 1 < rows ? e : e + 1, nr = r + 1 < rows ? r + 1 : 0;
             if (ne < layers) {
                 prefetch_span(weights[ne] + nr * group * extent, group * extent * sizeof(float));
-                prefetch_span(columns + (ne * rows + nr) * col_stride, width * sizeof(int64_t));
+                prefetch_span(columns + (ne * rows + nr) * col_stride, width * sizeof(int32_t));
             }
             group_mean(weights[e] + r * group * extent, group, extent, extent, mean);
             int whole = all_finite(mean, extent);

@@ -9,6 +9,7 @@
  * embeddings, in double precision and rounded once, so that turning a key many times
  * adds one float32 rounding per turn and no drift of its norm.
  */
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 
@@ -58,7 +59,7 @@ static int emit(int64_t r, int64_t slot, int64_t target, const int64_t *have, si
     return 0;
 }
 
-int64_t sh_rope_turns(const int64_t *slots, size_t slot_stride, const int64_t *counts, const int64_t *rope,
+int64_t sh_rope_turns(const int32_t *slots, size_t slot_stride, const int64_t *counts, const int64_t *rope,
                       size_t rope_stride, size_t rows, const int64_t *new_slots, const int64_t *new_rank, size_t q,
                       int64_t *offset, int64_t *row_out, int64_t *slot_out, int64_t *turn_out, int64_t *target_out,
                       size_t room)
@@ -70,7 +71,7 @@ int64_t sh_rope_turns(const int64_t *slots, size_t slot_stride, const int64_t *c
         return -1;
     size_t n = 0;
     for (size_t r = 0; r < rows; r++) {
-        const int64_t *row = slots + r * slot_stride;
+        const int32_t *row = slots + r * slot_stride;
         const int64_t *have = rope + r * rope_stride;
         int64_t count = counts[r];
         if (count < 0 || (uint64_t)count > slot_stride)
@@ -97,7 +98,7 @@ int64_t sh_rope_turns(const int64_t *slots, size_t slot_stride, const int64_t *c
     return (int64_t)n;
 }
 
-int sh_slots_step_steady(int64_t *slots, size_t rows, size_t stride, size_t count, const int64_t *counts,
+int sh_slots_step_steady(int32_t *slots, size_t rows, size_t stride, size_t count, const int64_t *counts,
                          const int64_t *free_slots, const int64_t *index, uint8_t *valid, size_t valid_stride,
                          int64_t *freed)
 {
@@ -112,18 +113,19 @@ int sh_slots_step_steady(int64_t *slots, size_t rows, size_t stride, size_t coun
             return SH_ERR_LENGTH;
     }
     for (size_t r = 0; r < rows; r++) {
-        const int64_t *row = slots + r * stride;
+        const int32_t *row = slots + r * stride;
         int64_t v = index[r];
         if (v < 0 || (uint64_t)v > count)
             return SH_ERR_ARG;
         int64_t gone = (uint64_t)v == count ? free_slots[r] : row[v];
-        if (gone < 0 || (uint64_t)gone >= valid_stride)
+        if (gone < 0 || (uint64_t)gone >= valid_stride || free_slots[r] < 0
+            || (uint64_t)free_slots[r] >= valid_stride || free_slots[r] > INT32_MAX)
             return SH_ERR_ARG;
     }
     for (size_t r = 0; r < rows; r++) {
-        int64_t *row = slots + r * stride;
+        int32_t *row = slots + r * stride;
         size_t v = (size_t)index[r];
-        row[count] = free_slots[r];
+        row[count] = (int32_t)free_slots[r];
         freed[r] = row[v];
         memmove(row + v, row + v + 1, (count - v) * sizeof *row);
         valid[r * valid_stride + (size_t)freed[r]] = 0;
@@ -142,7 +144,7 @@ static double now_seconds(void)
 }
 
 int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
-                         int64_t *slots, size_t stride, size_t count, const int64_t *counts,
+                         int32_t *slots, size_t stride, size_t count, const int64_t *counts,
                          const int64_t *free_slots, uint8_t *valid, size_t valid_stride, float *gathered,
                          sh_policy *p, uint32_t pos, uint32_t budget, uint32_t *victims, int64_t *victim_slots,
                          size_t victims_cap, size_t *n_victims, int64_t *freed, int *done,

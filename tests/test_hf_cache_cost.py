@@ -39,7 +39,7 @@ def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, h
     gen = torch.Generator().manual_seed(layers * 7 + extent)
     weights = [torch.softmax(torch.randn(batch, heads, 1, extent, generator=gen) * 3, -1) for _ in range(layers)]
     total = layers * batch * rows
-    table = torch.randint(-1, extent + 2, (total * row_step, extent + 5), generator=gen).numpy().astype(np.int64)
+    table = torch.randint(-1, extent + 2, (total * row_step, extent + 5), generator=gen).numpy().astype(np.int32)
     columns = table[::row_step, :extent]  # strided rows of a wider table
     stacked = torch.stack(weights).reshape(layers * batch, heads, 1, extent)
     expect = gather_group_mean(stacked, rows, columns)
@@ -56,7 +56,7 @@ def test_the_gather_of_every_layer_says_when_a_weight_it_wrote_is_not_finite(bad
     from scissorhands.hf.gqa import gather_layers
 
     weights = [torch.full((1, 4, 1, 6), 0.25) for _ in range(2)]
-    columns = np.tile(np.arange(5, dtype=np.int64), (4, 1))  # column 5 is never read
+    columns = np.tile(np.arange(5, dtype=np.int32), (4, 1))  # column 5 is never read
     out = np.empty((4, 1, 5), dtype=np.float32)
     weights[1][0, 3, 0, 5] = bad
     assert gather_layers(weights, 2, columns, 1, 5, out)
@@ -77,9 +77,9 @@ def test_the_steady_slot_step_equals_the_general_one():
         storage = SlotStorage(2, 8)
         storage.start(1, 3)
         storage.capacity = 9
-        storage.slots = np.tile(rng.permutation(9)[None], (6, 1)) if steady else states[0][3].copy()
+        storage.slots = np.tile(rng.permutation(9)[None], (6, 1)).astype(np.int32) if steady else states[0][3].copy()
         storage.counts = np.full(6, 8, dtype=np.int64)
-        storage.free = storage.slots[:, 8].copy()
+        storage.free = storage.slots[:, 8].astype(np.int64)
         storage.valid = np.ones((6, 9), dtype=bool)
         storage.rope = np.zeros((6, 9), dtype=np.int64)
         storage.aligned = False
@@ -108,7 +108,7 @@ def test_a_decode_step_that_evicts_nothing_appends_each_rows_token(aligned):
     storage.start(1, 3)
     storage.capacity, storage.extent, storage.aligned = 8, 6, aligned
     rng = np.random.default_rng(5)
-    storage.slots = np.stack([rng.permutation(8) for _ in range(3)]).astype(np.int64)
+    storage.slots = np.stack([rng.permutation(8) for _ in range(3)]).astype(np.int32)
     storage.counts = np.array([5, 4, 5], dtype=np.int64)
     storage.valid = np.zeros((3, 8), dtype=bool)
     for r in range(3):
@@ -400,16 +400,17 @@ def test_layout_kernels_refuse_bad_arguments_and_change_nothing():
     assert rotate([0, 5], [0, 0]) == lib.SH_ERR_ARG and np.array_equal(x, before)  # 5 + 4 > 8
     assert rotate([0, 4], [0, 1]) == lib.SH_ERR_ARG and np.array_equal(x, before)  # table row 1 of 1
     assert rotate([0, 4], [0, 0]) == lib.SH_OK and np.array_equal(x, before)  # angle 0
-    slots = np.array([[3, 1, 2, -1], [0, 1, 2, -1]], dtype=np.int64)
+    slots = np.array([[3, 1, 2, -1], [0, 1, 2, -1]], dtype=np.int32)
     freed = np.zeros(2, dtype=np.int64)
     valid = np.ones((2, 4), dtype=bool)
     u8 = "uint8_t *"
 
     def steady(index, count=3, held=(3, 3), free=(0, 3)):
         i, c, fr = (np.array(v, dtype=np.int64) for v in (index, held, free))
-        return lib.sh_slots_step_steady(ffi.cast(i64, slots.ctypes.data), 2, 4, count, ffi.cast(i64, c.ctypes.data),
-                                        ffi.cast(i64, fr.ctypes.data), ffi.cast(i64, i.ctypes.data),
-                                        ffi.cast(u8, valid.ctypes.data), 4, ffi.cast(i64, freed.ctypes.data))
+        return lib.sh_slots_step_steady(ffi.cast("int32_t *", slots.ctypes.data), 2, 4, count,
+                                        ffi.cast(i64, c.ctypes.data), ffi.cast(i64, fr.ctypes.data),
+                                        ffi.cast(i64, i.ctypes.data), ffi.cast(u8, valid.ctypes.data), 4,
+                                        ffi.cast(i64, freed.ctypes.data))
 
     assert steady([1, 4]) == lib.SH_ERR_ARG  # index 4 past count 3
     assert steady([1, 3], free=(0, 9)) == lib.SH_ERR_ARG  # row 1 would free slot 9, past the 4 valid
@@ -423,8 +424,8 @@ def test_layout_kernels_refuse_bad_arguments_and_change_nothing():
     out = np.zeros((5, 4), dtype=np.int64)
 
     def turns(held):
-        row = np.array([held], dtype=np.int64)
-        return lib.sh_rope_turns(ffi.cast(i64, row.ctypes.data), 3, ffi.cast(i64, counts.ctypes.data),
+        row = np.array([held], dtype=np.int32)
+        return lib.sh_rope_turns(ffi.cast("int32_t *", row.ctypes.data), 3, ffi.cast(i64, counts.ctypes.data),
                                  ffi.cast(i64, rope.ctypes.data), 3, 1, ffi.NULL, ffi.NULL, 0,
                                  *(ffi.cast(i64, out[k].ctypes.data) for k in range(5)), 4)
 

@@ -892,7 +892,7 @@ class EvictingCache(Cache):
         ``(n, head_dim)`` each (copies)."""
         row = self._row(layer, sequence, head)
         e = self._evicting_index(layer)
-        slots = torch.from_numpy(self.storage.slots[row, : self.storage.counts[row]].copy())
+        slots = torch.from_numpy(self.storage.slots[row, : self.storage.counts[row]].astype(np.int64))
         keys, values = self.storage.keys[e], self.storage.values[e]
         assert keys is not None and values is not None
         return keys[sequence, head, slots], values[sequence, head, slots]

@@ -119,7 +119,7 @@ def gather_layers(weights: list[torch.Tensor], rows: int, table: np.ndarray, row
     rows : int
         Policy rows per sequence (divides ``num_heads``; consecutive heads).
     table : numpy.ndarray
-        C-contiguous int64 ``(layers * batch * rows * row_step, stride)`` slot table,
+        C-contiguous int32 ``(layers * batch * rows * row_step, stride)`` slot table,
         ``stride >= width``: every ``row_step``-th row is a policy row's physical
         columns in kept order (the cache's slot table; ``row_step`` > 1 in ``mean``
         head mode).
@@ -144,12 +144,12 @@ def gather_layers(weights: list[torch.Tensor], rows: int, table: np.ndarray, row
     layers, addresses = decode_layers(weights)
     batch, heads, _, extent = layers[0].shape
     total = len(layers) * batch * rows
-    if (table.dtype != np.int64 or table.ndim != 2 or table.shape[0] != total * row_step or table.shape[1] < width
+    if (table.dtype != np.int32 or table.ndim != 2 or table.shape[0] != total * row_step or table.shape[1] < width
             or out.dtype != np.float32 or out.size != total * width):
         raise ValueError("gather_layers: a table or out of another shape")
     finite = ffi.new("int *")
     check(lib.sh_gqa_gather_layers(addresses, len(layers), batch * rows, heads // rows, extent,
-                                   ffi.from_buffer("int64_t[]", table), table.shape[1] * row_step, width,
+                                   ffi.from_buffer("int32_t[]", table), table.shape[1] * row_step, width,
                                    ffi.from_buffer("float[]", out), finite),
           "gather_layers")
     return bool(finite[0])

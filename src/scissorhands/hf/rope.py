@@ -30,7 +30,7 @@ import torch
 
 from .._native import check, ffi, lib
 from ..errors import ScissorhandsError
-from .storage import SlotStorage
+from .storage import SLOT_DTYPE, SlotStorage
 
 __all__ = ["RankPlan", "rank_plan", "rank_rotatable"]
 
@@ -122,8 +122,9 @@ def rank_plan(storage: SlotStorage, admitted: np.ndarray | None, positions: np.n
     q = storage.q
     counts = np.ascontiguousarray(storage.counts, dtype=np.int64)
     slots, rope = storage.slots, storage.rope
-    if not (slots.flags.c_contiguous and rope.flags.c_contiguous and slots.dtype == rope.dtype == np.int64):
-        storage.slots = slots = np.ascontiguousarray(slots, dtype=np.int64)
+    if not (slots.flags.c_contiguous and rope.flags.c_contiguous and slots.dtype == SLOT_DTYPE
+            and rope.dtype == np.int64):
+        storage.slots = slots = np.ascontiguousarray(slots, dtype=SLOT_DTYPE)
         storage.rope = rope = np.ascontiguousarray(rope, dtype=np.int64)
     steps = np.ones((rows, q), dtype=np.int64) if admitted is None else admitted.astype(np.int64)
     new_rank = np.ascontiguousarray(counts[:, None] + np.cumsum(steps, axis=1) - steps)  # (rows, q)
@@ -133,7 +134,7 @@ def rank_plan(storage: SlotStorage, admitted: np.ndarray | None, positions: np.n
     offset = np.empty(rows, dtype=np.int64)
     out = np.empty((4, max(room, 1)), dtype=np.int64)
     i64 = "int64_t *"
-    n = lib.sh_rope_turns(ffi.cast(i64, slots.ctypes.data), slots.shape[1], ffi.cast(i64, counts.ctypes.data),
+    n = lib.sh_rope_turns(ffi.from_buffer("int32_t[]", slots), slots.shape[1], ffi.cast(i64, counts.ctypes.data),
                           ffi.cast(i64, rope.ctypes.data), rope.shape[1], rows,
                           ffi.cast(i64, new_slots.ctypes.data), ffi.cast(i64, new_rank.ctypes.data), q,
                           ffi.cast(i64, offset.ctypes.data), *(ffi.cast(i64, out[k].ctypes.data) for k in range(4)),

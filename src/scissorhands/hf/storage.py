@@ -36,6 +36,10 @@ __all__ = ["CACHE_MODES", "ChunkMask", "CompactStorage", "SlotStorage", "make_st
 
 #: ``reuse``: a decode token takes the last victim's slot; ``compact``: gather every step.
 CACHE_MODES = ("reuse", "compact")
+#: The slot table's dtype: 4 bytes a held position, read (and partly moved) by every
+#: decode step's C passes; a row's slots are below its capacity, at most 2**31 - 1.
+SLOT_DTYPE = np.int32
+_MAX_CAPACITY = 2**31 - 1
 
 
 #: A layer's mask not built yet in this forward (``None`` means: no mask needed).
@@ -47,6 +51,11 @@ _TRIANGLE: dict[int, torch.Tensor] = {}
 def _int64_p(array: np.ndarray) -> Any:
     """A C-contiguous int64 array's data as ``int64_t *``."""
     return ffi.from_buffer("int64_t[]", array)
+
+
+def _int32_p(array: np.ndarray) -> Any:
+    """A C-contiguous int32 array's data as ``int32_t *`` (the slot table)."""
+    return ffi.from_buffer("int32_t[]", array)
 
 
 def causal_triangle(q: int) -> torch.Tensor:
@@ -110,7 +119,7 @@ class SlotStorage:
         self.capacity = 0
         self.extent = 0
         self.aligned = True
-        self.slots = np.zeros((0, 0), dtype=np.int64)
+        self.slots = np.zeros((0, 0), dtype=SLOT_DTYPE)
         self.counts = np.zeros(0, dtype=np.int64)
         self.free = np.zeros(0, dtype=np.int64)
         self.valid = np.zeros((0, 0), dtype=bool)
@@ -153,7 +162,7 @@ class SlotStorage:
         self.capacity = 0  # grown by the first forward's plan
         self.extent = 0
         self.aligned = True
-        self.slots = np.zeros((self.rows, self.capacity), dtype=np.int64)
+        self.slots = np.zeros((self.rows, self.capacity), dtype=SLOT_DTYPE)
         self.counts = np.zeros(self.rows, dtype=np.int64)
         self.free = np.zeros(self.rows, dtype=np.int64)
         # Per row, which slots hold a position (or the token in flight); C-contiguous, so
@@ -229,7 +238,10 @@ class SlotStorage:
         the contents."""
         if need <= self.capacity:
             return
-        capacity = max(need, self.capacity + self.capacity // 32)
+        if need > _MAX_CAPACITY:
+            raise InvalidInputError(
+                f"a row of the cache would hold {need} slots; at most {_MAX_CAPACITY} fit its slot table")
+        capacity = min(_MAX_CAPACITY, max(need, self.capacity + self.capacity // 32))
         pad = capacity - self.capacity
         self.slots = np.pad(self.slots, ((0, 0), (0, pad)))
         self.rope = np.pad(self.rope, ((0, 0), (0, pad)))
@@ -472,14 +484,15 @@ class SlotStorage:
             count = self.least()
             if count != self.most():
                 return None
-            if not (self.slots.flags.c_contiguous and self.valid.flags.c_contiguous):
-                self.slots, self.valid = np.ascontiguousarray(self.slots), np.ascontiguousarray(self.valid)
+            if not (self.slots.flags.c_contiguous and self.slots.dtype == SLOT_DTYPE and self.valid.flags.c_contiguous):
+                self.slots = np.ascontiguousarray(self.slots, dtype=SLOT_DTYPE)
+                self.valid = np.ascontiguousarray(self.valid)
             for name in ("counts", "free"):  # read in place by C
                 array = getattr(self, name)
                 if array.dtype != np.int64 or not array.flags.c_contiguous:
                     setattr(self, name, np.ascontiguousarray(array, dtype=np.int64))
             ready = self._steady_ready = (self.slots, self.valid, self.counts, self.free, count,
-                                          _int64_p(self.slots), _int64_p(self.counts), _int64_p(self.free),
+                                          _int32_p(self.slots), _int64_p(self.counts), _int64_p(self.free),
                                           ffi.from_buffer("uint8_t[]", self.valid))
         freed = np.empty(self.rows, dtype=np.int64)
         return ready[4], freed, ready[5], ready[6], ready[7], ready[8], _int64_p(freed)
@@ -559,7 +572,7 @@ class SlotStorage:
         if one.all() and (n == n[0]).all():
             # The steady state: every row drops one kept index; one boolean gather.
             layout = self.slots[:, :width]
-            freed = layout[rows, slots]
+            freed = layout[rows, slots].astype(np.int64)
             keep = np.ones((self.rows, width), dtype=bool)
             keep[rows, slots] = False
             self.slots[:, : width - 1] = layout[keep].reshape(self.rows, width - 1)
@@ -567,7 +580,7 @@ class SlotStorage:
             layout = self.slots[:, :width].copy()
             victim = np.zeros(self.rows, dtype=np.int64)
             victim[one] = slots  # one slot per evicting row, in row order
-            freed = layout[rows, victim]
+            freed = layout[rows, victim].astype(np.int64)
             cols = np.arange(width - 1)[None, :]
             shifted = np.where(cols < victim[:, None], layout[:, :-1], layout[:, 1:])
             self.slots[:, : width - 1] = np.where(one[:, None], shifted, layout[:, :-1])
@@ -597,7 +610,7 @@ class SlotStorage:
         keep = np.arange(width)[None, :] < (n + 1)[:, None]
         owner = np.repeat(rows, victims)
         keep[owner, slots] = False
-        freed = layout[owner, slots]
+        freed = layout[owner, slots].astype(np.int64)
         order = np.argsort(~keep, axis=1, kind="stable")
         self.slots[:, :width] = np.take_along_axis(layout, order, axis=1)
         self.valid[owner, freed] = False
@@ -667,7 +680,8 @@ class SlotStorage:
 
     def compact(self) -> None:
         """Gather every row's held slots into kept order at ``[0, count)``."""
-        self._relayout(self.slots[:, : max(1, int(self.counts.max(initial=0)))].copy(), self.counts.copy())
+        self._relayout(self.slots[:, : max(1, int(self.counts.max(initial=0)))].astype(np.int64),
+                       self.counts.copy())
 
     def _relayout(self, index: np.ndarray, counts: np.ndarray) -> None:
         """Rebuild the buffers: row ``r`` keeps physical slots ``index[r, :counts[r]]``,
@@ -691,7 +705,7 @@ class SlotStorage:
         rope = np.zeros((self.rows, capacity), dtype=np.int64)
         rope[:, :width] = np.take_along_axis(self.rope, index, axis=1)
         self.rope = rope
-        self.slots = np.zeros((self.rows, capacity), dtype=np.int64)
+        self.slots = np.zeros((self.rows, capacity), dtype=SLOT_DTYPE)
         self.slots[:, :width] = np.arange(width)[None, :]
         self.counts = counts
         self.valid = np.ascontiguousarray(np.arange(capacity)[None, :] < counts[:, None])
