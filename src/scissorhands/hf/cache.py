@@ -84,7 +84,9 @@ class CacheStats:
 
     ``policy_seconds``: the policy calls; ``bookkeeping_seconds``: the cache's own work
     around them (GQA mean, gathering weights into kept order, masks, freeing slots,
-    compactions); ``rows_seconds``: computing the attention rows that the wrapped
+    compactions; not the lookup, from a decode step's second layer on, of the mask its
+    first layer built); ``policy_seconds`` of a steady decode step is measured inside its
+    one C call (``sh_cache_step_steady``); ``rows_seconds``: computing the attention rows that the wrapped
     implementation does not return (``sdpa``); ``update_seconds``: writing keys and
     values; ``rerotate_seconds``: moving keys and queries to their ranks
     (``positions="cache"``).  ``steps``: single-token forwards; ``chunks``: several-token forwards;
@@ -311,12 +313,11 @@ class EvictingLayer(CacheLayerMixin):
         the storage gives one (float32 scores only)."""
         cache = self.cache
         forward = self._in_flight()
-        start = time.perf_counter()
         kept = forward.masks  # a single token's, every layer's, once the first layer asked
         if kept is not None and kept[0] is dtype:
-            layer_mask = kept[1][self.index]
-            cache.stats.bookkeeping_seconds += time.perf_counter() - start
-            return layer_mask
+            # A list lookup, not timed (the two clock reads would cost more than it).
+            return kept[1][self.index]
+        start = time.perf_counter()
         if self.index == 0:
             forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
         storage = cache.storage
@@ -1214,9 +1215,12 @@ class EvictingCache(Cache):
         except ValueError:
             return None
         batch, heads, _, extent = layers[0].shape
-        out = self._decode_target(forward)
-        if out.shape[2] != count:
-            return None
+        out = self._gathered  # the last step's, while the shape stays (else _decode_target's)
+        if out is None or out.shape[2] != count or len(out) != storage.rows:
+            out = self._decode_target(forward)
+            if out.shape[2] != count:
+                return None
+        forward.gathered = out
         stride, valid_stride = storage.slots.shape[1], storage.valid.shape[1]
         out_c, done, seconds = self._gathered_c, self._steady_out[0], self._steady_out[1]
 

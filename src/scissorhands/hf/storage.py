@@ -145,6 +145,8 @@ class SlotStorage:
         # The slot table, validity, counts and free slots steady_layout last found ready
         # for C, their common count, and C views of the four (slots, counts, free, valid).
         self._steady_ready: tuple[Any, ...] | None = None
+        # The array (and its C view) the next steady step writes the slots it frees to.
+        self._spare_free: tuple[np.ndarray, Any] | None = None
 
     # ------------------------------------------------------------------ shape
 
@@ -179,7 +181,7 @@ class SlotStorage:
 
     #: Derived caches (views, kept masks), rebuilt on demand: not part of a copy.
     _DERIVED = ("_views", "_flat", "_mask_store", "_mask_views", "_masks", "_write_index", "_mask_changes",
-                "_rows_cache", "_count_range_of", "_free_extent", "_steady_ready")
+                "_rows_cache", "_count_range_of", "_free_extent", "_steady_ready", "_spare_free")
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
@@ -199,6 +201,7 @@ class SlotStorage:
         self._count_range_of = None
         self._free_extent = None
         self._steady_ready = None
+        self._spare_free = None
 
     def most(self) -> int:
         """The largest count of a row (0 without rows)."""
@@ -494,19 +497,28 @@ class SlotStorage:
             ready = self._steady_ready = (self.slots, self.valid, self.counts, self.free, count,
                                           _int32_p(self.slots), _int64_p(self.counts), _int64_p(self.free),
                                           ffi.from_buffer("uint8_t[]", self.valid))
-        freed = np.empty(self.rows, dtype=np.int64)
-        return ready[4], freed, ready[5], ready[6], ready[7], ready[8], _int64_p(freed)
+        # The array the last steady step freed its slots from (its free slots before it)
+        # takes this step's: the free slots alternate between two arrays and their views.
+        spare = self._spare_free
+        if spare is None or spare[0] is self.free or len(spare[0]) != self.rows:
+            freed = np.empty(self.rows, dtype=np.int64)
+            spare = (freed, _int64_p(freed))
+        self._spare_free = None
+        return ready[4], spare[0], ready[5], ready[6], ready[7], ready[8], spare[1]
 
     def stepped_steady(self, freed: np.ndarray, freed_c: Any = None) -> None:
         """After ``sh_slots_step_steady`` changed the slot table and validity in place:
         ``freed`` (each row's slot freed; ``freed_c`` its C view from
         :meth:`steady_layout`) is the next token's, the kept masks learn it."""
-        if not self._mask_stale:
-            self._mask_changes.append((self._row_index(), freed, np.zeros(self.rows, dtype=bool)))
+        if not self._mask_stale:  # a copy: the array is written again two steps on
+            self._mask_changes.append((self._row_index(), freed.copy(), np.zeros(self.rows, dtype=bool)))
         ready = self._steady_ready
         if ready is not None and ready[3] is self.free:  # freed is as ready as the free slots were
             self._steady_ready = (*ready[:3], freed, ready[4], ready[5], ready[6],
                                   _int64_p(freed) if freed_c is None else freed_c, ready[8])
+            # Nothing else keeps the free slots before this step (what reads them copies):
+            # they are the next steady step's freed.
+            self._spare_free = (ready[3], ready[7])
         self.free = freed
         # Every freed slot held a position, inside the extent: the next token's extent is this one.
         self._free_extent = (freed, self.extent, self.extent)
