@@ -150,7 +150,7 @@ int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows
                          size_t victims_cap, size_t *n_victims, int64_t *freed, int *done,
                          double *policy_seconds)
 {
-    if (done == NULL || n_victims == NULL || counts == NULL || freed == NULL)
+    if (done == NULL || n_victims == NULL || counts == NULL || (free_slots != NULL && freed == NULL))
         return SH_ERR_ARG;
     *done = 0;
     if (policy_seconds != NULL)
@@ -160,7 +160,7 @@ int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows
         if (counts[r] < 0 || (uint64_t)counts[r] != count)
             return SH_OK;
     }
-    if (count == 0 || count + 1 > stride)
+    if (count == 0 || count > stride || (free_slots != NULL && count + 1 > stride))
         return SH_OK;
     int finite = 0;
     int rc = sh_gqa_gather_layers(weights, layers, rows, group, extent, slots, stride, count, gathered, &finite);
@@ -174,7 +174,7 @@ int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows
     if (rc != SH_OK)
         return rc;
     *done = 1;
-    if (*n_victims != 1)
+    if (free_slots == NULL || *n_victims != 1)
         return SH_OK;
     rc = sh_slots_step_steady(slots, total, stride, count, counts, free_slots, victim_slots, valid, valid_stride,
                               freed);

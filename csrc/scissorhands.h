@@ -463,12 +463,13 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
    flags of a step, pos, float32 gathered as layers * rows heads of width count, budget,
    victims and victim_slots of victims_cap, n_victims), then, when every row evicted
    exactly one position, sh_slots_step_steady of the layers * rows rows (count,
-   counts, free_slots, the victim slots as index, valid, valid_stride, freed).
+   counts, free_slots, the victim slots as index, valid, valid_stride, freed); with
+   free_slots NULL (valid and freed unused) the slot table's step is the caller's.
    *done says how far it went: 0, nothing changed (the weights were not all finite, or
    the policy refused: its code is returned, or a row's count is not `count`: the
    caller takes its general path); 1, the policy stepped and the slot table did not
-   (a row evicted no position or more than one, or the slot step refused: its code is
-   returned); 2, all of it. *policy_seconds (when not NULL) receives the time spent in
+   (free_slots NULL, a row evicted no position or more than one, or the slot step
+   refused: its code is returned); 2, all of it. *policy_seconds (when not NULL) receives the time spent in
    the policy's step. SH_ERR_ARG, nothing changed, for a NULL pointer. */
 int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                          int32_t *slots, size_t stride, size_t count, const int64_t *counts,

@@ -214,24 +214,28 @@ def _layout(cache) -> list[np.ndarray]:
     return [storage.slots.copy(), storage.valid.copy(), storage.free.copy(), storage.counts.copy()]
 
 
-@pytest.mark.parametrize(("policy", "positions", "pin"), [("scissorhands", "original", False),
-                                                         ("scissorhands", "cache", False),
-                                                         ("scissorhands", "original", True),
-                                                         ("h2o", "original", False), ("tova", "cache", False)])
-def test_the_steady_step_in_one_c_call_leaves_what_the_general_path_leaves(policy, positions, pin, monkeypatch):
+@pytest.mark.parametrize(("policy", "positions", "pin", "prompt"), [("scissorhands", "original", False, 16),
+                                                                   ("scissorhands", "original", False, 6),
+                                                                   ("scissorhands", "cache", False, 6),
+                                                                   ("scissorhands", "original", True, 16),
+                                                                   ("h2o", "original", False, 16),
+                                                                   ("tova", "cache", False, 16)])
+def test_the_steady_step_in_one_c_call_leaves_what_the_general_path_leaves(policy, positions, pin, prompt,
+                                                                           monkeypatch):
     """A steady decode step (every row at the same count) runs the gather, the policy's
-    step and the slot table's in one C call (sh_cache_step_steady); the cache it leaves
-    is the general path's, step by step: the same logits, held positions, slot table,
-    validity and free slots, in a batch of two evicting every step (with a pinned span
-    too); and a steady step does take it."""
+    step and the slot table's in one C call (sh_cache_step_steady; before the first
+    eviction, the gather and the policy's step); the cache it leaves is the general
+    path's, step by step: the same logits, held positions, slot table, validity and free
+    slots, in a batch of two evicting every step (after a prompt within the budget, from
+    the step that fills it; with a pinned span too); and every decode step takes it."""
     model = _tiny()
     ids = torch.randint(2, VOCAB - 1, (2, 48), generator=torch.Generator().manual_seed(4))
-    whole = []
+    taken = []
     original = hf.rows.PolicyRows.step_with
 
     def counted(self, pos, call):
         got = original(self, pos, call)
-        whole.append(got is not None and got[0] == 2)
+        taken.append(None if got is None else got[0])
         return got
 
     monkeypatch.setattr(hf.rows.PolicyRows, "step_with", counted)
@@ -243,8 +247,8 @@ def test_the_steady_step_in_one_c_call_leaves_what_the_general_path_leaves(polic
             cache.pin(2, 5)
     with torch.no_grad():
         for cache in caches:
-            model(input_ids=ids[:, :16], cache=cache, use_cache=True)
-        for t in range(16, ids.shape[1]):
+            model(input_ids=ids[:, :prompt], cache=cache, use_cache=True)
+        for t in range(prompt, ids.shape[1]):
             fused, general = (model(input_ids=ids[:, t:t + 1], cache=c, use_cache=True).logits for c in caches)
             assert torch.equal(fused, general), t
             for got, expected in zip(_layout(caches[0]), _layout(caches[1])):
@@ -254,7 +258,9 @@ def test_the_steady_step_in_one_c_call_leaves_what_the_general_path_leaves(polic
                     for h in range(caches[0].num_kv_heads):
                         assert np.array_equal(caches[0].kept_positions(layer, b, h),
                                               caches[1].kept_positions(layer, b, h)), t
-    assert sum(whole) >= ids.shape[1] - 16 - 2  # every step once the rows are at the budget
+    steps = ids.shape[1] - prompt
+    assert len(taken) == steps and None not in taken
+    assert taken.count(2) >= steps - max(0, 12 - prompt) - 1  # the slot table in C too, once evicting
 
 
 def test_a_replaced_policy_step_is_called_by_the_steady_step(monkeypatch):

@@ -82,11 +82,11 @@ _OUT_OF_SYNC = (
 class CacheStats:
     """Where a cache's time went, in seconds, and how often it acted.
 
-    ``policy_seconds``: the policy calls; ``bookkeeping_seconds``: the cache's own work
+    ``policy_seconds``: the policy calls (a steady decode step's measured inside its one
+    C call, ``sh_cache_step_steady``); ``bookkeeping_seconds``: the cache's own work
     around them (GQA mean, gathering weights into kept order, masks, freeing slots,
-    compactions; not the lookup, from a decode step's second layer on, of the mask its
-    first layer built); ``policy_seconds`` of a steady decode step is measured inside its
-    one C call (``sh_cache_step_steady``); ``rows_seconds``: computing the attention rows that the wrapped
+    compactions; not, from a decode step's second layer on, handing over the mask its
+    first layer built or transformers' own); ``rows_seconds``: computing the attention rows that the wrapped
     implementation does not return (``sdpa``); ``update_seconds``: writing keys and
     values; ``rerotate_seconds``: moving keys and queries to their ranks
     (``positions="cache"``).  ``steps``: single-token forwards; ``chunks``: several-token forwards;
@@ -317,6 +317,8 @@ class EvictingLayer(CacheLayerMixin):
         if kept is not None and kept[0] is dtype:
             # A list lookup, not timed (the two clock reads would cost more than it).
             return kept[1][self.index]
+        if self.index != 0 and forward.q == 1 and cache.storage.aligned:
+            return stock  # transformers' own, as the first layer found (not timed either)
         start = time.perf_counter()
         if self.index == 0:
             forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
@@ -675,9 +677,9 @@ class EvictingCache(Cache):
         self._gathered: np.ndarray | None = None
         #: What collects a forward's weights layer by layer (reused from forward to forward).
         self._pending: DecodeWeights | None = None
-        #: ``_gathered`` as C reads it, and the steady step's outputs (how far it went, the
-        #: policy's seconds).
-        self._gathered_c: Any = None
+        #: The steady step's gathered weights (flat float32, and its C view) and outputs
+        #: (how far it went, the policy's seconds).
+        self._steady_gathered: tuple[np.ndarray, Any] | None = None
         self._steady_out = (ffi.new("int *"), ffi.new("double *"))
         #: ``prompt_aware``: the attention of the last held positions' rows, ``(rows,
         #: observation_window, width)`` float32 over each policy row's held positions in
@@ -815,12 +817,12 @@ class EvictingCache(Cache):
         state = self.__dict__.copy()
         state["_observers"] = []
         state["_gathered"] = None
-        state["_pending"] = state["_gathered_c"] = state["_steady_out"] = None
+        state["_pending"] = state["_steady_gathered"] = state["_steady_out"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._gathered, self._gathered_c, self._pending = None, None, None  # C views: made again
+        self._gathered, self._steady_gathered, self._pending = None, None, None  # C views: made again
         self._steady_out = (ffi.new("int *"), ffi.new("double *"))
 
     # ------------------------------------------------------------------ inspection
@@ -1089,7 +1091,6 @@ class EvictingCache(Cache):
         kept = self._gathered
         if kept is None or kept.shape != shape:
             kept = self._gathered = np.empty(shape, dtype=np.float32)
-            self._gathered_c = ffi.from_buffer("float[]", kept)
         forward.gathered = kept
         return kept
 
@@ -1195,8 +1196,9 @@ class EvictingCache(Cache):
         """A decode step in the steady state, when the policies are one C policy of per-head
         rows reading attention and every row holds the same count: the gather, the
         policy's step and the slot table's in one C call (``sh_cache_step_steady``), with
-        no Python between them; the same weights, victims and slots as the general path
-        (the calls it makes, in order).  Returns the seconds spent in the policy, or None
+        no Python between them (before the first eviction, the slot table's step is
+        :meth:`SlotStorage.apply_step`'s); the same weights, victims and slots as the
+        general path (the calls it makes, in order).  Returns the seconds spent in the policy, or None
         (nothing changed: the general path then runs, and raises what it raises) when it
         is not that case, a gathered weight is not finite or the policy refuses, or when
         :meth:`PolicyRows.step <scissorhands.hf.rows.PolicyRows.step>` is not the library's
@@ -1207,22 +1209,29 @@ class EvictingCache(Cache):
         if self.num_kv_heads != self.policy_heads or self.bank is None or type(self.bank).step is not _OWN_STEP:
             return None
         layout = storage.steady_layout()
-        if layout is None:
-            return None
-        count, freed, slots_c, counts_c, free_c, valid_c, freed_c = layout
+        if layout is not None:
+            count, freed, slots_c, counts_c, free_c, valid_c, freed_c = layout
+        else:  # before the first eviction: the gather and the policy's step in C, the slots here
+            aligned = storage.aligned_layout()
+            if aligned is None:
+                return None
+            count, slots_c, counts_c = aligned
+            freed, free_c, valid_c, freed_c = None, ffi.NULL, ffi.NULL, ffi.NULL
         try:
             layers, addresses = forward.pending.layers()
         except ValueError:
             return None
         batch, heads, _, extent = layers[0].shape
-        out = self._gathered  # the last step's, while the shape stays (else _decode_target's)
-        if out is None or out.shape[2] != count or len(out) != storage.rows:
-            out = self._decode_target(forward)
-            if out.shape[2] != count:
-                return None
-        forward.gathered = out
+        # Where the gathered weights go: a flat buffer kept from step to step, grown (by a
+        # thirty-second) only when the rows' count outgrows it.
+        need = storage.rows * count
+        gathered = self._steady_gathered
+        if gathered is None or len(gathered[0]) < need:
+            flat = np.empty(need + need // 32, dtype=np.float32)
+            gathered = self._steady_gathered = (flat, ffi.from_buffer("float[]", flat))
+        out_c = gathered[1]
         stride, valid_stride = storage.slots.shape[1], storage.valid.shape[1]
-        out_c, done, seconds = self._gathered_c, self._steady_out[0], self._steady_out[1]
+        done, seconds = self._steady_out
 
         def call(state: Any, pos: int, budget: int, victims: Any, victim_slots: Any, capacity: int,
                  n_victims: Any) -> tuple[int, float]:
@@ -1237,10 +1246,14 @@ class EvictingCache(Cache):
             return None
         stepped, policy_seconds, victims, victim_slots = got
         if stepped == 2:
+            assert freed is not None
             storage.stepped_steady(freed, freed_c)
         else:  # the policy stepped, the slot table did not (not one victim a row): the general path
             assert victims is not None and victim_slots is not None
-            storage.apply_step(victims, victim_slots)
+            if freed is None and not victim_slots.size:  # before the first eviction, none now
+                storage.stepped_aligned()
+            else:
+                storage.apply_step(victims, victim_slots)
         return policy_seconds
 
     def _contained(self, weights: np.ndarray) -> np.ndarray:

@@ -506,6 +506,35 @@ class SlotStorage:
         self._spare_free = None
         return ready[4], spare[0], ready[5], ready[6], ready[7], ready[8], spare[1]
 
+    def aligned_layout(self) -> tuple[int, Any, Any] | None:
+        """While nothing was ever evicted and every row holds the same count (each row's
+        slot table then counts its slots up from 0): that count and C views of the slot
+        table and counts for a decode step's gather (``sh_cache_step_steady`` without the
+        slot table's step, which :meth:`apply_step` then does); else None."""
+        if not self.aligned or not self.rows:
+            return None
+        count = self.least()
+        if count != self.most():
+            return None
+        if not (self.slots.flags.c_contiguous and self.slots.dtype == SLOT_DTYPE):
+            self.slots = np.ascontiguousarray(self.slots, dtype=SLOT_DTYPE)
+        if not (self.counts.flags.c_contiguous and self.counts.dtype == np.int64):
+            self.counts = np.ascontiguousarray(self.counts, dtype=np.int64)
+        return count, _int32_p(self.slots), _int64_p(self.counts)
+
+    def stepped_aligned(self) -> None:
+        """:meth:`apply_step` evicting nothing while aligned and every row holds the same
+        count (what :meth:`aligned_layout` found): each row's token, at the last column of
+        the extent, goes last in its kept order."""
+        width = int(self.counts[0]) + 1
+        column = self.extent - 1
+        self._grow(width)
+        self.valid[:, column] = True
+        self.slots[:, width - 1] = column
+        self.counts = self.counts + 1
+        self._count_range_of = (self.counts, width, width)  # every count one more
+        self.free = np.full(self.rows, self.extent, dtype=np.int64)
+
     def stepped_steady(self, freed: np.ndarray, freed_c: Any = None) -> None:
         """After ``sh_slots_step_steady`` changed the slot table and validity in place:
         ``freed`` (each row's slot freed; ``freed_c`` its C view from
