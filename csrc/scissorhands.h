@@ -418,8 +418,9 @@ int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_
                    const double *cos_table, const double *sin_table, size_t table_rows, size_t half);
 
 /* positions="cache" (layout.c): per row r, the held keys' slots slots[r * slot_stride
-   + j] (j < counts[r], kept order; the cache's int32 slot table), the rotation each stored key has, rope[r *
-   rope_stride + slot], and the forward's q new tokens' slots and ranks (new_slots,
+   + j] (j < counts[r], kept order; the cache's int32 slot table), the rotation each
+   stored key has, rope[r * rope_stride + slot], and the forward's q new tokens' slots
+   and ranks (new_slots,
    new_rank: rows x q). offset[r] becomes the row's rope at its last held key minus that
    key's kept index (0 for an empty row); every held key whose rotation is not j +
    offset[r], then every new token whose rotation is not new_rank + offset[r], gives one
@@ -434,9 +435,10 @@ int64_t sh_rope_turns(const int32_t *slots, size_t slot_stride, const int64_t *c
 
 /* The cache's slot table (int32: 4 bytes a held position) after a decode step evicting
    one position per row, every row having held `count` positions and taken its token
-   at free_slots[r] (layout.c): row r (slots + r * stride) gets the new token's slot at kept index count, then the
-   one at kept index index[r] (0..count) is removed, the later ones move one left,
-   freed[r] is the removed slot and valid[r * valid_stride + freed[r]] becomes 0.
+   at free_slots[r] (layout.c): row r (slots + r * stride) gets the new token's slot at
+   kept index count, then the one at kept index index[r] (0..count) is removed, the
+   later ones move one left, freed[r] is the removed slot and valid[r * valid_stride +
+   freed[r]] becomes 0.
    SH_ERR_LENGTH, nothing changed, when a row's count is not `count` or count + 1 >
    stride (not this case); SH_ERR_ARG, nothing changed, for a NULL pointer (rows > 0),
    an index past count, or a removed or new slot past valid_stride or INT32_MAX. */
@@ -448,9 +450,8 @@ int sh_slots_step_steady(int32_t *slots, size_t rows, size_t stride, size_t coun
    attention left them (gqa.c): weights[e] is layer e's float32 (rows * group) x extent;
    out[e * rows + r, j] (float32, layers * rows x width) is the mean of the group's
    weights at column columns[(e * rows + r) * col_stride + j] (int32: the cache's slot
-   table), with sh_gqa_gather's
-   arithmetic (heads added in order in float32, divided by group), 0 for a column
-   outside [0, extent). *finite (when finite is not NULL) becomes 1 when every weight
+   table), with sh_gqa_gather's arithmetic (heads added in order in float32, divided by
+   group), 0 for a column outside [0, extent). *finite (when finite is not NULL) becomes 1 when every weight
    written is finite, else 0. SH_ERR_ARG for a NULL pointer, group or extent 0, or
    col_stride < width; SH_ERR_NOMEM when a row's scratch cannot be had. */
 int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
@@ -469,8 +470,9 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
    the policy refused: its code is returned, or a row's count is not `count`: the
    caller takes its general path); 1, the policy stepped and the slot table did not
    (free_slots NULL, a row evicted no position or more than one, or the slot step
-   refused: its code is returned); 2, all of it. *policy_seconds (when not NULL) receives the time spent in
-   the policy's step. SH_ERR_ARG, nothing changed, for a NULL pointer. */
+   refused: its code is returned); 2, all of it. *policy_seconds (when not NULL)
+   receives the time spent in the policy's step (for statistics: a wall clock). SH_ERR_ARG,
+   nothing changed, for a NULL pointer. */
 int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                          int32_t *slots, size_t stride, size_t count, const int64_t *counts,
                          const int64_t *free_slots, uint8_t *valid, size_t valid_stride, float *gathered,

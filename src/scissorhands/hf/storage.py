@@ -473,10 +473,11 @@ class SlotStorage:
     def steady_layout(self) -> tuple[Any, ...] | None:
         """When a single token's step can be the steady one (positions were evicted, every
         row holds the same count), what ``sh_slots_step_steady`` reads and writes: ``(count,
-        freed, slots, counts, free, valid, freed_c)``, the count, a new ``freed`` array for
-        the slots the step frees and C views of the slot table, counts, free slots,
-        validity and ``freed`` (each made C-contiguous, counts and free slots int64, first
-        when not); else None."""
+        freed, slots, counts, free, valid, freed_c)``, the count, the int64 ``freed`` array
+        for the slots the step frees (the free slots before the last steady step, else a
+        new one) and C views of the slot table, counts, free slots, validity and ``freed``
+        (each made C-contiguous, the table int32, counts and free slots int64, first when
+        not); else None."""
         if self.aligned or self.compact_every_step:
             return None
         ready = self._steady_ready  # what was found ready last time, while the arrays are the same

@@ -504,10 +504,10 @@ class NativePolicy:
         ``sh_cache_step_steady`` and returns ``(done, policy_seconds)``, ``done`` 0 when
         nothing changed.  Returns ``(done, policy_seconds, k, slots)`` (every row evicted
         ``k``; their kept-order indices row after row are the first ``heads * k`` of
-        ``slots``, a buffer the next call overwrites), or None when the call is not this case (an ``int`` position
-        in range, the configured budget, rows of equal counts, no pooled budget, a policy
-        that reads attention) or changed nothing: the caller then takes its general path,
-        which validates and raises."""
+        ``slots``, a buffer the next call overwrites), or None when the call is not this
+        case (an ``int`` position in range, the configured budget, rows of equal counts, no
+        pooled budget, a policy that reads attention) or changed nothing: the caller then
+        takes its general path, which validates and raises."""
         if (budget != self._budget or type(pos) is not int or not 0 <= pos <= UINT32_MAX or self._pool != 1
                 or not self._reads_attention):
             return None
