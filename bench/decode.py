@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print("per held count: dynamic = transformers' DynamicCache; unevicted = budget 4x held, nothing evicted yet "
           "(rows computed beside sdpa); original / cache = budget held, one eviction a step, true positions / "
-          "positions='cache'; % = policy + bookkeeping as a share of that step", flush=True)
+          "positions='cache'; % = policy + bookkeeping as a share of that step; the configurations run one after "
+          "another, so steps a few per cent apart (or a cache faster than DynamicCache) are the machine's noise: "
+          "use --steps 24 or more", flush=True)
     rows = []
     for held in args.held:
         for kind in ("dynamic", "unevicted", "original", "cache"):

@@ -321,6 +321,29 @@ def test_what_the_cache_is_handed_by_hand_is_refused_naming_it():
     assert np.array_equal(cache.held_counts(), twin.held_counts())
 
 
+def test_keys_handed_to_update_by_hand_are_undone_at_the_next_forward():
+    """Keys and values of the right shape handed to update() by hand start a forward no
+    attention reaches: the next forward undoes it and refuses, saying the cache is as it
+    was before (no reset needed), and the forward after that equals a twin's; a config
+    that is not a model's is refused by type."""
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (1, 12), generator=torch.Generator().manual_seed(2))
+    cache, twin = (hf.EvictingCache.from_model(model, "scissorhands", budget=8, recent_window=2) for _ in range(2))
+    with torch.no_grad():
+        for c in (cache, twin):
+            model(input_ids=ids[:, :10], cache=c, use_cache=True)
+        cache.update(torch.zeros(1, 2, 1, 16), torch.zeros(1, 2, 1, 16), 0)
+        with pytest.raises(InvalidInputError, match="was undone"):
+            model(input_ids=ids[:, 10:11], cache=cache, use_cache=True)
+        for t in (10, 11):
+            step = ids[:, t:t + 1]
+            assert torch.equal(model(input_ids=step, cache=cache, use_cache=True).logits,
+                               model(input_ids=step, cache=twin, use_cache=True).logits)
+    for config in (None, 3):
+        with pytest.raises(InvalidTypeError, match="model's transformers config"):
+            hf.EvictingCache(config)
+
+
 def _greedy(model, cache, ids, **kwargs):
     with torch.no_grad():
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, pad_token_id=0,

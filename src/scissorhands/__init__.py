@@ -8,6 +8,7 @@ The pure-Python reference with the identical API is :mod:`scissorhands.reference
 
 from scissorhands._shared import RowVictims
 from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError
+from scissorhands.options import DefaultRefusedError
 from scissorhands.policies import H2O, POLICIES, TOVA, Full, Scissorhands, StreamingLLM
 
 __version__ = "0.1.0"
@@ -16,6 +17,7 @@ __all__ = [
     "H2O",
     "POLICIES",
     "TOVA",
+    "DefaultRefusedError",
     "Full",
     "InvalidInputError",
     "InvalidTypeError",

@@ -74,7 +74,9 @@ AttentionObserver = Callable[[int, torch.Tensor], Any]
 _OUT_OF_SYNC = (
     "the cache received keys and values whose attention never reached it: the model does not "
     "run the library's attention (build the cache with EvictingCache.from_model(model, ...), "
-    "which installs it), or a forward was interrupted; call cache.reset()"
+    "which installs it), a forward was interrupted, or keys and values were handed to "
+    "update() by hand; that forward was undone (the cache is as it was before it), so the "
+    "next forward runs as if it had not happened"
 )
 
 
@@ -535,7 +537,9 @@ class EvictingCache(Cache):
         A registry name: ``full``, ``streaming-llm``, ``h2o``, ``tova``, ``scissorhands``.
     budget : int or None, default 512
         Positions each (sequence, layer, KV head) holds after every step (ignored by
-        ``full``).
+        ``full``); above the recent window plus the sinks, so at least 33 with the
+        default recent window of 32 (``DefaultRefusedError``, an ``InvalidInputError``,
+        says so and how to pass a smaller one, such as ``recent_window=0.75``).
     options : PolicyOptions, optional
         The policy's options; or give them as keywords (``recent_window=0.75``, ...).
     head_mode : {"per-head", "mean"}, default "per-head"
@@ -571,9 +575,9 @@ class EvictingCache(Cache):
     Raises
     ------
     InvalidInputError, InvalidTypeError
-        Before anything is built: an unknown policy, head or cache mode, a budget or
-        option the policy refuses, a model without a full-attention layer or with
-        layers the cache cannot hold.
+        Before anything is built: a ``config`` that is not a transformers model config,
+        an unknown policy, head or cache mode, a budget or option the policy refuses, a
+        model without a full-attention layer or with layers the cache cannot hold.
 
     Notes
     -----
@@ -644,7 +648,11 @@ class EvictingCache(Cache):
         #: The pinned spans every policy row gets, merged (:meth:`pin`).
         self._pins: list[tuple[int, int]] = _checked_pins(configs, [], _spans(pins))
         _check_pins_leave_room(self._pins, self.prompt_aware, configs)
+        # The options first (the command line checks them with no model yet), then the model.
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        if not isinstance(getattr(text, "num_attention_heads", None), int):
+            raise InvalidTypeError(f"EvictingCache needs the model's transformers config (model.config), not "
+                                   f"{type(config).__name__}; EvictingCache.from_model(model, ...) passes it")
         self.num_heads = int(text.num_attention_heads)
         self.num_kv_heads = int(getattr(text, "num_key_value_heads", None) or self.num_heads)
         if self.num_heads % self.num_kv_heads:
