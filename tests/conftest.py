@@ -35,7 +35,7 @@ HEAVY_CLASSES = tuple(s.class_name for s in SPECS.values() if s.reads_attention)
 
 _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 settings.register_profile("default", max_examples=40, **_common)
-settings.register_profile("ci", max_examples=100, derandomize=True, print_blob=True, **_common)
+settings.register_profile("ci", max_examples=80, derandomize=True, print_blob=True, **_common)
 settings.register_profile("long", max_examples=3000, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
