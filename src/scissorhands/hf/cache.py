@@ -681,13 +681,12 @@ class EvictingCache(Cache):
         #: wrote to them: model layer index -> (keys, values, tokens seen, initialized).
         self._slid: dict[int, tuple[Any, ...]] = {}
         self._observers: list[AttentionObserver] = []
-        #: The last decode step's gathered weights, reused while the shape stays.
-        self._gathered: np.ndarray | None = None
+        #: Where a decode step's gathered weights go (flat float32, and its C view), kept
+        #: from step to step and grown only when the rows' count outgrows it.
+        self._gathered: tuple[np.ndarray, Any] | None = None
         #: What collects a forward's weights layer by layer (reused from forward to forward).
         self._pending: DecodeWeights | None = None
-        #: The steady step's gathered weights (flat float32, and its C view) and outputs
-        #: (how far it went, the policy's seconds).
-        self._steady_gathered: tuple[np.ndarray, Any] | None = None
+        #: The steady step's outputs (how far it went, the policy's seconds).
         self._steady_out = (ffi.new("int *"), ffi.new("double *"))
         #: ``prompt_aware``: the attention of the last held positions' rows, ``(rows,
         #: observation_window, width)`` float32 over each policy row's held positions in
@@ -824,13 +823,12 @@ class EvictingCache(Cache):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_observers"] = []
-        state["_gathered"] = None
-        state["_pending"] = state["_steady_gathered"] = state["_steady_out"] = None
+        state["_gathered"] = state["_pending"] = state["_steady_out"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._gathered, self._steady_gathered, self._pending = None, None, None  # C views: made again
+        self._gathered, self._pending = None, None  # C views: made again
         self._steady_out = (ffi.new("int *"), ffi.new("double *"))
 
     # ------------------------------------------------------------------ inspection
@@ -1090,15 +1088,22 @@ class EvictingCache(Cache):
         no padding); else a chunk (a prompt, even of one token)."""
         return forward.q == 1 and self.seen != 0 and (forward.pads is None or not forward.pads.any())
 
+    def _decode_buffer(self, size: int) -> tuple[np.ndarray, Any]:
+        """The flat float32 buffer (and its C view) a decode step's gathered weights go
+        to, at least ``size`` long: the last step's while it is long enough (written by
+        the gather, read only by this step's policies), else one a thirty-second longer."""
+        gathered = self._gathered
+        if gathered is None or len(gathered[0]) < size:
+            flat = np.empty(size + size // 32, dtype=np.float32)
+            gathered = self._gathered = (flat, ffi.from_buffer("float[]", flat))
+        return gathered
+
     def _decode_target(self, forward: _Forward) -> np.ndarray:
         """A decode step's ``(rows, 1, width)`` float32 array for every policy row's
-        weights in kept order (width the largest count): the last step's when the shape
-        is the same (the steady state; written whole by the gather, read only by this
-        step's policies)."""
-        shape = (self.evicting_layers * self.storage.batch * self.policy_heads, 1, self.storage.most())
-        kept = self._gathered
-        if kept is None or kept.shape != shape:
-            kept = self._gathered = np.empty(shape, dtype=np.float32)
+        weights in kept order (width the largest count), a view of
+        :meth:`_decode_buffer`."""
+        rows, width = self.evicting_layers * self.storage.batch * self.policy_heads, self.storage.most()
+        kept = self._decode_buffer(rows * width)[0][: rows * width].reshape(rows, 1, width)
         forward.gathered = kept
         return kept
 
@@ -1230,14 +1235,7 @@ class EvictingCache(Cache):
         except ValueError:
             return None
         batch, heads, _, extent = layers[0].shape
-        # Where the gathered weights go: a flat buffer kept from step to step, grown (by a
-        # thirty-second) only when the rows' count outgrows it.
-        need = storage.rows * count
-        gathered = self._steady_gathered
-        if gathered is None or len(gathered[0]) < need:
-            flat = np.empty(need + need // 32, dtype=np.float32)
-            gathered = self._steady_gathered = (flat, ffi.from_buffer("float[]", flat))
-        out_c = gathered[1]
+        out_c = self._decode_buffer(storage.rows * count)[1]
         stride, valid_stride = storage.slots.shape[1], storage.valid.shape[1]
         done, seconds = self._steady_out
 
