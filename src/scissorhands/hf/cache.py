@@ -54,7 +54,7 @@ from . import attention
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
-from .storage import CACHE_MODES, make_storage
+from .storage import CACHE_MODES, SLOT_DTYPE, make_storage
 
 __all__ = ["HEAD_MODES", "POSITION_MODES", "AttentionObserver", "CacheStats", "EvictingCache", "EvictingLayer",
            "ObserverHandle"]
@@ -1144,10 +1144,8 @@ class EvictingCache(Cache):
         finite = False  # known finite (checked by the decode step's gather)
         if self._policies_read and forward.pending.tensors:  # a decode step: every layer in one C call
             out = self._decode_target(forward)
-            if not storage.slots.flags.c_contiguous:
-                storage.slots = np.ascontiguousarray(storage.slots)
             # Each policy row's held slots in kept order: every repeat-th row of the slot table.
-            finite = gather_layers(forward.pending.tensors, self.policy_heads, storage.slots,
+            finite = gather_layers(forward.pending.tensors, self.policy_heads, storage.c_array("slots", SLOT_DTYPE),
                                    self.num_kv_heads // self.policy_heads, out.shape[2], out)
         gathered = forward.gathered if self._policies_read else None  # (rows, q, width), kept order
         repeat = self.num_kv_heads // self.policy_heads

@@ -121,11 +121,7 @@ def rank_plan(storage: SlotStorage, admitted: np.ndarray | None, positions: np.n
     per_layer = batch * heads
     q = storage.q
     counts = np.ascontiguousarray(storage.counts, dtype=np.int64)
-    slots, rope = storage.slots, storage.rope
-    if not (slots.flags.c_contiguous and rope.flags.c_contiguous and slots.dtype == SLOT_DTYPE
-            and rope.dtype == np.int64):
-        storage.slots = slots = np.ascontiguousarray(slots, dtype=SLOT_DTYPE)
-        storage.rope = rope = np.ascontiguousarray(rope, dtype=np.int64)
+    slots, rope = storage.c_array("slots", SLOT_DTYPE), storage.c_array("rope", np.int64)
     steps = np.ones((rows, q), dtype=np.int64) if admitted is None else admitted.astype(np.int64)
     new_rank = np.ascontiguousarray(counts[:, None] + np.cumsum(steps, axis=1) - steps)  # (rows, q)
     new_slots = np.ascontiguousarray(storage.new_columns(), dtype=np.int64)

@@ -470,6 +470,16 @@ class SlotStorage:
         out = np.where(col < counts, held, chunk)
         return np.clip(out, 0, self.extent - 1)
 
+    def c_array(self, name: str, dtype: Any) -> np.ndarray:
+        """The array ``name`` (``slots``, ``valid``, ``counts``, ``free``, ``rope``) as the C
+        kernels read and write it in place: C-contiguous of ``dtype`` (the slot table's is
+        :data:`SLOT_DTYPE`), made so first when it is not."""
+        array = getattr(self, name)
+        if array.dtype != dtype or not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array, dtype=dtype)
+            setattr(self, name, array)
+        return array
+
     def steady_layout(self) -> tuple[Any, ...] | None:
         """When a single token's step can be the steady one (positions were evicted, every
         row holds the same count), what ``sh_slots_step_steady`` reads and writes: ``(count,
@@ -488,16 +498,10 @@ class SlotStorage:
             count = self.least()
             if count != self.most():
                 return None
-            if not (self.slots.flags.c_contiguous and self.slots.dtype == SLOT_DTYPE and self.valid.flags.c_contiguous):
-                self.slots = np.ascontiguousarray(self.slots, dtype=SLOT_DTYPE)
-                self.valid = np.ascontiguousarray(self.valid)
-            for name in ("counts", "free"):  # read in place by C
-                array = getattr(self, name)
-                if array.dtype != np.int64 or not array.flags.c_contiguous:
-                    setattr(self, name, np.ascontiguousarray(array, dtype=np.int64))
-            ready = self._steady_ready = (self.slots, self.valid, self.counts, self.free, count,
-                                          _int32_p(self.slots), _int64_p(self.counts), _int64_p(self.free),
-                                          ffi.from_buffer("uint8_t[]", self.valid))
+            slots, valid = self.c_array("slots", SLOT_DTYPE), self.c_array("valid", np.bool_)
+            counts, free = self.c_array("counts", np.int64), self.c_array("free", np.int64)
+            ready = self._steady_ready = (slots, valid, counts, free, count, _int32_p(slots), _int64_p(counts),
+                                          _int64_p(free), ffi.from_buffer("uint8_t[]", valid))
         # The array the last steady step freed its slots from (its free slots before it)
         # takes this step's: the free slots alternate between two arrays and their views.
         spare = self._spare_free
@@ -517,11 +521,7 @@ class SlotStorage:
         count = self.least()
         if count != self.most():
             return None
-        if not (self.slots.flags.c_contiguous and self.slots.dtype == SLOT_DTYPE):
-            self.slots = np.ascontiguousarray(self.slots, dtype=SLOT_DTYPE)
-        if not (self.counts.flags.c_contiguous and self.counts.dtype == np.int64):
-            self.counts = np.ascontiguousarray(self.counts, dtype=np.int64)
-        return count, _int32_p(self.slots), _int64_p(self.counts)
+        return count, _int32_p(self.c_array("slots", SLOT_DTYPE)), _int64_p(self.c_array("counts", np.int64))
 
     def stepped_aligned(self) -> None:
         """:meth:`apply_step` evicting nothing while aligned and every row holds the same
