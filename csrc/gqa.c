@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "scissorhands.h"
+#include "sh_internal.h"
 
 /* reach[j]: one past the largest column among the first j of the row's `width`
    columns (within the extent), so a token reading j columns needs the mean of the
@@ -100,16 +100,6 @@ int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, siz
     return SH_OK;
 }
 
-/* dst[j] = mean[col[j]] for a column in [0, extent), else 0 (mean[extent] is 0: an
-   out-of-range column reads it). */
-static void gather_columns(const float *mean, const int32_t *col, size_t width, size_t extent, float *dst)
-{
-    for (size_t j = 0; j < width; j++) {
-        uint64_t c = (uint64_t)(int64_t)col[j]; /* a negative column: past any extent */
-        dst[j] = mean[c < extent ? c : extent];
-    }
-}
-
 /* Whether each of the n floats is finite. */
 static int all_finite(const float *a, size_t n)
 {
@@ -122,6 +112,17 @@ static int all_finite(const float *a, size_t n)
     return special == 0;
 }
 
+int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+               float *mean, float *dst)
+{
+    group_mean(first, group, extent, extent, mean);
+    for (size_t j = 0; j < width; j++) {
+        uint64_t c = (uint64_t)(int64_t)col[j]; /* a negative column: past any extent */
+        dst[j] = mean[c < extent ? c : extent];
+    }
+    return all_finite(mean, extent);
+}
+
 int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                          const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite)
 {
@@ -131,14 +132,16 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
         if (weights[e] == NULL)
             return SH_ERR_ARG;
     }
-    /* Per row, the group's mean over the whole extent first (sequential reads the
-       compiler vectorises), then the gather from it: the same additions and division
-       per weight as one pass, at a fraction of the cost when the weights come from
-       memory rather than the cache. */
+    /* Per row, the group's mean over the whole extent first (sequential reads), then
+       the gather from it (sh_gqa_row): the same additions and division per weight as
+       one pass, at a fraction of the cost when the weights come from memory rather
+       than the cache. */
     float *mean = malloc((extent + 1) * sizeof *mean);
     if (mean == NULL)
         return SH_ERR_NOMEM;
     mean[extent] = 0.0f;
+    int (*row)(const float *, size_t, size_t, const int32_t *, size_t, float *, float *) =
+        SH_KERNEL(sh_simd_active() && extent <= INT32_MAX, gqa_row); /* AVX2: int32 indices */
     int every = 1; /* every written weight finite */
     for (size_t e = 0; e < layers; e++) {
         for (size_t r = 0; r < rows; r++) {
@@ -152,9 +155,7 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
                 prefetch_span(weights[ne] + nr * group * extent, group * extent * sizeof(float));
                 prefetch_span(columns + (ne * rows + nr) * col_stride, width * sizeof(int32_t));
             }
-            group_mean(weights[e] + r * group * extent, group, extent, extent, mean);
-            int whole = all_finite(mean, extent);
-            gather_columns(mean, col, width, extent, dst);
+            int whole = row(weights[e] + r * group * extent, group, extent, col, width, mean, dst);
             /* A weight that is not finite may lie outside the gathered columns: then
                only the gathered ones decide. */
             if (!whole && every)

@@ -164,6 +164,18 @@ size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi
                         uint64_t prefix, size_t need, uint32_t *victims, int64_t *slots);
 #endif
 
+/* One policy row of a decode step's GQA gather (gqa.c): mean[c] for c < extent, the
+   group's weights first[g * extent + c] added in head order in float32, then divided
+   by the group's size; then dst[j] = mean[col[j]] for a column in [0, extent), else
+   mean[extent] (the caller's 0). Returns 1 when every mean[c], c < extent, is finite.
+   The AVX2 form needs extent <= INT32_MAX (its gather's indices are int32). */
+int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+               float *mean, float *dst);
+#if SH_HAVE_AVX2
+int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+                    float *mean, float *dst);
+#endif
+
 /* The bit pattern of a finite score >= 0, which orders exactly as the scores do
    (memcpy: no aliasing). Inline: the selection calls it once per slot. */
 static inline uint64_t sh_h2o_key(const double *scores, size_t i)

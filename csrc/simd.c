@@ -733,4 +733,50 @@ AVX2 size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size
     return sh_take_f64_from(pos, s, n, w, i, hi, mask, prefix, need, victims, slots, j);
 }
 
+/* ---------------------------------------------------------------- the GQA gather's row */
+
+AVX2 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+                         float *mean, float *dst)
+{
+    /* Per weight the scalar form's operations in its order: the heads added one after
+       another in float32, then one IEEE division by the group's size. */
+    const float divisor = (float)group;
+    const __m256 by = _mm256_set1_ps(divisor);
+    const __m256i exponent = _mm256_set1_epi32(0x7f800000);
+    __m256i special = _mm256_setzero_si256();
+    size_t c = 0;
+    for (; c + 8 <= extent; c += 8) {
+        __m256 s = _mm256_loadu_ps(first + c);
+        for (size_t g = 1; g < group; g++)
+            s = _mm256_add_ps(s, _mm256_loadu_ps(first + g * extent + c));
+        s = _mm256_div_ps(s, by);
+        _mm256_storeu_ps(mean + c, s);
+        __m256i bits = _mm256_and_si256(_mm256_castps_si256(s), exponent);
+        special = _mm256_or_si256(special, _mm256_cmpeq_epi32(bits, exponent));
+    }
+    int whole = _mm256_testz_si256(special, special);
+    for (; c < extent; c++) {
+        float s = first[c];
+        for (size_t g = 1; g < group; g++)
+            s += first[g * extent + c];
+        s /= divisor;
+        mean[c] = s;
+        uint32_t bits;
+        memcpy(&bits, &s, sizeof bits);
+        whole &= (bits & 0x7f800000u) != 0x7f800000u;
+    }
+    /* A column outside [0, extent) (negative: a large unsigned) reads mean[extent]. */
+    const __m256i top = _mm256_set1_epi32((int32_t)extent);
+    size_t j = 0;
+    for (; j + 8 <= width; j += 8) {
+        __m256i at = _mm256_min_epu32(_mm256_loadu_si256((const __m256i *)(const void *)(col + j)), top);
+        _mm256_storeu_ps(dst + j, _mm256_i32gather_ps(mean, at, 4));
+    }
+    for (; j < width; j++) {
+        uint32_t at = (uint32_t)col[j];
+        dst[j] = mean[at < extent ? at : extent];
+    }
+    return whole;
+}
+
 #endif /* SH_HAVE_AVX2 */

@@ -15,6 +15,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 
+from c_paths import PATHS, on_path  # noqa: E402
+
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError, InvalidTypeError  # noqa: E402
 from scissorhands.hf.attention import attention_rows  # noqa: E402
@@ -28,12 +30,16 @@ class _Module:
     head_dim = 16
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("row_step", [1, 2])
-@pytest.mark.parametrize(("layers", "batch", "heads", "rows", "extent"), [(3, 2, 6, 3, 17), (2, 1, 9, 1, 30)])
-def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, heads, rows, extent, row_step):
+@pytest.mark.parametrize(("layers", "batch", "heads", "rows", "extent"),
+                         [(3, 2, 6, 3, 17), (2, 1, 9, 1, 30), (2, 1, 4, 2, 64), (1, 1, 3, 3, 5)])
+def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, heads, rows, extent, row_step, path):
     """sh_gqa_gather_layers (a decode step's layers read where they are) gives bit for bit
     sh_gqa_gather's weights over the layers stacked, strided columns (every
-    ``row_step``-th row of a wider table) and columns past the extent included."""
+    ``row_step``-th row of a wider table) and columns past the extent included, with
+    its AVX2 row kernel and with the scalar one (extents with and without a tail past
+    the last 8 columns)."""
     from scissorhands.hf.gqa import gather_layers
 
     gen = torch.Generator().manual_seed(layers * 7 + extent)
@@ -44,26 +50,31 @@ def test_gather_of_every_layer_equals_the_gather_of_their_stack(layers, batch, h
     stacked = torch.stack(weights).reshape(layers * batch, heads, 1, extent)
     expect = gather_group_mean(stacked, rows, columns)
     got = np.full((total, 1, extent), np.nan, dtype=np.float32)
-    finite = gather_layers(weights, rows, table, row_step, extent, got)
+    with on_path(path):
+        finite = gather_layers(weights, rows, table, row_step, extent, got)
     assert np.array_equal(got, expect)
     assert finite
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("extent", "at"), [(6, 2), (21, 2), (21, 17)])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_the_gather_of_every_layer_says_when_a_weight_it_wrote_is_not_finite(bad):
+def test_the_gather_of_every_layer_says_when_a_weight_it_wrote_is_not_finite(bad, extent, at, path):
     """sh_gqa_gather_layers' finiteness flag: false exactly when a gathered weight is
-    inf or NaN; a non-finite weight in a column no row reads leaves it true."""
+    inf or NaN; a non-finite weight in a column no row reads leaves it true (in the
+    AVX2 kernel's blocks of 8 columns and in its tail, and in the scalar kernel)."""
     from scissorhands.hf.gqa import gather_layers
 
-    weights = [torch.full((1, 4, 1, 6), 0.25) for _ in range(2)]
-    columns = np.tile(np.arange(5, dtype=np.int32), (4, 1))  # column 5 is never read
-    out = np.empty((4, 1, 5), dtype=np.float32)
-    weights[1][0, 3, 0, 5] = bad
-    assert gather_layers(weights, 2, columns, 1, 5, out)
-    weights[1][0, 3, 0, 2] = bad
-    finite = gather_layers(weights, 2, columns, 1, 5, out)
+    weights = [torch.full((1, 4, 1, extent), 0.25) for _ in range(2)]
+    columns = np.tile(np.arange(extent - 1, dtype=np.int32), (4, 1))  # the last column is never read
+    out = np.empty((4, 1, extent - 1), dtype=np.float32)
+    with on_path(path):
+        weights[1][0, 3, 0, extent - 1] = bad
+        assert gather_layers(weights, 2, columns, 1, extent - 1, out)
+        weights[1][0, 3, 0, at] = bad
+        finite = gather_layers(weights, 2, columns, 1, extent - 1, out)
     assert not finite
-    assert np.isfinite(out[:3]).all() and not np.isfinite(out[3, 0, 2])
+    assert np.isfinite(out[:3]).all() and not np.isfinite(out[3, 0, at])
 
 
 def test_the_steady_slot_step_equals_the_general_one():
