@@ -1,0 +1,62 @@
+"""Policy plus bookkeeping per decode step at one held count, from the cache's own timers.
+
+``python scripts/decode_overhead.py [--held 2048] [--batch 1] [--steps 24] [--repeats 2]``
+
+SmolLM2-135M, one torch thread: ``--held`` tokens of the default text in chunks of 256,
+then ``--steps`` teacher-forced decode steps with ``EvictingCache.from_model(model,
+"scissorhands", budget=held, recent_window=0.75, sinks=4)`` (one eviction a step), a
+fresh cache for each of ``--repeats``.  Prints ms per step and the policy's and the
+bookkeeping's ms per step (``CacheStats``).  Run it once per build of the C core,
+alternately, to compare two builds on one machine (``python -m bench.decode`` compares
+configurations within one build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--held", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from bench.real_model import load_smollm2
+    from scissorhands import hf
+
+    torch.set_num_threads(1)
+    model, _, ids = load_smollm2()
+    ids = ids[0]
+    prompt = args.held + 8  # a little over the budget: every decode step evicts
+    for _ in range(args.repeats):
+        cache = hf.EvictingCache.from_model(model, "scissorhands", budget=args.held, recent_window=0.75, sinks=4)
+        with torch.no_grad():
+            for start in range(0, prompt, 256):
+                piece = ids[start:min(prompt, start + 256)][None].expand(args.batch, -1)
+                model(input_ids=piece, cache=cache, use_cache=True)
+            policy, book = cache.stats.policy_seconds, cache.stats.bookkeeping_seconds
+            begin = time.perf_counter()
+            for t in range(prompt, prompt + args.steps):
+                model(input_ids=ids[t:t + 1][None].expand(args.batch, -1), cache=cache, use_cache=True)
+            ms = 1e3 * (time.perf_counter() - begin) / args.steps
+        policy = 1e3 * (cache.stats.policy_seconds - policy) / args.steps
+        book = 1e3 * (cache.stats.bookkeeping_seconds - book) / args.steps
+        print(f"held {args.held} batch {args.batch}: {ms:.2f} ms/step; policy {policy:.3f} ms + bookkeeping "
+              f"{book:.3f} ms = {policy + book:.3f} ms ({100 * (policy + book) / ms:.2f}%)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
