@@ -2,8 +2,8 @@
 
 ``python scripts/decode_overhead.py [--held 2048] [--batch 1] [--steps 24] [--repeats 2]``
 
-SmolLM2-135M, one torch thread: ``--held`` tokens of the default text in chunks of 256,
-then ``--steps`` teacher-forced decode steps with ``EvictingCache.from_model(model,
+SmolLM2-135M, one torch thread: ``--held`` + 8 tokens of the default text in chunks of
+256 (a little over the budget), then ``--steps`` teacher-forced decode steps with ``EvictingCache.from_model(model,
 "scissorhands", budget=held, recent_window=0.75, sinks=4)`` (one eviction a step), a
 fresh cache for each of ``--repeats``.  Prints ms per step and the policy's and the
 bookkeeping's ms per step (``CacheStats``).  Run it once per build of the C core,
@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.held < 17:  # recent window 0.75 of the budget plus 4 sinks must leave room
+        parser.error(f"--held must be at least 17 (a recent window of 0.75 of it plus 4 sinks), got {args.held}")
+    if args.steps < 1 or args.repeats < 1 or args.batch < 1:
+        parser.error("--steps, --repeats and --batch must be at least 1")
 
     import torch
 

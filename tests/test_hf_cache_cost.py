@@ -296,9 +296,10 @@ def test_a_replaced_policy_step_is_called_by_the_steady_step(monkeypatch):
 
 
 def test_what_the_cache_is_handed_by_hand_is_refused_naming_it():
-    """Keys and values that are not the forward's shape, width or dtype, a layer index
-    outside the cache (or not an integer) and a non-integer layer, sequence or head for
-    the inspection methods are refused with the library's errors, naming what was
+    """Keys and values that are not tensors or not the forward's shape, width or dtype, a
+    layer index outside the cache (or not an integer), a non-integer layer, sequence or
+    head for the inspection methods, a negative or non-integer count for kv_bytes and
+    beam indices that are not a 1-D sequence are refused with the library's errors, naming what was
     passed; the cache then goes on as if they had not been handed in."""
     model = _tiny()
     ids = torch.randint(2, VOCAB - 1, (2, 20), generator=torch.Generator().manual_seed(1))
@@ -314,14 +315,23 @@ def test_what_the_cache_is_handed_by_hand_is_refused_naming_it():
            ((z(2, 2, 1, 16, dtype=torch.float64), z(2, 2, 1, 16, dtype=torch.float64), 0), InvalidInputError,
             "torch.float64"),
            ((z(2, 2, 1, 16), z(2, 2, 1, 16), 99), InvalidInputError, "got 99"),
-           ((z(2, 2, 1, 16), z(2, 2, 1, 16), "0"), InvalidTypeError, "not str")]
+           ((z(2, 2, 1, 16), z(2, 2, 1, 16), "0"), InvalidTypeError, "not str"),
+           ((z(2, 2, 1, 16).numpy(), z(2, 2, 1, 16).numpy(), 0), InvalidTypeError, "got ndarray"),
+           ((None, None, 0), InvalidTypeError, "got NoneType"),
+           ((z(2, 2, 16), z(2, 2, 16), 0), InvalidInputError, "got shape (2, 2, 16)"),
+           ((z(2, 2, 1, 16), z(1, 2, 2, 1, 16), 0), InvalidInputError, "got shape (1, 2, 2, 1, 16)")]
     for args, kind, named in bad:
         with pytest.raises(kind, match=re.escape(named)):
             cache.update(*args)
     for call, kind, named in ((lambda: cache.get_seq_length(2), InvalidInputError, "got 2"),
                               (lambda: cache.kept_positions("0"), InvalidTypeError, "not str"),
                               (lambda: cache.kept_positions(1.0), InvalidTypeError, "not float"),
-                              (lambda: cache.kept_positions(0, 0.0), InvalidTypeError, "sequence must be")):
+                              (lambda: cache.kept_positions(0, 0.0), InvalidTypeError, "sequence must be"),
+                              (lambda: cache.get_mask_sizes(1, 99), InvalidInputError, "got 99"),
+                              (lambda: cache.kv_bytes(-1), InvalidInputError, "positions"),
+                              (lambda: cache.kv_bytes("x"), InvalidTypeError, "positions"),
+                              (lambda: cache.reorder_cache("x"), InvalidTypeError, "got str"),
+                              (lambda: cache.reorder_cache([[0], [1, 0]]), InvalidTypeError, "got list")):
         with pytest.raises(kind, match=re.escape(named)):
             call()
     with torch.no_grad():

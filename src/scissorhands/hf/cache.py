@@ -412,6 +412,30 @@ class EvictingLayer(CacheLayerMixin):
             cache._finish(forward)
 
 
+def _check_indices(method: str, name: str, indices: Any) -> None:
+    """Refuse ``indices`` that are not a 1-D tensor, array, list, tuple or range
+    (:class:`InvalidTypeError`, naming what was passed)."""
+    try:
+        ndim = indices.dim() if isinstance(indices, torch.Tensor) else np.ndim(indices)
+    except ValueError:  # a ragged list
+        ndim = -1
+    if not isinstance(indices, (torch.Tensor, np.ndarray, list, tuple, range)) or ndim != 1:
+        raise InvalidTypeError(f"{method}: {name} must be a 1-D sequence of sequence indices, "
+                               f"got {type(indices).__name__} {indices!r:.60}")
+
+
+def _refuse_states(keys: Any, values: Any) -> None:
+    """Refuse keys or values handed to :meth:`EvictingCache.update` that are not 4-D
+    tensors, naming what was passed (:class:`InvalidTypeError`, :class:`InvalidInputError`)."""
+    for name, states in (("key_states", keys), ("value_states", values)):
+        if not isinstance(states, torch.Tensor):
+            raise InvalidTypeError(f"update: {name} must be a torch.Tensor (batch, kv_heads, q, head_dim), "
+                                   f"got {type(states).__name__}")
+        if states.dim() != 4:
+            raise InvalidInputError(f"update: {name} must be 4-D (batch, kv_heads, q, head_dim), "
+                                    f"got shape {tuple(states.shape)}")
+
+
 def _check_modes(positions: str, head_mode: str, cache_mode: str) -> None:
     """Refuse an unknown positions, head or cache mode (:class:`InvalidInputError`)."""
     if positions not in POSITION_MODES:
@@ -908,11 +932,19 @@ class EvictingCache(Cache):
 
     def kv_bytes(self, positions: int) -> int:
         """Bytes of keys and values for ``positions`` positions in every (evicting layer,
-        sequence, KV head): what a cache holding that many positions stores."""
+        sequence, KV head): what a cache holding that many positions stores.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``positions`` is not an integer.
+        InvalidInputError
+            ``positions`` is negative."""
+        positions = check_int("positions", positions, 0, 1 << 62)
         storage = self.storage
         per_position = sum((k.shape[-1] + v.shape[-1]) * k.element_size()
                            for k, v in zip(storage.keys, storage.values) if k is not None and v is not None)
-        return int(positions) * self.batch * self.num_kv_heads * per_position
+        return positions * self.batch * self.num_kv_heads * per_position
 
     def memory_bytes(self) -> int:
         """Bytes of the held key and value buffers plus the policies' own state."""
@@ -1291,6 +1323,9 @@ class EvictingCache(Cache):
         leaves every layer as it was."""
         if type(layer_idx) is not int or not 0 <= layer_idx < len(self.layers):
             layer_idx = self._layer_index("layer_idx", layer_idx)
+        if not (isinstance(key_states, torch.Tensor) and isinstance(value_states, torch.Tensor)
+                and key_states.dim() == 4 and value_states.dim() == 4):
+            _refuse_states(key_states, value_states)
         if layer_idx == 0:
             self._settle()
             self._slid = {}
@@ -1322,6 +1357,8 @@ class EvictingCache(Cache):
         before the layers run; a forward that did not finish is undone first).  With
         ``prompt_aware``, a single token after a prompt is the first decode step: the
         prompt's end evicts here, so that the sizes are those the step attends over."""
+        if type(layer_idx) is not int or not 0 <= layer_idx < len(self.layers):
+            layer_idx = self._layer_index("layer_idx", layer_idx)
         self._settle()
         if query_length == 1:
             self._prompt_end()
@@ -1371,6 +1408,7 @@ class EvictingCache(Cache):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: sequence ``i`` becomes a copy of sequence ``beam_idx[i]`` (keys,
         values and policy rows); ``beam_idx`` holds one index per sequence."""
+        _check_indices("reorder_cache", "beam_idx", beam_idx)
         self._rollback()  # a forward that did not finish: undone first
         if self.storage.started() and len(np.asarray(beam_idx)) != self.storage.batch:
             raise InvalidInputError(f"reorder_cache: beam_idx has {len(np.asarray(beam_idx))} indices "
