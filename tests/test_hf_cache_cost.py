@@ -331,7 +331,8 @@ def test_what_the_cache_is_handed_by_hand_is_refused_naming_it():
                               (lambda: cache.kv_bytes(-1), InvalidInputError, "positions"),
                               (lambda: cache.kv_bytes("x"), InvalidTypeError, "positions"),
                               (lambda: cache.reorder_cache("x"), InvalidTypeError, "got str"),
-                              (lambda: cache.reorder_cache([[0], [1, 0]]), InvalidTypeError, "got list")):
+                              (lambda: cache.reorder_cache([[0], [1, 0]]), InvalidTypeError, "got list"),
+                              (lambda: cache.batch_select_indices("x"), InvalidTypeError, "got str")):
         with pytest.raises(kind, match=re.escape(named)):
             call()
     with torch.no_grad():

@@ -412,18 +412,6 @@ class EvictingLayer(CacheLayerMixin):
             cache._finish(forward)
 
 
-def _check_indices(method: str, name: str, indices: Any) -> None:
-    """Refuse ``indices`` that are not a 1-D tensor, array, list, tuple or range
-    (:class:`InvalidTypeError`, naming what was passed)."""
-    try:
-        ndim = indices.dim() if isinstance(indices, torch.Tensor) else np.ndim(indices)
-    except ValueError:  # a ragged list
-        ndim = -1
-    if not isinstance(indices, (torch.Tensor, np.ndarray, list, tuple, range)) or ndim != 1:
-        raise InvalidTypeError(f"{method}: {name} must be a 1-D sequence of sequence indices, "
-                               f"got {type(indices).__name__} {indices!r:.60}")
-
-
 def _refuse_states(keys: Any, values: Any) -> None:
     """Refuse keys or values handed to :meth:`EvictingCache.update` that are not 4-D
     tensors, naming what was passed (:class:`InvalidTypeError`, :class:`InvalidInputError`)."""
@@ -1379,11 +1367,21 @@ class EvictingCache(Cache):
         self._slid = {}
         self._window = None
 
-    def _select(self, index: Any, what: str) -> None:
-        """Sequences become ``index`` (old sequence numbers), checked before anything moves."""
+    def _select(self, index: Any, what: str, name: str = "indices", one_each: bool = False) -> None:
+        """Sequences become ``index`` (old sequence numbers, ``name`` in ``what``'s
+        arguments; with ``one_each``, one per sequence), checked before anything moves."""
+        try:
+            ndim = index.dim() if isinstance(index, torch.Tensor) else np.ndim(index)
+        except ValueError:  # a ragged list
+            ndim = -1
+        if not isinstance(index, (torch.Tensor, np.ndarray, list, tuple, range)) or ndim != 1:
+            raise InvalidTypeError(f"{what}: {name} must be a 1-D sequence of sequence indices, "
+                                   f"got {type(index).__name__} {index!r:.60}")
         self._rollback()  # a forward that did not finish: undone first
         if not self.storage.started():
             return
+        if one_each and len(index) != self.storage.batch:
+            raise InvalidInputError(f"{what}: {name} has {len(index)} indices for {self.storage.batch} sequences")
         if self.per_sequence:
             raise InvalidInputError(f"{what}: a cache with one configuration per sequence cannot "
                                     "reorder its batch")
@@ -1408,12 +1406,7 @@ class EvictingCache(Cache):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: sequence ``i`` becomes a copy of sequence ``beam_idx[i]`` (keys,
         values and policy rows); ``beam_idx`` holds one index per sequence."""
-        _check_indices("reorder_cache", "beam_idx", beam_idx)
-        self._rollback()  # a forward that did not finish: undone first
-        if self.storage.started() and len(np.asarray(beam_idx)) != self.storage.batch:
-            raise InvalidInputError(f"reorder_cache: beam_idx has {len(np.asarray(beam_idx))} indices "
-                                    f"for {self.storage.batch} sequences")
-        self._select(beam_idx, "reorder_cache")
+        self._select(beam_idx, "reorder_cache", "beam_idx", one_each=True)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Each sequence repeated ``repeats`` times in place (``[a, b]`` -> ``[a, a, b, b]``)."""
