@@ -120,11 +120,14 @@ int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *c
         uint64_t c = (uint64_t)(int64_t)col[j]; /* a negative column: past any extent */
         dst[j] = mean[c < extent ? c : extent];
     }
-    return all_finite(mean, extent);
+    return sh_valid_f32(mean, extent);
 }
 
-int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
-                         const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite)
+/* sh_gqa_gather_layers, also saying in *valid whether every weight written is finite
+   and >= 0 (what a policy's step checks of its weights). */
+static int gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                         const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite,
+                         int *valid)
 {
     if (weights == NULL || columns == NULL || out == NULL || group < 1 || extent < 1 || col_stride < width)
         return SH_ERR_ARG;
@@ -142,7 +145,7 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
     mean[extent] = 0.0f;
     int (*row)(const float *, size_t, size_t, const int32_t *, size_t, float *, float *) =
         SH_KERNEL(sh_simd_active() && extent <= INT32_MAX, gqa_row); /* AVX2: int32 indices */
-    int every = 1; /* every written weight finite */
+    int every = 1, checked = 1; /* every written weight finite; and >= 0 */
     for (size_t e = 0; e < layers; e++) {
         for (size_t r = 0; r < rows; r++) {
             const int32_t *col = columns + (e * rows + r) * col_stride;
@@ -155,15 +158,31 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
                 prefetch_span(weights[ne] + nr * group * extent, group * extent * sizeof(float));
                 prefetch_span(columns + (ne * rows + nr) * col_stride, width * sizeof(int32_t));
             }
-            int whole = row(weights[e] + r * group * extent, group, extent, col, width, mean, dst);
-            /* A weight that is not finite may lie outside the gathered columns: then
-               only the gathered ones decide. */
-            if (!whole && every)
-                every = all_finite(dst, width);
+            /* A weight that is not finite (or < 0) may lie outside the gathered
+               columns: then only the gathered ones decide. */
+            if (!row(weights[e] + r * group * extent, group, extent, col, width, mean, dst)) {
+                every = every && all_finite(dst, width);
+                checked = checked && sh_valid_f32(dst, width);
+            }
         }
     }
     free(mean);
     if (finite != NULL)
         *finite = every;
+    if (valid != NULL)
+        *valid = checked;
     return SH_OK;
+}
+
+int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                         const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite)
+{
+    return gather_layers(weights, layers, rows, group, extent, columns, col_stride, width, out, finite, NULL);
+}
+
+int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                          const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite,
+                          int *valid)
+{
+    return gather_layers(weights, layers, rows, group, extent, columns, col_stride, width, out, finite, valid);
 }

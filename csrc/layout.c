@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "scissorhands.h"
+#include "sh_internal.h"
 
 int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_t *which, size_t count,
                    const double *cos_table, const double *sin_table, size_t table_rows, size_t half)
@@ -162,13 +162,15 @@ int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows
     }
     if (count == 0 || count > stride || (free_slots != NULL && count + 1 > stride))
         return SH_OK;
-    int finite = 0;
-    int rc = sh_gqa_gather_layers(weights, layers, rows, group, extent, slots, stride, count, gathered, &finite);
+    int finite = 0, checked = 0;
+    int rc = sh_gqa_gather_checked(weights, layers, rows, group, extent, slots, stride, count, gathered, &finite,
+                                   &checked);
     if (rc != SH_OK || !finite)
         return rc;
     double start = policy_seconds != NULL ? now_seconds() : 0.0;
-    rc = sh_policy_step(p, SH_STEP_ADMIT | SH_STEP_EVICT, pos, SH_DTYPE_F32, gathered, total, count, budget, victims,
-                        victim_slots, victims_cap, n_victims);
+    /* sh_policy_step, without checking the weights again when the gather found them valid. */
+    rc = sh_step(p, SH_STEP_ADMIT | SH_STEP_EVICT, pos, SH_DTYPE_F32, gathered, total, count, budget, victims,
+                 victim_slots, victims_cap, NULL, n_victims, checked);
     if (policy_seconds != NULL)
         *policy_seconds = now_seconds() - start;
     if (rc != SH_OK)

@@ -219,7 +219,7 @@ int sh_policy_step_pools(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtyp
         return SH_ERR_ARG;
     if (pool == 1)
         return sh_step(p, flags, pos, dtype, attn, heads, n, budget, victims, slots,
-                       victims_cap, row_victims, n_victims);
+                       victims_cap, row_victims, n_victims, 0);
     if (pool == 0 || p->heads % pool != 0 || sh_ops(p)->values == SH_VALUES_NONE)
         return SH_ERR_ARG;
     int rc = sh_check_step(p, flags, pos, budget);
@@ -248,7 +248,7 @@ int sh_policy_step_pools(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtyp
            wrong n is SH_ERR_LENGTH as for sh_policy_step_rows (its zeros are rewritten
            below). */
         rc = sh_step(p, SH_STEP_ADMIT, pos, dtype, attn, heads, n, budget, NULL, NULL, 0,
-                     row_victims, &none);
+                     row_victims, &none, 0);
         if (rc != SH_OK) {
             free(cand);
             return rc;

@@ -462,7 +462,9 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
    from the slot table, col_stride = stride, into gathered: layers * rows x width, width
    = count), then, when every gathered weight is finite, one sh_policy_step of p (the
    flags of a step, pos, float32 gathered as layers * rows heads of width count, budget,
-   victims and victim_slots of victims_cap, n_victims), then, when every row evicted
+   victims and victim_slots of victims_cap, n_victims; the step's own check of the
+   weights is skipped when the gather found every one it wrote >= 0 too, and made as
+   usual when not), then, when every row evicted
    exactly one position, sh_slots_step_steady of the layers * rows rows (count,
    counts, free_slots, the victim slots as index, valid, valid_stride, freed); with
    free_slots NULL (valid and freed unused) the slot table's step is the caller's.

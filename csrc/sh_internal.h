@@ -167,10 +167,16 @@ size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi
 /* One policy row of a decode step's GQA gather (gqa.c): mean[c] for c < extent, the
    group's weights first[g * extent + c] added in head order in float32, then divided
    by the group's size; then dst[j] = mean[col[j]] for a column in [0, extent), else
-   mean[extent] (the caller's 0). Returns 1 when every mean[c], c < extent, is finite.
+   mean[extent] (the caller's 0). Returns 1 when every mean[c], c < extent, is finite
+   and >= 0 (sh_valid_f32).
    The AVX2 form needs extent <= INT32_MAX (its gather's indices are int32). */
 int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
                float *mean, float *dst);
+/* sh_gqa_gather_layers (gqa.c) that also sets *valid (when not NULL) to 1 when every
+   weight written is finite and >= 0: what sh_step's checked argument vouches for. */
+int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                          const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite,
+                          int *valid);
 #if SH_HAVE_AVX2
 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
                     float *mean, float *dst);
@@ -523,10 +529,12 @@ static inline int sh_ensure_capacity(sh_policy *p, uint64_t need)
 int sh_check_step(const sh_policy *p, int32_t flags, uint32_t pos, uint32_t budget);
 
 /* The work of sh_policy_step (row_victims NULL: every row must evict the same
-   number) and of sh_policy_step_rows (row_victims given: any numbers). */
+   number) and of sh_policy_step_rows (row_victims given: any numbers). checked: the
+   caller has found every weight of attn's heads x n finite and >= 0 (the pass that
+   wrote them did), so they are not checked again; 0 checks them. */
 int sh_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype, const void *attn,
             size_t heads, size_t n, uint32_t budget, uint32_t *victims, int64_t *slots,
-            size_t victims_cap, uint32_t *row_victims, size_t *n_victims);
+            size_t victims_cap, uint32_t *row_victims, size_t *n_victims, int checked);
 
 /* ---------------------------------------------------------------- threads */
 

@@ -742,8 +742,8 @@ AVX2 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const 
        another in float32, then one IEEE division by the group's size. */
     const float divisor = (float)group;
     const __m256 by = _mm256_set1_ps(divisor);
-    const __m256i exponent = _mm256_set1_epi32(0x7f800000);
-    __m256i special = _mm256_setzero_si256();
+    const __m256 zero = _mm256_setzero_ps(), most = _mm256_set1_ps(FLT_MAX);
+    __m256 ok = _mm256_cmp_ps(zero, zero, _CMP_EQ_OQ); /* every mean so far finite and >= 0 */
     size_t c = 0;
     for (; c + 8 <= extent; c += 8) {
         __m256 s = _mm256_loadu_ps(first + c);
@@ -751,19 +751,16 @@ AVX2 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const 
             s = _mm256_add_ps(s, _mm256_loadu_ps(first + g * extent + c));
         s = _mm256_div_ps(s, by);
         _mm256_storeu_ps(mean + c, s);
-        __m256i bits = _mm256_and_si256(_mm256_castps_si256(s), exponent);
-        special = _mm256_or_si256(special, _mm256_cmpeq_epi32(bits, exponent));
+        ok = _mm256_and_ps(ok, _mm256_and_ps(_mm256_cmp_ps(s, zero, _CMP_GE_OQ), _mm256_cmp_ps(s, most, _CMP_LE_OQ)));
     }
-    int whole = _mm256_testz_si256(special, special);
+    int whole = _mm256_movemask_ps(ok) == 0xff;
     for (; c < extent; c++) {
         float s = first[c];
         for (size_t g = 1; g < group; g++)
             s += first[g * extent + c];
         s /= divisor;
         mean[c] = s;
-        uint32_t bits;
-        memcpy(&bits, &s, sizeof bits);
-        whole &= (bits & 0x7f800000u) != 0x7f800000u;
+        whole &= (s >= 0.0f) & (s <= FLT_MAX);
     }
     /* A column outside [0, extent) (negative: a large unsigned) reads mean[extent]. */
     const __m256i top = _mm256_set1_epi32((int32_t)extent);

@@ -274,6 +274,64 @@ def test_the_steady_step_in_one_c_call_leaves_what_the_general_path_leaves(polic
     assert taken.count(2) >= steps - max(0, 12 - prompt) - 1  # the slot table in C too, once evicting
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("where", ["held, in a block of 8", "held, in the tail", "the new token's"])
+def test_a_negative_weight_in_a_steady_step_is_judged_as_the_general_path_judges_it(where, path, monkeypatch):
+    """The steady step's gather checks the weights it writes (finite and >= 0) so that the
+    policy's step need not check them again: a negative weight at a held column (in the
+    AVX2 kernel's blocks of 8 and in its tail, and on the scalar kernel) is refused as
+    the general path refuses it, with its error and the cache as it was; one at the new
+    token's own column, which no policy reads, changes nothing on either path."""
+    from scissorhands.hf import attention
+
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (1, 24), generator=torch.Generator().manual_seed(6))
+    caches = [hf.EvictingCache.from_model(model, "scissorhands", budget=12, recent_window=4) for _ in range(2)]
+    caches[1]._steady_step = lambda forward: None  # the general path only
+    original = attention.grouped_attention
+    spoil: dict[str, object] = {}
+
+    def spoiled(module, query, key, value, mask, kwargs):
+        output, weights = original(module, query, key, value, mask, kwargs)
+        cache = spoil.get("cache")
+        if cache is not None and module.layer_idx == 1:
+            storage = cache.storage
+            row = 2  # layer 1's first row (sequence 0, KV head 0): rows are layer-major
+            held = storage.slots[row, : storage.counts[row]]
+            blocks = weights.shape[-1] // 8 * 8  # the AVX2 kernel's columns in blocks of 8; then its tail
+            assert weights.shape[-1] % 8 and (held < blocks).any() and (held >= blocks).any()
+            column = {"held, in a block of 8": held[held < blocks][0], "held, in the tail": held[held >= blocks][0],
+                      "the new token's": storage.free[row]}[where]
+            weights = weights.clone()
+            weights[0, 1, 0, int(column)] = -0.75  # query head 1 of KV head 0: the group's mean < 0
+        return output, weights
+
+    monkeypatch.setattr(attention, "grouped_attention", spoiled)
+    results = []
+    with on_path(path), torch.no_grad():
+        for cache in caches:
+            model(input_ids=ids[:, :16], cache=cache, use_cache=True)
+            for t in range(16, 20):
+                model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+            before = _layout(cache) + [cache.kept_positions(1, 0, 0)]
+            spoil["cache"] = cache
+            try:
+                logits = model(input_ids=ids[:, 20:21], cache=cache, use_cache=True).logits
+            except InvalidInputError as error:
+                results.append((str(error), before, _layout(cache) + [cache.kept_positions(1, 0, 0)]))
+            else:
+                results.append((logits, _layout(cache) + [cache.kept_positions(1, 0, 0)]))
+            spoil.pop("cache")
+    fused, general = results
+    if where == "the new token's":
+        assert len(fused) == 2 and torch.equal(fused[0], general[0])
+        assert all(np.array_equal(a, b) for a, b in zip(fused[1], general[1]))
+    else:
+        assert len(fused) == 3 and fused[0] == general[0] and "weight" in fused[0]
+        for message, before, after in (fused, general):
+            assert all(np.array_equal(a, b) for a, b in zip(before, after)), message
+
+
 def test_a_replaced_policy_step_is_called_by_the_steady_step(monkeypatch):
     """PolicyRows.step is where a decode step's weights reach the policies: replaced (an
     experiment, a test recording them), the steady state calls it and not the one C call."""
