@@ -772,7 +772,8 @@ def test_a_sweep_refuses_a_value_that_runs_nowhere():
     from scissorhands.options import POLICY_NAMES, sweep
 
     with pytest.raises(InvalidInputError, match=r"^--recent-window 64 would run with no policy at budgets 64: "
-                                                r"h2o at budget 64: --recent-window must be in \[0, 63\], got 64$"):
+                                                r"h2o at budget 64: --recent-window must be below the budget "
+                                                r"\(64\): in \[0, 63\], got 64$"):
         sweep(POLICY_NAMES, [64], {"recent_window": [64]})
 
 
@@ -847,13 +848,32 @@ def test_a_default_the_budget_cannot_hold_is_named_as_the_default(backend, make,
     assert str(info.value) == message and isinstance(info.value, InvalidInputError)
 
 
+def test_a_recent_window_refused_names_itself_and_the_budget(backend):
+    """A recent window as a string that is no fraction names the option (it may come from
+    far from where it was written), with the integer to write when it is a count; one at
+    or above a small budget names the budget, the likely mistake."""
+    from scissorhands.options import PolicyOptions, make_policy
+
+    with pytest.raises(InvalidInputError, match=r"^recent_window '16' is not a fraction like 50% or 0\.5x "
+                                                r"\(a count of positions is an integer: recent_window=16\)$"):
+        make_policy("scissorhands", 64, PolicyOptions(recent_window="16"), backend=backend.name)
+    with pytest.raises(InvalidInputError, match=r"^recent_window 'half' is not a fraction like 50% or 0\.5x$"):
+        make_policy("h2o", 64, PolicyOptions(recent_window="half"), backend=backend.name)
+    with pytest.raises(InvalidInputError, match=r"^recent_window must be below the budget \(1\): in \[0, 0\], "
+                                                r"got 16$"):
+        backend.Scissorhands(budget=1, recent_window=16)
+    with pytest.raises(InvalidTypeError, match=r"^recent_window must be an integer, not bool$"):
+        backend.H2O(budget=16, recent_window=True)
+
+
 def test_a_value_given_keeps_its_plain_message(backend):
     """A recent window given (not the default) is refused with the range as before, and
     TOVA (whose default window of 1 is also its least) with the reason no window fits or
     the plain sum: no advice to pass a smaller window."""
     from scissorhands.options import DefaultRefusedError
 
-    with pytest.raises(InvalidInputError, match=r"^recent_window must be in \[0, 15\], got 20$") as info:
+    with pytest.raises(InvalidInputError,
+                       match=r"^recent_window must be below the budget \(16\): in \[0, 15\], got 20$") as info:
         backend.H2O(budget=16, recent_window=20)
     assert not isinstance(info.value, DefaultRefusedError)
     with pytest.raises(InvalidInputError, match=r"^tova needs recent_window >= 1 .*a budget above 1, got budget 1$"):
@@ -922,3 +942,23 @@ def test_a_sweeps_skip_notes_speak_the_command_lines_words():
     assert [(r.policy, r.budget) for r in runs] == [("full", None), ("scissorhands", 256)]
     (note,) = [n for n in notes if n.startswith("skipped")]
     assert "--recent-window" in note and "recent_window=" not in note
+
+
+def test_numpy_option_values_are_kept_as_the_python_numbers_they_equal():
+    """Options (and a cache configuration's budget) given as NumPy scalars, as a sweep's
+    arrays give them, are the options written by hand: equal, printed alike, serialisable."""
+    import dataclasses
+
+    from scissorhands.options import PolicyOptions
+
+    given = PolicyOptions(recent_window=np.float64(0.75), sinks=np.int32(4), history_window=np.int64(8),
+                          vote_rate=np.bool_(True), pool=np.int16(2))
+    by_hand = PolicyOptions(recent_window=0.75, sinks=4, history_window=8, vote_rate=True, pool=2)
+    assert given == by_hand and repr(given) == repr(by_hand)
+    assert all(type(getattr(given, n)) is type(getattr(by_hand, n)) for n in ("recent_window", "sinks", "vote_rate"))
+    assert json.loads(json.dumps(dataclasses.asdict(given))) == dataclasses.asdict(by_hand)
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
+    from scissorhands.hf.rows import PolicyConfig
+
+    config = PolicyConfig("scissorhands", np.int64(64), given)
+    assert type(config.budget) is int and repr(config) == repr(PolicyConfig("scissorhands", 64, by_hand))

@@ -180,8 +180,8 @@ def check_recent_window(value: Any, budget: int) -> int:
     InvalidTypeError
         ``value`` is neither an integer nor a real number (or is a bool).
     InvalidInputError
-        An integer outside ``[0, budget - 1]``, or a fraction outside ``[0, 1)``
-        (NaN and infinities included).
+        An integer outside ``[0, budget - 1]`` (the message names the budget), or a
+        fraction outside ``[0, 1)`` (NaN and infinities included).
     """
     if isinstance(value, numbers.Real) and not isinstance(value, (numbers.Integral, bool)):
         if isinstance(value, Fraction):
@@ -197,7 +197,12 @@ def check_recent_window(value: Any, budget: int) -> int:
     if not isinstance(value, numbers.Integral):
         raise InvalidTypeError("recent_window must be an integer or a fraction of the budget "
                                f"in [0, 1), not {type(value).__name__}")
-    return check_int("recent_window", value, 0, budget - 1)
+    if isinstance(value, bool):
+        raise InvalidTypeError("recent_window must be an integer, not bool")  # as check_int says it
+    if not 0 <= value < budget:  # named with the budget, the likely mistake when it is small
+        raise InvalidInputError(f"recent_window must be below the budget ({budget}): in [0, {budget - 1}], "
+                                f"got {value}")
+    return int(value)
 
 
 # ----------------------------------------------------------------------------- weights

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
 from ._shared import MAX_HEADS, MAX_HISTORY_WINDOW, check_flag, check_int, check_recent_window
 from .errors import InvalidInputError, InvalidTypeError, ScissorhandsError
 
@@ -109,7 +111,13 @@ def resolve_recent_window(value: Any, budget: int) -> int:
     float/``Fraction`` as ``floor(fraction * budget)`` (the constructors' rule,
     :func:`scissorhands._shared.check_recent_window`)."""
     if isinstance(value, str):
-        return check_recent_window(spec_fraction(value), budget)
+        try:
+            fraction = spec_fraction(value)
+        except InvalidInputError as exc:  # named: the spec may reach here from far away
+            count = value.strip().isdigit()
+            hint = f" (a count of positions is an integer: recent_window={value.strip()})" if count else ""
+            raise InvalidInputError(f"recent_window {exc}{hint}") from None
+        return check_recent_window(fraction, budget)
     return check_recent_window(value, budget)
 
 
@@ -557,6 +565,14 @@ class PolicyOptions:
     history_window: int | None = None
     vote_rate: bool = False
     pool: int | str = 1
+
+    def __post_init__(self) -> None:
+        # NumPy scalars kept as the Python numbers they equal (what a sweep's arrays give),
+        # so that the options print, compare and serialise as the same options written by hand.
+        for name in ("recent_window", "sinks", "history_window", "vote_rate", "pool"):
+            value = getattr(self, name)
+            if isinstance(value, np.generic):
+                object.__setattr__(self, name, value.item())
 
     def values(self, policy: str, budget: int | None,
                pools: Mapping[str, int] | None = None) -> dict[str, Any]:

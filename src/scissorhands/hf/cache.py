@@ -548,10 +548,11 @@ class EvictingCache(Cache):
     policy : str, default "scissorhands"
         A registry name: ``full``, ``streaming-llm``, ``h2o``, ``tova``, ``scissorhands``.
     budget : int or None, default 512
-        Positions each (sequence, layer, KV head) holds after every step (ignored by
-        ``full``); above the recent window plus the sinks, so at least 33 with the
-        default recent window of 32 (``DefaultRefusedError``, an ``InvalidInputError``,
-        says so and how to pass a smaller one, such as ``recent_window=0.75``).
+        Positions each (sequence, layer, KV head) holds after every step; above the
+        recent window plus the sinks, so at least 33 with the default recent window of
+        32 (``DefaultRefusedError``, an ``InvalidInputError``, says so and how to pass
+        a smaller one, such as ``recent_window=0.75``).  ``full`` never evicts: it
+        takes None, or an integer checked as the others check theirs (>= 1).
     options : PolicyOptions, optional
         The policy's options; or give them as keywords (``recent_window=0.75``, ...).
     head_mode : {"per-head", "mean"}, default "per-head"

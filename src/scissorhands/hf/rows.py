@@ -36,6 +36,10 @@ class PolicyConfig:
     options: PolicyOptions = field(default_factory=PolicyOptions)
     backend: str = "native"
 
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, np.integer):  # a NumPy budget kept as the int it equals
+            object.__setattr__(self, "budget", int(self.budget))
+
     def check(self) -> None:
         """Build a one-row policy (its pool checked on its own: the cache checks that it
         divides a sequence's rows), so that a bad name, budget or option raises now.
