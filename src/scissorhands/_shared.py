@@ -199,10 +199,11 @@ def check_recent_window(value: Any, budget: int) -> int:
                                f"in [0, 1), not {type(value).__name__}")
     if isinstance(value, bool):
         raise InvalidTypeError("recent_window must be an integer, not bool")  # as check_int says it
-    if not 0 <= value < budget:  # named with the budget, the likely mistake when it is small
+    count = int(value)
+    if not 0 <= count < budget:  # named with the budget, the likely mistake when it is small
         raise InvalidInputError(f"recent_window must be below the budget ({budget}): in [0, {budget - 1}], "
-                                f"got {value}")
-    return int(value)
+                                f"got {count}")
+    return count
 
 
 # ----------------------------------------------------------------------------- weights
