@@ -569,10 +569,10 @@ class PolicyOptions:
     def __post_init__(self) -> None:
         # NumPy scalars kept as the Python numbers they equal (what a sweep's arrays give),
         # so that the options print, compare and serialise as the same options written by hand.
-        for name in ("recent_window", "sinks", "history_window", "vote_rate", "pool"):
-            value = getattr(self, name)
+        for option in dataclasses.fields(self):
+            value = getattr(self, option.name)
             if isinstance(value, np.generic):
-                object.__setattr__(self, name, value.item())
+                object.__setattr__(self, option.name, value.item())
 
     def values(self, policy: str, budget: int | None,
                pools: Mapping[str, int] | None = None) -> dict[str, Any]:
