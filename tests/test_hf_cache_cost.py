@@ -401,6 +401,45 @@ def test_what_the_cache_is_handed_by_hand_is_refused_naming_it():
     assert np.array_equal(cache.held_counts(), twin.held_counts())
 
 
+def test_keys_of_no_sequence_or_other_kv_heads_are_refused_by_an_empty_cache_naming_them():
+    """An empty cache handed keys of a batch of 0, or of another number of KV heads than
+    its configuration's, says so with the shape (not the advice to reset a cache that
+    holds nothing, nor an internal name), and stays empty: the model's forward then
+    equals a fresh cache's."""
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (1, 6), generator=torch.Generator().manual_seed(3))
+    cache, twin = (hf.EvictingCache.from_model(model, "scissorhands", budget=8, recent_window=2) for _ in range(2))
+    z = torch.zeros
+    for keys, named in ((z(0, 2, 5, 16), "keys (0, 2, 5, 16) to an empty cache built for 2 KV heads: a forward "
+                                          "needs at least one sequence"),
+                        (z(1, 6, 5, 16), "keys (1, 6, 5, 16) to an empty cache built for 2 KV heads: 6 KV heads "
+                                          "is not the configuration's")):
+        with pytest.raises(InvalidInputError, match=re.escape(named)):
+            cache.update(keys, keys, 0)
+        assert cache.get_seq_length() == 0 and cache.batch == 0
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids, cache=cache, use_cache=True).logits,
+                           model(input_ids=ids, cache=twin, use_cache=True).logits)
+
+
+def test_an_observer_may_ask_the_cache_its_length_mid_forward():
+    """get_seq_length() and get_mask_sizes() asked by an observer (mid-forward) give the
+    cache as it was before the forward and leave the forward be: generate's tokens are
+    those without the observer."""
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (1, 10), generator=torch.Generator().manual_seed(7))
+    caches = [hf.EvictingCache.from_model(model, "scissorhands", budget=8, recent_window=2) for _ in range(2)]
+    asked = []
+    caches[0].add_observer(lambda layer, w: asked.append((caches[0].get_seq_length(), caches[0].seen,
+                                                          caches[0].get_mask_sizes(w.shape[2], layer))))
+    with torch.no_grad():
+        out = [model.generate(input_ids=ids, cache=c, max_new_tokens=12, do_sample=False) for c in caches]
+    assert torch.equal(out[0], out[1])
+    # The prompt's forward and 11 decode steps (the 12th token is not fed back), 2 layers each.
+    assert len(asked) == 2 * 12 and all(length == seen for length, seen, _ in asked)
+    assert [a[0] for a in asked[::2]] == [0] + list(range(10, 21))
+
+
 def test_keys_handed_to_update_by_hand_are_undone_at_the_next_forward():
     """Keys and values of the right shape handed to update() by hand start a forward no
     attention reaches: the next forward undoes it and refuses, saying the cache is as it

@@ -390,9 +390,13 @@ class EvictingLayer(CacheLayerMixin):
         e = self.index
         if not forward.written[e]:
             raise InvalidInputError(_OUT_OF_SYNC)
-        if weights is not None:
-            for observer in list(cache._observers):
-                observer(self.layer, weights.detach())
+        if weights is not None and cache._observers:
+            cache._observing = True  # what an observer reads of the cache does not end the forward
+            try:
+                for observer in list(cache._observers):
+                    observer(self.layer, weights.detach())
+            finally:
+                cache._observing = False
         if weights is not None and cache._policies_read and cache._decodes(forward):
             forward.pending.add(weights)  # a decode step's: all layers in one call at the last
         elif weights is not None and cache._policies_read:
@@ -799,6 +803,9 @@ class EvictingCache(Cache):
         in the order it is called within a forward."""
         return [layer.layer for layer in self.layers if isinstance(layer, EvictingLayer)]
 
+    #: Whether an observer is being called (its reads of the cache leave the forward be).
+    _observing = False
+
     def add_observer(self, fn: AttentionObserver) -> ObserverHandle:
         """Call ``fn(layer, weights)`` with every evicting layer's attention, every forward.
 
@@ -814,8 +821,10 @@ class EvictingCache(Cache):
 
         Called in layer order, as each layer's attention is computed and before the cache
         uses the weights; after the last layer's observers the policies step.  During the
-        calls ``cache.seen`` is the position of the forward's first token.  An observer
-        must not change the cache; an exception it raises propagates out of the forward.
+        calls ``cache.seen`` (and ``get_seq_length()``) is the position of the forward's
+        first token, and the inspection methods give the cache as it was before the
+        forward.  An observer must not change the cache; an exception it raises
+        propagates out of the forward (which is undone).
         Observers are not copied with the cache (``copy.deepcopy``, pickling).
 
         Returns
@@ -964,11 +973,17 @@ class EvictingCache(Cache):
     def _begin(self, key: torch.Tensor) -> _Forward:
         """The first evicting layer's write: the forward's state, its tokens' slots planned."""
         self._settle()
+        storage = self.storage
+        fresh = not storage.started()
+        if fresh and (key.shape[0] < 1 or key.shape[1] != self.num_kv_heads):  # before anything changes
+            raise InvalidInputError(
+                f"the model wrote keys {tuple(key.shape)} to an empty cache built for {self.num_kv_heads} KV heads: "
+                + ("a forward needs at least one sequence" if key.shape[0] < 1 else
+                   f"{int(key.shape[1])} KV heads is not the configuration's (build the cache from the model "
+                   "that runs it)"))
         q = int(key.shape[2])
         if q == 1:
             self._prompt_end()
-        storage = self.storage
-        fresh = not storage.started()
         plan = (storage.extent, storage.chunk_start, storage.q)
         pending = self._pending
         if pending is None or pending.size != self.evicting_layers:
@@ -1337,7 +1352,8 @@ class EvictingCache(Cache):
         refused), so that every layer's mask is sized for the cache as it was before it."""
         if type(layer_idx) is not int or not 0 <= layer_idx < len(self.layers):
             self._layer_index("layer_idx", layer_idx)
-        self._settle()
+        if not self._observing:  # an observer's call, mid-forward: the position before it
+            self._settle()
         return self.seen
 
     @_outside_graph
@@ -1348,9 +1364,10 @@ class EvictingCache(Cache):
         prompt's end evicts here, so that the sizes are those the step attends over."""
         if type(layer_idx) is not int or not 0 <= layer_idx < len(self.layers):
             layer_idx = self._layer_index("layer_idx", layer_idx)
-        self._settle()
-        if query_length == 1:
-            self._prompt_end()
+        if not self._observing:  # an observer's call, mid-forward, changes nothing
+            self._settle()
+            if query_length == 1:
+                self._prompt_end()
         return super().get_mask_sizes(query_length, layer_idx)
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
