@@ -857,6 +857,10 @@ def test_a_recent_window_refused_names_itself_and_the_budget(backend):
     with pytest.raises(InvalidInputError, match=r"^recent_window '16' is not a fraction like 50% or 0\.5x "
                                                 r"\(a count of positions is an integer: recent_window=16\)$"):
         make_policy("scissorhands", 64, PolicyOptions(recent_window="16"), backend=backend.name)
+    with pytest.raises(InvalidInputError, match=r"^recent_window '0\.5' is not a fraction like 50% or 0\.5x "
+                                                r"\(a fraction is a float, recent_window=0\.5, or a string with "
+                                                r"its suffix, '0\.5x'\)$"):
+        make_policy("tova", 64, PolicyOptions(recent_window="0.5"), backend=backend.name)
     with pytest.raises(InvalidInputError, match=r"^recent_window 'half' is not a fraction like 50% or 0\.5x$"):
         make_policy("h2o", 64, PolicyOptions(recent_window="half"), backend=backend.name)
     with pytest.raises(InvalidInputError, match=r"^recent_window must be below the budget \(1\): in \[0, 0\], "

@@ -114,11 +114,24 @@ def resolve_recent_window(value: Any, budget: int) -> int:
         try:
             fraction = spec_fraction(value)
         except InvalidInputError as exc:  # named: the spec may reach here from far away
-            count = value.strip().isdigit()
-            hint = f" (a count of positions is an integer: recent_window={value.strip()})" if count else ""
+            text = value.strip()
+            hint = ""
+            if text.isdigit():
+                hint = f" (a count of positions is an integer: recent_window={text})"
+            elif _is_decimal(text):
+                hint = f" (a fraction is a float, recent_window={text}, or a string with its suffix, '{text}x')"
             raise InvalidInputError(f"recent_window {exc}{hint}") from None
         return check_recent_window(fraction, budget)
     return check_recent_window(value, budget)
+
+
+def _is_decimal(text: str) -> bool:
+    """Whether ``text`` reads as a number with a decimal point (``0.5``)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return "." in text
 
 
 def _parse_count(text: str) -> int:
