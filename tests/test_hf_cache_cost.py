@@ -440,6 +440,52 @@ def test_an_observer_may_ask_the_cache_its_length_mid_forward():
     assert [a[0] for a in asked[::2]] == [0] + list(range(10, 21))
 
 
+@pytest.mark.parametrize("layer", [0, 1])
+@pytest.mark.parametrize("at", [0, 3])
+@pytest.mark.parametrize("call", ["reset()", "update()", "pin()", "end_prompt()", "reorder_cache()",
+                                  "batch_select_indices()"])
+def test_an_observer_that_changes_the_cache_is_refused_and_the_forward_undone(call, at, layer):
+    """An observer calling what changes the cache, mid-forward (the prompt's or a decode
+    step's, at the first or the last layer), is refused with the library's error naming
+    the call; the forward is undone, and the cache then goes on as a twin that never ran
+    the observer."""
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (1, 16), generator=torch.Generator().manual_seed(8))
+    cache, twin = (hf.EvictingCache.from_model(model, "scissorhands", budget=8, recent_window=2) for _ in range(2))
+    z = torch.zeros(1, 2, 1, 16)
+    calls = {"reset()": cache.reset, "update()": lambda: cache.update(z, z, 0), "pin()": lambda: cache.pin(0, 1),
+             "end_prompt()": cache.end_prompt, "reorder_cache()": lambda: cache.reorder_cache([0]),
+             "batch_select_indices()": lambda: cache.batch_select_indices([0])}
+    forwards = [ids[:, :10]] + [ids[:, t:t + 1] for t in range(10, 16)]
+    handle = None
+    with torch.no_grad():
+        for i, piece in enumerate(forwards):
+            if i == at:
+                handle = cache.add_observer(lambda e, w: calls[call]() if e == layer else None)
+                with pytest.raises(InvalidInputError, match=re.escape(f"{call} was called by an attention observer")):
+                    model(input_ids=piece, cache=cache, use_cache=True)
+                handle.remove()
+                assert cache.get_seq_length() == twin.get_seq_length() and cache.pins == twin.pins
+            assert torch.equal(model(input_ids=piece, cache=cache, use_cache=True).logits,
+                               model(input_ids=piece, cache=twin, use_cache=True).logits)
+    assert np.array_equal(cache.held_counts(), twin.held_counts())
+
+
+def test_a_forward_of_no_token_is_refused_before_anything_changes():
+    """Keys of no token (a forward of length 0) are refused by shape; the cache is as it was."""
+    model = _tiny()
+    ids = torch.randint(2, VOCAB - 1, (1, 8), generator=torch.Generator().manual_seed(9))
+    cache, twin = (hf.EvictingCache.from_model(model, "scissorhands", budget=8, recent_window=2) for _ in range(2))
+    named = re.escape("keys (1, 2, 0, 16): a forward needs at least one token")
+    for step in range(2):
+        with pytest.raises(InvalidInputError, match=named):
+            cache.update(torch.zeros(1, 2, 0, 16), torch.zeros(1, 2, 0, 16), 0)
+        with torch.no_grad():
+            piece = ids[:, :6] if step == 0 else ids[:, 6:7]
+            assert torch.equal(model(input_ids=piece, cache=cache, use_cache=True).logits,
+                               model(input_ids=piece, cache=twin, use_cache=True).logits)
+
+
 def test_keys_handed_to_update_by_hand_are_undone_at_the_next_forward():
     """Keys and values of the right shape handed to update() by hand start a forward no
     attention reaches: the next forward undoes it and refuses, saying the cache is as it

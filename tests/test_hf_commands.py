@@ -268,7 +268,7 @@ def test_generate_shows_the_progress_of_a_long_prompt(tiny_model, capsys):
     (dict(prompt="x", sample=True, top_p=2.0), "--top-p must be in (0, 1], got 2.0"),
     (dict(prompt="x", temperature=0.7), "--temperature needs --sample"),
     (dict(prompt="x", budget=64, recent_window=64),
-     "--recent-window must be below the budget (64): in [0, 63], got 64 (--budget 64)"),
+     "--recent-window must be below the budget (64): in [0, 63], got 64 (or a budget above 64) (--budget 64)"),
     (dict(prompt="x", policy="h2o", budget=16, recent_window=4, pool="layer", positions="cache"), "positions='cache'"),
 ])
 def test_generate_refuses_bad_arguments_before_loading(monkeypatch, capsys, kwargs, message):

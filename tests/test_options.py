@@ -773,7 +773,7 @@ def test_a_sweep_refuses_a_value_that_runs_nowhere():
 
     with pytest.raises(InvalidInputError, match=r"^--recent-window 64 would run with no policy at budgets 64: "
                                                 r"h2o at budget 64: --recent-window must be below the budget "
-                                                r"\(64\): in \[0, 63\], got 64$"):
+                                                r"\(64\): in \[0, 63\], got 64 \(or a budget above 64\)$"):
         sweep(POLICY_NAMES, [64], {"recent_window": [64]})
 
 
@@ -857,6 +857,9 @@ def test_a_recent_window_refused_names_itself_and_the_budget(backend):
     with pytest.raises(InvalidInputError, match=r"^recent_window '16' is not a fraction like 50% or 0\.5x "
                                                 r"\(a count of positions is an integer: recent_window=16\)$"):
         make_policy("scissorhands", 64, PolicyOptions(recent_window="16"), backend=backend.name)
+    with pytest.raises(InvalidInputError, match=r"^recent_window '16\.0' is not a fraction like 50% or 0\.5x "
+                                                r"\(a count of positions is an integer: recent_window=16\)$"):
+        make_policy("h2o", 64, PolicyOptions(recent_window="16.0"), backend=backend.name)
     with pytest.raises(InvalidInputError, match=r"^recent_window '0\.5' is not a fraction like 50% or 0\.5x "
                                                 r"\(a fraction is a float, recent_window=0\.5, or a string with "
                                                 r"its suffix, '0\.5x'\)$"):
@@ -864,7 +867,7 @@ def test_a_recent_window_refused_names_itself_and_the_budget(backend):
     with pytest.raises(InvalidInputError, match=r"^recent_window 'half' is not a fraction like 50% or 0\.5x$"):
         make_policy("h2o", 64, PolicyOptions(recent_window="half"), backend=backend.name)
     with pytest.raises(InvalidInputError, match=r"^recent_window must be below the budget \(1\): in \[0, 0\], "
-                                                r"got 16$"):
+                                                r"got 16 \(or a budget above 16\)$"):
         backend.Scissorhands(budget=1, recent_window=16)
     with pytest.raises(InvalidTypeError, match=r"^recent_window must be an integer, not bool$"):
         backend.H2O(budget=16, recent_window=True)
@@ -877,7 +880,8 @@ def test_a_value_given_keeps_its_plain_message(backend):
     from scissorhands.options import DefaultRefusedError
 
     with pytest.raises(InvalidInputError,
-                       match=r"^recent_window must be below the budget \(16\): in \[0, 15\], got 20$") as info:
+                       match=r"^recent_window must be below the budget \(16\): in \[0, 15\], got 20 "
+                             r"\(or a budget above 20\)$") as info:
         backend.H2O(budget=16, recent_window=20)
     assert not isinstance(info.value, DefaultRefusedError)
     with pytest.raises(InvalidInputError, match=r"^tova needs recent_window >= 1 .*a budget above 1, got budget 1$"):

@@ -201,8 +201,9 @@ def check_recent_window(value: Any, budget: int) -> int:
         raise InvalidTypeError("recent_window must be an integer, not bool")  # as check_int says it
     count = int(value)
     if not 0 <= count < budget:  # named with the budget, the likely mistake when it is small
+        above = f" (or a budget above {count})" if count >= budget else ""
         raise InvalidInputError(f"recent_window must be below the budget ({budget}): in [0, {budget - 1}], "
-                                f"got {count}")
+                                f"got {count}{above}")
     return count
 
 

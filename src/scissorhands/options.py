@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import itertools
+import math
 import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -115,23 +116,24 @@ def resolve_recent_window(value: Any, budget: int) -> int:
             fraction = spec_fraction(value)
         except InvalidInputError as exc:  # named: the spec may reach here from far away
             text = value.strip()
+            number = _number(text)
             hint = ""
-            if text.isdigit():
-                hint = f" (a count of positions is an integer: recent_window={text})"
-            elif _is_decimal(text):
+            if number is not None and number >= 1 and number == int(number):
+                hint = f" (a count of positions is an integer: recent_window={int(number)})"
+            elif number is not None and 0 <= number < 1:
                 hint = f" (a fraction is a float, recent_window={text}, or a string with its suffix, '{text}x')"
             raise InvalidInputError(f"recent_window {exc}{hint}") from None
         return check_recent_window(fraction, budget)
     return check_recent_window(value, budget)
 
 
-def _is_decimal(text: str) -> bool:
-    """Whether ``text`` reads as a number with a decimal point (``0.5``)."""
+def _number(text: str) -> float | None:
+    """``text`` as a finite number, or None when it does not read as one."""
     try:
-        float(text)
+        number = float(text)
     except ValueError:
-        return False
-    return "." in text
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _parse_count(text: str) -> int:

@@ -277,9 +277,10 @@ class EvictingLayer(CacheLayerMixin):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this forward's keys and values ``(batch, kv_heads, q, head_dim)`` where the
         storage planned them; return the held ones, ``[0, extent)`` of the buffers."""
+        cache = self.cache
+        cache._unchanged_by_observers("update()")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        cache = self.cache
         start = time.perf_counter()
         forward = cache._begin(key_states) if self.index == 0 else self._in_flight()
         if forward.written[self.index]:
@@ -779,8 +780,9 @@ class EvictingCache(Cache):
         InvalidTypeError, InvalidInputError
             What the policy's ``pin`` refuses (a bad span; pins that leave nothing to
             evict: pinned plus recent window plus sinks reaching the budget), checked
-            before anything changes.
+            before anything changes; called by an observer mid-forward.
         """
+        self._unchanged_by_observers("pin()")
         spans = _checked_pins(self.configs, self._pins, [(start, stop)])
         _check_pins_leave_room(spans, self.prompt_aware, self.configs)
         if self.bank is not None:
@@ -806,6 +808,13 @@ class EvictingCache(Cache):
     #: Whether an observer is being called (its reads of the cache leave the forward be).
     _observing = False
 
+    def _unchanged_by_observers(self, what: str) -> None:
+        """Refuse ``what`` (a call that changes the cache) while an observer is being called."""
+        if self._observing:
+            raise InvalidInputError(
+                f"{what} was called by an attention observer mid-forward: an observer must not change the "
+                "cache (the forward raises, undone: the cache is as it was before it)")
+
     def add_observer(self, fn: AttentionObserver) -> ObserverHandle:
         """Call ``fn(layer, weights)`` with every evicting layer's attention, every forward.
 
@@ -823,8 +832,10 @@ class EvictingCache(Cache):
         uses the weights; after the last layer's observers the policies step.  During the
         calls ``cache.seen`` (and ``get_seq_length()``) is the position of the forward's
         first token, and the inspection methods give the cache as it was before the
-        forward.  An observer must not change the cache; an exception it raises
-        propagates out of the forward (which is undone).
+        forward.  An observer must not change the cache (``reset()``, ``update()``,
+        ``pin()``, a batch reshuffle, ``end_prompt()`` called from one raise
+        ``InvalidInputError``); an exception it raises propagates out of the forward
+        (which is undone).
         Observers are not copied with the cache (``copy.deepcopy``, pickling).
 
         Returns
@@ -975,7 +986,9 @@ class EvictingCache(Cache):
         self._settle()
         storage = self.storage
         fresh = not storage.started()
-        if fresh and (key.shape[0] < 1 or key.shape[1] != self.num_kv_heads):  # before anything changes
+        if key.shape[2] < 1:  # before anything changes
+            raise InvalidInputError(f"the model wrote keys {tuple(key.shape)}: a forward needs at least one token")
+        if fresh and (key.shape[0] < 1 or key.shape[1] != self.num_kv_heads):
             raise InvalidInputError(
                 f"the model wrote keys {tuple(key.shape)} to an empty cache built for {self.num_kv_heads} KV heads: "
                 + ("a forward needs at least one sequence" if key.shape[0] < 1 else
@@ -1045,6 +1058,7 @@ class EvictingCache(Cache):
         InvalidInputError
             The policy refuses the window (the cache as it was).
         """
+        self._unchanged_by_observers("end_prompt()")
         self._settle()
         self._prompt_end()
 
@@ -1325,6 +1339,7 @@ class EvictingCache(Cache):
         forward).  At layer 0 a forward that did not finish is undone first; transformers'
         own layers are remembered as they were, so that a forward failing before its step
         leaves every layer as it was."""
+        self._unchanged_by_observers("update()")
         if type(layer_idx) is not int or not 0 <= layer_idx < len(self.layers):
             layer_idx = self._layer_index("layer_idx", layer_idx)
         if not (isinstance(key_states, torch.Tensor) and isinstance(value_states, torch.Tensor)
@@ -1375,6 +1390,7 @@ class EvictingCache(Cache):
 
     def reset(self) -> None:
         """Forget everything: the cache is ready for a new prompt (of any batch size)."""
+        self._unchanged_by_observers("reset()")
         for layer in self.layers:
             layer.reset()
         self.storage.clear()
@@ -1388,6 +1404,7 @@ class EvictingCache(Cache):
     def _select(self, index: Any, what: str, name: str = "indices", one_each: bool = False) -> None:
         """Sequences become ``index`` (old sequence numbers, ``name`` in ``what``'s
         arguments; with ``one_each``, one per sequence), checked before anything moves."""
+        self._unchanged_by_observers(f"{what}()")
         try:
             ndim = index.dim() if isinstance(index, torch.Tensor) else np.ndim(index)
         except ValueError:  # a ragged list
