@@ -780,7 +780,7 @@ class EvictingCache(Cache):
         InvalidTypeError, InvalidInputError
             What the policy's ``pin`` refuses (a bad span; pins that leave nothing to
             evict: pinned plus recent window plus sinks reaching the budget), checked
-            before anything changes; called by an observer mid-forward.
+            before anything changes; or the call comes from an observer mid-forward.
         """
         self._unchanged_by_observers("pin()")
         spans = _checked_pins(self.configs, self._pins, [(start, stop)])
@@ -813,7 +813,7 @@ class EvictingCache(Cache):
         if self._observing:
             raise InvalidInputError(
                 f"{what} was called by an attention observer mid-forward: an observer must not change the "
-                "cache (the forward raises, undone: the cache is as it was before it)")
+                "cache (the forward is undone: the cache is as it was before it)")
 
     def add_observer(self, fn: AttentionObserver) -> ObserverHandle:
         """Call ``fn(layer, weights)`` with every evicting layer's attention, every forward.
@@ -856,6 +856,7 @@ class EvictingCache(Cache):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_observers"] = []
+        state.pop("_observing", None)  # a copy made by an observer calls none
         state["_gathered"] = state["_pending"] = state["_steady_out"] = None
         return state
 
