@@ -123,11 +123,9 @@ int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *c
     return sh_valid_f32(mean, extent);
 }
 
-/* sh_gqa_gather_layers, also saying in *valid whether every weight written is finite
-   and >= 0 (what a policy's step checks of its weights). */
-static int gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
-                         const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite,
-                         int *valid)
+int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                          const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite,
+                          int *valid)
 {
     if (weights == NULL || columns == NULL || out == NULL || group < 1 || extent < 1 || col_stride < width)
         return SH_ERR_ARG;
@@ -161,8 +159,9 @@ static int gather_layers(const float *const *weights, size_t layers, size_t rows
             /* A weight that is not finite (or < 0) may lie outside the gathered
                columns: then only the gathered ones decide. */
             if (!row(weights[e] + r * group * extent, group, extent, col, width, mean, dst)) {
-                every = every && all_finite(dst, width);
-                checked = checked && sh_valid_f32(dst, width);
+                int ok = sh_valid_f32(dst, width); /* valid implies finite */
+                checked = checked && ok;
+                every = every && (ok || all_finite(dst, width));
             }
         }
     }
@@ -177,12 +176,6 @@ static int gather_layers(const float *const *weights, size_t layers, size_t rows
 int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                          const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite)
 {
-    return gather_layers(weights, layers, rows, group, extent, columns, col_stride, width, out, finite, NULL);
-}
-
-int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
-                          const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite,
-                          int *valid)
-{
-    return gather_layers(weights, layers, rows, group, extent, columns, col_stride, width, out, finite, valid);
+    return sh_gqa_gather_checked(weights, layers, rows, group, extent, columns, col_stride, width, out, finite,
+                                 NULL);
 }
