@@ -278,7 +278,8 @@ class EvictingLayer(CacheLayerMixin):
         """Write this forward's keys and values ``(batch, kv_heads, q, head_dim)`` where the
         storage planned them; return the held ones, ``[0, extent)`` of the buffers."""
         cache = self.cache
-        cache._unchanged_by_observers("update()")
+        if cache._observing:  # an attribute read on every layer's write; the call only when refused
+            cache._unchanged_by_observers("update()")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = time.perf_counter()
@@ -1340,7 +1341,8 @@ class EvictingCache(Cache):
         forward).  At layer 0 a forward that did not finish is undone first; transformers'
         own layers are remembered as they were, so that a forward failing before its step
         leaves every layer as it was."""
-        self._unchanged_by_observers("update()")
+        if self._observing:  # as in EvictingLayer.update: before layer 0's settling
+            self._unchanged_by_observers("update()")
         if type(layer_idx) is not int or not 0 <= layer_idx < len(self.layers):
             layer_idx = self._layer_index("layer_idx", layer_idx)
         if not (isinstance(key_states, torch.Tensor) and isinstance(value_states, torch.Tensor)
