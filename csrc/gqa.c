@@ -42,8 +42,7 @@ static void group_mean(const float *first, size_t group, size_t plane, size_t hi
         mean[c] /= divisor;
 }
 
-/* Ask for every cache line of [p, p + bytes) (a hint: nothing when the compiler has none). */
-static void prefetch_span(const void *p, size_t bytes)
+void sh_prefetch(const void *p, size_t bytes)
 {
 #if defined(__GNUC__) || defined(__clang__)
     const char *c = (const char *)p;
@@ -153,8 +152,8 @@ int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t row
                through the caches since the attention wrote them). */
             size_t ne = r + 1 < rows ? e : e + 1, nr = r + 1 < rows ? r + 1 : 0;
             if (ne < layers) {
-                prefetch_span(weights[ne] + nr * group * extent, group * extent * sizeof(float));
-                prefetch_span(columns + (ne * rows + nr) * col_stride, width * sizeof(int32_t));
+                sh_prefetch(weights[ne] + nr * group * extent, group * extent * sizeof(float));
+                sh_prefetch(columns + (ne * rows + nr) * col_stride, width * sizeof(int32_t));
             }
             /* A weight that is not finite (or < 0) may lie outside the gathered
                columns: then only the gathered ones decide. */

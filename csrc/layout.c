@@ -10,6 +10,7 @@
  * adds one float32 rounding per turn and no drift of its norm.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -143,6 +144,107 @@ static double now_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The steady step's rows as sh_step_steady asks for them (sh_row_source): row h of
+   `total` (layer h / rows) gathered when asked, its slot table row stepped after. */
+typedef struct steady_rows {
+    const float *const *weights;
+    size_t layers, rows, group, extent;
+    int32_t *slots;
+    size_t stride, count;
+    int (*row)(const float *, size_t, size_t, const int32_t *, size_t, float *, float *);
+    float *mean, *gathered; /* extent + 1, count */
+    const int64_t *free_slots;
+    uint8_t *valid;
+    size_t valid_stride;
+    int64_t *freed;
+    int32_t *was_end;    /* per row: the slot table's entry at count before the step */
+    uint8_t *was_valid;  /* per row: the freed slot's validity before the step */
+} steady_rows;
+
+/* Row h's gathered weights, or NULL when a gathered one is not finite and >= 0. */
+static const float *steady_make(void *ctx, size_t h)
+{
+    steady_rows *s = ctx;
+    size_t e = h / s->rows, r = h % s->rows, next = h + 1;
+    if (next < s->layers * s->rows) { /* the next row's weights and slots, asked of memory now */
+        sh_prefetch(s->weights[next / s->rows] + (next % s->rows) * s->group * s->extent,
+                 s->group * s->extent * sizeof(float));
+        sh_prefetch(s->slots + next * s->stride, s->count * sizeof(int32_t));
+    }
+    const int32_t *col = s->slots + h * s->stride;
+    /* A weight not valid may lie outside the gathered columns: then those decide. */
+    if (!s->row(s->weights[e] + r * s->group * s->extent, s->group, s->extent, col, s->count, s->mean,
+                s->gathered)
+        && !sh_valid_f32(s->gathered, s->count))
+        return NULL;
+    return s->gathered;
+}
+
+/* Row h's slot table step (sh_slots_step_steady's for one row), its victim at kept
+   index v: nonzero, nothing changed, when a slot is out of range. */
+static int steady_after(void *ctx, size_t h, int64_t v)
+{
+    steady_rows *s = ctx;
+    int32_t *row = s->slots + h * s->stride;
+    size_t count = s->count;
+    if (v < 0 || (uint64_t)v > count)
+        return 1;
+    int64_t gone = (uint64_t)v == count ? s->free_slots[h] : row[v];
+    if (gone < 0 || (uint64_t)gone >= s->valid_stride)
+        return 1;
+    s->was_end[h] = row[count];
+    s->was_valid[h] = s->valid[h * s->valid_stride + (size_t)gone];
+    row[count] = (int32_t)s->free_slots[h];
+    s->freed[h] = gone;
+    memmove(row + v, row + v + 1, (count - (size_t)v) * sizeof *row);
+    s->valid[h * s->valid_stride + (size_t)gone] = 0;
+    return 0;
+}
+
+static void steady_undo(void *ctx, size_t h, int64_t v)
+{
+    steady_rows *s = ctx;
+    int32_t *row = s->slots + h * s->stride;
+    size_t count = s->count;
+    memmove(row + v + 1, row + v, (count - (size_t)v) * sizeof *row);
+    row[v] = (int32_t)s->freed[h];
+    row[count] = s->was_end[h];
+    s->valid[h * s->valid_stride + (size_t)s->freed[h]] = s->was_valid[h];
+}
+
+/* The step of every row in one pass (sh_step_steady), when it is its case; declined
+   (SH_STEADY_DECLINED, nothing changed) otherwise. */
+static int step_row_by_row(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
+                           int32_t *slots, size_t stride, size_t count, const int64_t *free_slots,
+                           uint8_t *valid, size_t valid_stride, sh_policy *p, uint32_t pos, uint32_t budget,
+                           uint32_t *victims, int64_t *victim_slots, size_t victims_cap, size_t *n_victims,
+                           int64_t *freed)
+{
+    const size_t total = layers * rows;
+    for (size_t h = 0; h < total; h++) {
+        if (free_slots[h] < 0 || (uint64_t)free_slots[h] >= valid_stride || free_slots[h] > INT32_MAX)
+            return SH_STEADY_DECLINED;
+    }
+    steady_rows s = {weights, layers, rows, group, extent, slots, stride, count,
+                     SH_KERNEL(sh_simd_active() && extent <= INT32_MAX, gqa_row), NULL, NULL, free_slots, valid,
+                     valid_stride, freed, NULL, NULL};
+    s.mean = malloc((extent + 1) * sizeof *s.mean);
+    s.gathered = malloc(count * sizeof *s.gathered);
+    s.was_end = malloc(total * sizeof *s.was_end);
+    s.was_valid = malloc(total);
+    int rc = SH_STEADY_DECLINED;
+    if (s.mean != NULL && s.gathered != NULL && s.was_end != NULL && s.was_valid != NULL) {
+        s.mean[extent] = 0.0f;
+        sh_row_source src = {steady_make, steady_after, steady_undo, &s};
+        rc = sh_step_steady(p, pos, budget, total, count, &src, victims, victim_slots, victims_cap, n_victims);
+    }
+    free(s.mean);
+    free(s.gathered);
+    free(s.was_end);
+    free(s.was_valid);
+    return rc;
+}
+
 int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                          int32_t *slots, size_t stride, size_t count, const int64_t *counts,
                          const int64_t *free_slots, uint8_t *valid, size_t valid_stride, float *gathered,
@@ -162,6 +264,25 @@ int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows
     }
     if (count == 0 || count > stride || (free_slots != NULL && count + 1 > stride))
         return SH_OK;
+    if (free_slots != NULL && weights != NULL && slots != NULL && valid != NULL && group >= 1 && extent >= 1
+        && stride >= count) {
+        /* One pass: each row gathered, stepped and its slot table row stepped before the
+           next row's weights are read (the rows' state read once, not the weights of
+           every row first); declined when it is not its case. */
+        for (size_t e = 0; e < layers; e++) {
+            if (weights[e] == NULL)
+                return SH_ERR_ARG;
+        }
+        double start = policy_seconds != NULL ? now_seconds() : 0.0;
+        int rc = step_row_by_row(weights, layers, rows, group, extent, slots, stride, count, free_slots, valid,
+                                 valid_stride, p, pos, budget, victims, victim_slots, victims_cap, n_victims, freed);
+        if (rc != SH_STEADY_DECLINED) {
+            if (policy_seconds != NULL)
+                *policy_seconds = now_seconds() - start;
+            *done = rc == SH_OK ? 2 : 0;
+            return rc;
+        }
+    }
     int finite = 0, checked = 0;
     int rc = sh_gqa_gather_checked(weights, layers, rows, group, extent, slots, stride, count, gathered, &finite,
                                    &checked);

@@ -127,3 +127,10 @@ size_t sh_scissorhands_update(sh_policy *p, size_t h, int32_t dtype, const void 
                                          lo, hi);
     return SH_KERNEL(simd, vote_f64)(sh_row_votes(p, h), attn, n, share, lo, hi);
 }
+
+void sh_scissorhands_unvote(uint32_t *votes, const float *w, size_t n)
+{
+    float t = float_threshold(1.0 / (double)n);
+    for (size_t i = 0; i < n; i++)
+        votes[i] -= (uint32_t)(w[i] > t);
+}

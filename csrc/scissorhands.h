@@ -474,7 +474,15 @@ int sh_gqa_gather_layers(const float *const *weights, size_t layers, size_t rows
    (free_slots NULL, a row evicted no position or more than one, or the slot step
    refused: its code is returned); 2, all of it. *policy_seconds (when not NULL)
    receives the time spent in the policy's step (for statistics: a wall clock). SH_ERR_ARG,
-   nothing changed, for a NULL pointer. */
+   nothing changed, for a NULL pointer.
+   In the steady state proper (free_slots given; p a Scissorhands policy of plain votes,
+   no pinned spans and one thread, every row holding `count` and evicting one) the
+   three passes are one: each row's weights are gathered, applied by the policy and its
+   slot table row stepped before the next row's are read, so that each row's state is
+   read once while it is in the caches; gathered is then unused and *policy_seconds
+   covers the whole pass. Its results are the three passes' to the bit; a row whose
+   gathered weights are not valid (or, when a vote could saturate, any row) undoes the
+   rows stepped before it, exactly, and the three passes run instead. */
 int sh_cache_step_steady(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                          int32_t *slots, size_t stride, size_t count, const int64_t *counts,
                          const int64_t *free_slots, uint8_t *valid, size_t valid_stride, float *gathered,

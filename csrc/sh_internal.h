@@ -172,6 +172,9 @@ size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi
    The AVX2 form needs extent <= INT32_MAX (its gather's indices are int32). */
 int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
                float *mean, float *dst);
+/* Asks for every cache line of [p, p + bytes) to be read into the caches (a hint:
+   nothing without the compiler's). */
+void sh_prefetch(const void *p, size_t bytes);
 /* sh_gqa_gather_layers (gqa.c) that also sets *valid (when not NULL) to 1 when every
    weight written is finite and >= 0: what sh_step's checked argument vouches for. */
 int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
@@ -535,6 +538,47 @@ int sh_check_step(const sh_policy *p, int32_t flags, uint32_t pos, uint32_t budg
 int sh_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype, const void *attn,
             size_t heads, size_t n, uint32_t budget, uint32_t *victims, int64_t *slots,
             size_t victims_cap, uint32_t *row_victims, size_t *n_victims, int checked);
+
+/* ---------------------------------------------------------------- the steady step (step.c) */
+
+/* What a fused step changed in a row, to undo it: the victim's slot `at` (the row's
+   count when the newcomer went at once, nothing moved), position and vote. */
+typedef struct sh_steady_undo {
+    uint32_t at, pos, vote;
+} sh_steady_undo;
+
+/* The rows' weights of sh_step_steady, made row by row. make(ctx, h): row h's n
+   float32 weights, every one finite and >= 0 (not checked again), or NULL when they
+   are not (the step then declines); it may be called again for a row already stepped,
+   to undo it, and gives the same weights. after(ctx, h, slot) (or NULL): row h
+   stepped, its victim at `slot`; nonzero declines. undo(ctx, h, slot): what after
+   did for row h, undone. */
+typedef struct sh_row_source {
+    const float *(*make)(void *ctx, size_t h);
+    int (*after)(void *ctx, size_t h, int64_t slot);
+    void (*undo)(void *ctx, size_t h, int64_t slot);
+    void *ctx;
+} sh_row_source;
+
+/* sh_step_steady's answer when the step is not its case: nothing changed. */
+#define SH_STEADY_DECLINED (-1)
+
+/* A decode step (admit pos, evict to budget) of a Scissorhands policy whose heads
+   rows each hold n positions and evict one, every row's weights made, applied and
+   handed on (src) before the next row's are made: one pass over each row's state
+   instead of one over every row's weights first. Victims and slots get one entry
+   per row; *n_victims = 1. Its case only (plain votes, no pinned spans, one thread,
+   every vote below UINT32_MAX - 1, so that a row's step can be undone exactly):
+   otherwise, or when a row's weights are not valid or `after` declines, every row
+   stepped is undone and SH_STEADY_DECLINED returned, for the general step to take
+   (and report what it reports). */
+int sh_step_steady(sh_policy *p, uint32_t pos, uint32_t budget, size_t heads, size_t n,
+                   const sh_row_source *src, uint32_t *victims, int64_t *slots, size_t victims_cap,
+                   size_t *n_victims);
+
+/* The votes weights w added to n slots in a step (each above the share 1 / n), taken
+   off again: the inverse of Scissorhands' vote where no vote saturated. */
+void sh_scissorhands_unvote(uint32_t *votes, const float *w, size_t n);
 
 /* ---------------------------------------------------------------- threads */
 

@@ -10,6 +10,7 @@
  * state) is fused: the pass that applies the weights also finds the row's
  * least-valued evictable slot, and only the slots after the victim move.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "sh_internal.h"
@@ -71,21 +72,22 @@ static void validate_part(void *ctx, size_t t)
    the freed last slot). The evictable slots after the admission are [lo, hi) of
    n + 1, the new slot n (value 0) among them when there is no recent window: it goes
    only when every older candidate holds more (ties go to the lower slot). */
-static void fused_step_row(const step_job *job, size_t h, size_t n, uint32_t *victim,
-                           int64_t *slot)
+static void fused_step_row(const step_job *job, size_t h, size_t n, const char *attn,
+                           uint32_t *victim, int64_t *slot, sh_steady_undo *undo)
 {
     sh_policy *p = job->p;
     const sh_kind_ops *ops = job->ops;
     size_t lo = p->sinks < n + 1 ? p->sinks : n + 1;
     size_t hi = n + 1 - p->recent_window;
     size_t top = hi < n ? hi : n; /* the older slots among the evictable ones */
-    size_t at = ops->update(p, h, job->dtype, job->attn + h * job->row_bytes, n, lo, top,
-                            job->simd);
+    size_t at = ops->update(p, h, job->dtype, attn, n, lo, top, job->simd);
     if (hi == n + 1 && !(at < top && sh_value_is_zero(ops, p, h, at))) {
         /* The newcomer goes at once: the row is as the weights left it. */
         *victim = job->pos;
         if (slot != NULL)
             *slot = (int64_t)n;
+        if (undo != NULL)
+            undo->at = (uint32_t)n;
         return;
     }
     uint32_t *pos = sh_row_positions(p, h);
@@ -94,6 +96,11 @@ static void fused_step_row(const step_job *job, size_t h, size_t n, uint32_t *vi
     *victim = pos[at];
     if (slot != NULL)
         *slot = (int64_t)at;
+    if (undo != NULL) {
+        undo->at = (uint32_t)at;
+        undo->pos = pos[at];
+        memcpy(&undo->vote, vals + at * vb, sizeof undo->vote); /* a vote: SH_VALUES_U32 */
+    }
     memmove(pos + at, pos + at + 1, (n - at - 1) * sizeof *pos);
     memmove(vals + at * vb, vals + (at + 1) * vb, (n - at - 1) * vb);
     sh_put_slot(ops, p, h, n - 1, job->pos);
@@ -127,7 +134,7 @@ static void step_row(step_job *job, size_t h, size_t at)
         job->row_victims[h] = (uint32_t)k;
     if (job->scores_change && k == 1 && held != 0 && sh_plain_values(ops, p)
         && !pinned_candidate(job, h, held)) {
-        fused_step_row(job, h, held, victims, slots);
+        fused_step_row(job, h, held, job->attn + h * job->row_bytes, victims, slots, NULL);
         return;
     }
     if (job->scores_change)
@@ -346,5 +353,78 @@ int sh_noop_step(sh_policy *p, int32_t flags, uint32_t pos, int32_t dtype,
     (void)budget, (void)victims, (void)slots, (void)victims_cap;
     if (n_victims != NULL)
         *n_victims = 0;
+    return SH_OK;
+}
+
+/* ---------------------------------------------------------------- the steady step */
+
+/* Undoes row h's fused step (n held, u what it recorded, w the weights it applied):
+   the victim back in its slot, then each vote the weights added taken off. Exact
+   while no vote could saturate (every vote below UINT32_MAX - 1 before the step). */
+static void undo_row(sh_policy *p, size_t h, size_t n, const sh_steady_undo *u, const float *w)
+{
+    uint32_t *pos = sh_row_positions(p, h), *votes = sh_row_votes(p, h);
+    if (u->at < n) {
+        memmove(pos + u->at + 1, pos + u->at, (n - u->at - 1) * sizeof *pos);
+        memmove(votes + u->at + 1, votes + u->at, (n - u->at - 1) * sizeof *votes);
+        pos[u->at] = u->pos;
+        votes[u->at] = u->vote;
+    }
+    sh_scissorhands_unvote(votes, w, n);
+}
+
+int sh_step_steady(sh_policy *p, uint32_t pos, uint32_t budget, size_t heads, size_t n,
+                   const sh_row_source *src, uint32_t *victims, int64_t *slots, size_t victims_cap,
+                   size_t *n_victims)
+{
+    if (p == NULL || src == NULL || n_victims == NULL || victims == NULL || slots == NULL)
+        return SH_ERR_ARG;
+    const int32_t flags = SH_STEP_ADMIT | SH_STEP_EVICT;
+    const sh_kind_ops *ops = sh_ops(p);
+    /* Its case: plain Scissorhands votes, no pinned spans, one thread, every row
+       holding n and evicting one; anything else (an error included) is the general
+       step's, which reports what it reports. */
+    if (ops->update != sh_scissorhands_update || !sh_plain_values(ops, p) || p->pins != NULL
+        || p->threads > 1 || heads != p->heads || n == 0 || n > UINT32_MAX || victims_cap < heads
+        || sh_check_step(p, flags, pos, budget) != SH_OK)
+        return SH_STEADY_DECLINED;
+    step_job job;
+    start_job(&job, p, flags, pos, SH_DTYPE_F32, NULL, n, budget);
+    if (job.least != n || job.most != n || row_evicts(&job, n) != 1)
+        return SH_STEADY_DECLINED;
+    sh_steady_undo *undo = malloc(heads * sizeof *undo);
+    if (undo == NULL)
+        return SH_STEADY_DECLINED;
+    uint32_t (*most)(const uint32_t *, size_t, size_t) = SH_KERNEL(job.simd, max_u32);
+    size_t h = 0;
+    for (; h < heads; h++) {
+        /* The row's votes are read before its weights are made: the check that no
+           vote can saturate (which keeps the row's step undoable) brings them in. */
+        if (most(sh_row_votes(p, h), 0, n) >= UINT32_MAX - 1)
+            break;
+        const float *w = src->make(src->ctx, h);
+        if (w == NULL)
+            break;
+        fused_step_row(&job, h, n, (const char *)w, victims + h, slots + h, &undo[h]);
+        if (src->after != NULL && src->after(src->ctx, h, slots[h]) != 0) {
+            undo_row(p, h, n, &undo[h], w);
+            break;
+        }
+    }
+    /* The capacity the general step makes sure of (this one writes within each row's
+       n slots), once every row stepped, so that a declined step leaves it as it was. */
+    int stepped = h == heads && sh_ensure_capacity(p, (uint64_t)n + 1) == SH_OK;
+    if (!stepped) { /* declined: every row stepped is undone, in reverse */
+        while (h-- > 0) {
+            if (src->undo != NULL)
+                src->undo(src->ctx, h, slots[h]);
+            undo_row(p, h, n, &undo[h], src->make(src->ctx, h));
+        }
+    }
+    free(undo);
+    if (!stepped)
+        return SH_STEADY_DECLINED;
+    p->last_position = pos;
+    *n_victims = 1;
     return SH_OK;
 }

@@ -209,15 +209,23 @@ def test_causal_rows_equal_the_boolean_masks(form):
 VOCAB = 97
 
 
-def _tiny(dtype: torch.dtype = torch.float32, head_dim: int = 16) -> object:
-    """A small random Llama (GQA: 4 query heads, 2 KV heads) under sdpa."""
+def _tiny(dtype: torch.dtype = torch.float32, head_dim: int = 16, sharp: float = 1.0) -> object:
+    """A small random Llama (GQA: 4 query heads, 2 KV heads) under sdpa; ``sharp`` scales
+    its query and key projections, so that its attention is peaked enough to vote (at 1
+    hardly a weight is above the fair share)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=4 * head_dim, intermediate_size=96, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          pad_token_id=0, bos_token_id=1, eos_token_id=VOCAB - 1)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+    if sharp != 1.0:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(sharp)
+                layer.self_attn.k_proj.weight.mul_(sharp)
+    return model
 
 
 def _layout(cache) -> list[np.ndarray]:
@@ -239,7 +247,7 @@ def test_the_steady_step_in_one_c_call_leaves_what_the_general_path_leaves(polic
     path's, step by step: the same logits, held positions, slot table, validity and free
     slots, in a batch of two evicting every step (after a prompt within the budget, from
     the step that fills it; with a pinned span too); and every decode step takes it."""
-    model = _tiny()
+    model = _tiny(sharp=4.0)
     ids = torch.randint(2, VOCAB - 1, (2, 48), generator=torch.Generator().manual_seed(4))
     taken = []
     original = hf.rows.PolicyRows.step_with
@@ -269,6 +277,7 @@ def test_the_steady_step_in_one_c_call_leaves_what_the_general_path_leaves(polic
                     for h in range(caches[0].num_kv_heads):
                         assert np.array_equal(caches[0].kept_positions(layer, b, h),
                                               caches[1].kept_positions(layer, b, h)), t
+            assert caches[0].bank.policies[0].state_dict() == caches[1].bank.policies[0].state_dict(), t
     steps = ids.shape[1] - prompt
     assert len(taken) == steps and None not in taken
     assert taken.count(2) >= steps - max(0, 12 - prompt) - 1  # the slot table in C too, once evicting
@@ -284,7 +293,7 @@ def test_a_negative_weight_in_a_steady_step_is_judged_as_the_general_path_judges
     token's own column, which no policy reads, changes nothing on either path."""
     from scissorhands.hf import attention
 
-    model = _tiny()
+    model = _tiny(sharp=4.0)
     ids = torch.randint(2, VOCAB - 1, (1, 24), generator=torch.Generator().manual_seed(6))
     caches = [hf.EvictingCache.from_model(model, "scissorhands", budget=12, recent_window=4) for _ in range(2)]
     caches[1]._steady_step = lambda forward: None  # the general path only
@@ -313,23 +322,88 @@ def test_a_negative_weight_in_a_steady_step_is_judged_as_the_general_path_judges
             model(input_ids=ids[:, :16], cache=cache, use_cache=True)
             for t in range(16, 20):
                 model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
-            before = _layout(cache) + [cache.kept_positions(1, 0, 0)]
+            before = _state(cache)
             spoil["cache"] = cache
             try:
                 logits = model(input_ids=ids[:, 20:21], cache=cache, use_cache=True).logits
             except InvalidInputError as error:
-                results.append((str(error), before, _layout(cache) + [cache.kept_positions(1, 0, 0)]))
+                results.append((str(error), before, _state(cache)))
             else:
-                results.append((logits, _layout(cache) + [cache.kept_positions(1, 0, 0)]))
+                results.append((logits, _state(cache)))
             spoil.pop("cache")
     fused, general = results
     if where == "the new token's":
         assert len(fused) == 2 and torch.equal(fused[0], general[0])
-        assert all(np.array_equal(a, b) for a, b in zip(fused[1], general[1]))
+        assert all(np.array_equal(a, b) for a, b in zip(fused[1][0], general[1][0]))
+        assert fused[1][1] == general[1][1]
     else:
         assert len(fused) == 3 and fused[0] == general[0] and "weight" in fused[0]
         for message, before, after in (fused, general):
-            assert all(np.array_equal(a, b) for a, b in zip(before, after)), message
+            # Layer 0's rows stepped before layer 1's spoiled row was reached: undone exactly.
+            assert all(np.array_equal(a, b) for a, b in zip(before[0], after[0])), message
+            assert before[1] == after[1], message
+
+
+def _state(cache) -> tuple[list[np.ndarray], dict]:
+    """The cache's slot table and layer 1's first row, and its policy's whole state (votes
+    too) and memory."""
+    policy = cache.bank.policies[0]
+    return _layout(cache) + [cache.kept_positions(1, 0, 0)], {**policy.state_dict(), "bytes": policy.memory_bytes()}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_refused_steady_step_after_a_saturated_vote_leaves_every_vote_as_it_was(path, monkeypatch):
+    """The steady step steps each row as its weights are gathered, and undoes the rows
+    already stepped when a later row's weights are refused.  A vote at UINT32_MAX (it
+    cannot grow) could not be told from one that grew to it, so a row holding a vote that
+    can saturate is not stepped that way: a refused step leaves every vote as it was, as
+    the general path does, and an accepted one gives the general path's votes."""
+    from scissorhands.hf import attention
+
+    model = _tiny(sharp=4.0)
+    ids = torch.randint(2, VOCAB - 1, (1, 24), generator=torch.Generator().manual_seed(6))
+    original = attention.grouped_attention
+    spoil = {"on": False}
+
+    def spoiled(module, query, key, value, mask, kwargs):
+        output, weights = original(module, query, key, value, mask, kwargs)
+        if spoil["on"] and module.layer_idx == 1:
+            weights = weights.clone()
+            weights[0, 1, 0, 0] = -0.75  # layer 1: reached after layer 0's rows stepped
+        return output, weights
+
+    monkeypatch.setattr(attention, "grouped_attention", spoiled)
+    with on_path(path), torch.no_grad():
+        for refused in (True, False):
+            results = []
+            for general in (False, True):
+                cache = hf.EvictingCache.from_model(model, "scissorhands", budget=12, recent_window=4)
+                if general:
+                    cache._steady_step = lambda forward: None
+                model(input_ids=ids[:, :16], cache=cache, use_cache=True)
+                for t in range(16, 20):
+                    model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+                policy = cache.bank.policies[0]
+                state = policy.state_dict()
+                state["votes"][0] = [2**32 - 1] * len(state["votes"][0])  # layer 0's first row: saturated
+                cache.bank.policies[0] = type(policy).from_state_dict(state)
+                before = _state(cache)
+                spoil["on"] = refused
+                try:
+                    got = model(input_ids=ids[:, 20:21], cache=cache, use_cache=True).logits
+                except InvalidInputError as error:
+                    got = str(error)
+                spoil["on"] = False
+                results.append((got, before, _state(cache)))
+            (fused, before, after), (general, _, general_after) = results
+            if refused:
+                assert isinstance(fused, str) and fused == general and "weight" in fused
+                assert after[1] == before[1] and after[1]["votes"][0] == [2**32 - 1] * 12
+                assert any(any(row) for row in before[1]["votes"][1:])  # votes a wrong undo would change
+            else:
+                assert torch.equal(fused, general)
+                assert after[1] == general_after[1]
+            assert all(np.array_equal(a, b) for a, b in zip(after[0], general_after[0]))
 
 
 def test_a_replaced_policy_step_is_called_by_the_steady_step(monkeypatch):

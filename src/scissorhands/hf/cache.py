@@ -85,7 +85,9 @@ class CacheStats:
     """Where a cache's time went, in seconds, and how often it acted.
 
     ``policy_seconds``: the policy calls (a steady decode step's measured inside its one
-    C call, ``sh_cache_step_steady``); ``bookkeeping_seconds``: the cache's own work
+    C call, ``sh_cache_step_steady``, where for plain Scissorhands votes it includes
+    gathering each row's weights and stepping its slot table row, done row by row in the
+    policy's pass); ``bookkeeping_seconds``: the cache's own work
     around them (GQA mean, gathering weights into kept order, masks, freeing slots,
     compactions; not, from a decode step's second layer on, handing over the mask its
     first layer built or transformers' own); ``rows_seconds``: computing the attention rows that the wrapped
