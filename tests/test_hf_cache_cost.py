@@ -385,7 +385,8 @@ def test_a_refused_steady_step_after_a_saturated_vote_leaves_every_vote_as_it_wa
                     model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
                 policy = cache.bank.policies[0]
                 state = policy.state_dict()
-                state["votes"][0] = [2**32 - 1] * len(state["votes"][0])  # layer 0's first row: saturated
+                # Layer 0's second row saturated: its first row steps, then is undone.
+                state["votes"][1] = [2**32 - 1] * len(state["votes"][1])
                 cache.bank.policies[0] = type(policy).from_state_dict(state)
                 before = _state(cache)
                 spoil["on"] = refused
@@ -398,8 +399,8 @@ def test_a_refused_steady_step_after_a_saturated_vote_leaves_every_vote_as_it_wa
             (fused, before, after), (general, _, general_after) = results
             if refused:
                 assert isinstance(fused, str) and fused == general and "weight" in fused
-                assert after[1] == before[1] and after[1]["votes"][0] == [2**32 - 1] * 12
-                assert any(any(row) for row in before[1]["votes"][1:])  # votes a wrong undo would change
+                assert after[1] == before[1] and after[1]["votes"][1] == [2**32 - 1] * 12
+                assert any(before[1]["votes"][0])  # votes a wrong undo would change
             else:
                 assert torch.equal(fused, general)
                 assert after[1] == general_after[1]
