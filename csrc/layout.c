@@ -99,6 +99,29 @@ int64_t sh_rope_turns(const int32_t *slots, size_t slot_stride, const int64_t *c
     return (int64_t)n;
 }
 
+/* The slot a row's steady step frees (its victim at kept index v of count, or the new
+   token's free slot when v == count), or -1 when v, the slot or the free slot is out of
+   range. */
+static int64_t slot_gone(const int32_t *row, size_t count, int64_t v, int64_t free_slot, size_t valid_stride)
+{
+    if (v < 0 || (uint64_t)v > count || free_slot < 0 || (uint64_t)free_slot >= valid_stride
+        || free_slot > INT32_MAX)
+        return -1;
+    int64_t gone = (uint64_t)v == count ? free_slot : row[v];
+    return gone < 0 || (uint64_t)gone >= valid_stride ? -1 : gone;
+}
+
+/* A row's steady step, checked by slot_gone: the new token's free slot joins its kept
+   order, the victim at v leaves it and its slot is no longer valid. Returns that slot. */
+static int64_t slot_row_step(int32_t *row, size_t count, size_t v, int64_t free_slot, uint8_t *valid_row)
+{
+    row[count] = (int32_t)free_slot;
+    int64_t gone = row[v];
+    memmove(row + v, row + v + 1, (count - v) * sizeof *row);
+    valid_row[gone] = 0;
+    return gone;
+}
+
 int sh_slots_step_steady(int32_t *slots, size_t rows, size_t stride, size_t count, const int64_t *counts,
                          const int64_t *free_slots, const int64_t *index, uint8_t *valid, size_t valid_stride,
                          int64_t *freed)
@@ -114,23 +137,12 @@ int sh_slots_step_steady(int32_t *slots, size_t rows, size_t stride, size_t coun
             return SH_ERR_LENGTH;
     }
     for (size_t r = 0; r < rows; r++) {
-        const int32_t *row = slots + r * stride;
-        int64_t v = index[r];
-        if (v < 0 || (uint64_t)v > count)
-            return SH_ERR_ARG;
-        int64_t gone = (uint64_t)v == count ? free_slots[r] : row[v];
-        if (gone < 0 || (uint64_t)gone >= valid_stride || free_slots[r] < 0
-            || (uint64_t)free_slots[r] >= valid_stride || free_slots[r] > INT32_MAX)
+        if (slot_gone(slots + r * stride, count, index[r], free_slots[r], valid_stride) < 0)
             return SH_ERR_ARG;
     }
-    for (size_t r = 0; r < rows; r++) {
-        int32_t *row = slots + r * stride;
-        size_t v = (size_t)index[r];
-        row[count] = (int32_t)free_slots[r];
-        freed[r] = row[v];
-        memmove(row + v, row + v + 1, (count - v) * sizeof *row);
-        valid[r * valid_stride + (size_t)freed[r]] = 0;
-    }
+    for (size_t r = 0; r < rows; r++)
+        freed[r] = slot_row_step(slots + r * stride, count, (size_t)index[r], free_slots[r],
+                                 valid + r * valid_stride);
     return SH_OK;
 }
 
@@ -187,17 +199,12 @@ static int steady_after(void *ctx, size_t h, int64_t v)
     steady_rows *s = ctx;
     int32_t *row = s->slots + h * s->stride;
     size_t count = s->count;
-    if (v < 0 || (uint64_t)v > count)
-        return 1;
-    int64_t gone = (uint64_t)v == count ? s->free_slots[h] : row[v];
-    if (gone < 0 || (uint64_t)gone >= s->valid_stride)
+    int64_t gone = slot_gone(row, count, v, s->free_slots[h], s->valid_stride);
+    if (gone < 0)
         return 1;
     s->was_end[h] = row[count];
     s->was_valid[h] = s->valid[h * s->valid_stride + (size_t)gone];
-    row[count] = (int32_t)s->free_slots[h];
-    s->freed[h] = gone;
-    memmove(row + v, row + v + 1, (count - (size_t)v) * sizeof *row);
-    s->valid[h * s->valid_stride + (size_t)gone] = 0;
+    s->freed[h] = slot_row_step(row, count, (size_t)v, s->free_slots[h], s->valid + h * s->valid_stride);
     return 0;
 }
 
