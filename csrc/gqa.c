@@ -122,6 +122,15 @@ int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *c
     return sh_valid_f32(mean, extent);
 }
 
+int sh_gqa_row_votes(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+                     float *mean, float *dst, const uint32_t *votes, uint32_t *most, const void *ahead)
+{
+    (void)ahead; /* a hint the portable form does without */
+    if (votes != NULL)
+        *most = sh_max_u32(votes, 0, width);
+    return sh_gqa_row(first, group, extent, col, width, mean, dst);
+}
+
 int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,
                           const int32_t *columns, size_t col_stride, size_t width, float *out, int *finite,
                           int *valid)

@@ -163,7 +163,8 @@ typedef struct steady_rows {
     size_t layers, rows, group, extent;
     int32_t *slots;
     size_t stride, count;
-    int (*row)(const float *, size_t, size_t, const int32_t *, size_t, float *, float *);
+    int (*row)(const float *, size_t, size_t, const int32_t *, size_t, float *, float *, const uint32_t *,
+               uint32_t *, const void *);
     float *mean, *gathered; /* extent + 1, count */
     const int64_t *free_slots;
     uint8_t *valid;
@@ -174,19 +175,15 @@ typedef struct steady_rows {
 } steady_rows;
 
 /* Row h's gathered weights, or NULL when a gathered one is not finite and >= 0. */
-static const float *steady_make(void *ctx, size_t h)
+static const float *steady_make(void *ctx, size_t h, const uint32_t *votes, const uint32_t *positions,
+                                uint32_t *most)
 {
     steady_rows *s = ctx;
-    size_t e = h / s->rows, r = h % s->rows, next = h + 1;
-    if (next < s->layers * s->rows) { /* the next row's weights and slots, asked of memory now */
-        sh_prefetch(s->weights[next / s->rows] + (next % s->rows) * s->group * s->extent,
-                 s->group * s->extent * sizeof(float));
-        sh_prefetch(s->slots + next * s->stride, s->count * sizeof(int32_t));
-    }
+    size_t e = h / s->rows, r = h % s->rows;
     const int32_t *col = s->slots + h * s->stride;
     /* A weight not valid may lie outside the gathered columns: then those decide. */
     if (!s->row(s->weights[e] + r * s->group * s->extent, s->group, s->extent, col, s->count, s->mean,
-                s->gathered)
+                s->gathered, votes, most, positions)
         && !sh_valid_f32(s->gathered, s->count))
         return NULL;
     return s->gathered;
@@ -233,7 +230,7 @@ static int step_row_by_row(const float *const *weights, size_t layers, size_t ro
             return SH_STEADY_DECLINED;
     }
     steady_rows s = {weights, layers, rows, group, extent, slots, stride, count,
-                     SH_KERNEL(sh_simd_active() && extent <= INT32_MAX, gqa_row), NULL, NULL, free_slots, valid,
+                     SH_KERNEL(sh_simd_active() && extent <= INT32_MAX, gqa_row_votes), NULL, NULL, free_slots, valid,
                      valid_stride, freed, NULL, NULL};
     s.mean = malloc((extent + 1) * sizeof *s.mean);
     s.gathered = malloc(count * sizeof *s.gathered);

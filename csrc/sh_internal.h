@@ -172,6 +172,12 @@ size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size_t hi
    The AVX2 form needs extent <= INT32_MAX (its gather's indices are int32). */
 int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
                float *mean, float *dst);
+/* sh_gqa_row that also sets *most to the largest of votes[0, width) when votes is not
+   NULL (the AVX2 form reads them in its pass over the weights), and may ask for the
+   cache lines of [ahead, ahead + 4 * width) and of the columns early (a hint; ahead
+   may be NULL): the steady step's row (layout.c). */
+int sh_gqa_row_votes(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+                     float *mean, float *dst, const uint32_t *votes, uint32_t *most, const void *ahead);
 /* Asks for every cache line of [p, p + bytes) to be read into the caches (a hint:
    nothing without the compiler's). */
 void sh_prefetch(const void *p, size_t bytes);
@@ -183,6 +189,8 @@ int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t row
 #if SH_HAVE_AVX2
 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
                     float *mean, float *dst);
+int sh_avx2_gqa_row_votes(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+                          float *mean, float *dst, const uint32_t *votes, uint32_t *most, const void *ahead);
 #endif
 
 /* The bit pattern of a finite score >= 0, which orders exactly as the scores do
@@ -547,14 +555,16 @@ typedef struct sh_steady_undo {
     uint32_t at, pos, vote;
 } sh_steady_undo;
 
-/* The rows' weights of sh_step_steady, made row by row. make(ctx, h): row h's n
-   float32 weights, every one finite and >= 0 (not checked again), or NULL when they
-   are not (the step then declines); it may be called again for a row already stepped,
-   to undo it, and gives the same weights. after(ctx, h, slot) (or NULL): row h
+/* The rows' weights of sh_step_steady, made row by row. make(ctx, h, votes,
+   positions, most): row h's n float32 weights, every one finite and >= 0 (not checked
+   again), or NULL when they are not (the step then declines); with votes (the row's n
+   votes, else NULL) it also sets *most to the largest of them, read as the weights are
+   made, and it may ask for the row's positions early (a hint). It may be called again
+   for a row already stepped, to undo it (votes NULL), and gives the same weights. after(ctx, h, slot) (or NULL): row h
    stepped, its victim at `slot`; nonzero declines. undo(ctx, h, slot): what after
    did for row h, undone. */
 typedef struct sh_row_source {
-    const float *(*make)(void *ctx, size_t h);
+    const float *(*make)(void *ctx, size_t h, const uint32_t *votes, const uint32_t *positions, uint32_t *most);
     int (*after)(void *ctx, size_t h, int64_t slot);
     void (*undo)(void *ctx, size_t h, int64_t slot);
     void *ctx;

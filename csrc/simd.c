@@ -735,23 +735,47 @@ AVX2 size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size
 
 /* ---------------------------------------------------------------- the GQA gather's row */
 
-AVX2 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
-                         float *mean, float *dst)
+/* sh_avx2_gqa_row's work. With votes (else NULL), also *most: the largest of
+   votes[0, width), read in the pass over the weights; with ahead (else NULL), one
+   cache line of [ahead, ahead + 4 * width) and of the columns asked of memory every
+   16 weights of that pass, so that the row's state the step reads next arrives beside
+   the weights rather than after them. */
+AVX2 static inline __attribute__((always_inline)) int gqa_row_body(const float *first, size_t group, size_t extent,
+                                                                   const int32_t *col, size_t width, float *mean,
+                                                                   float *dst, const uint32_t *votes, uint32_t *most,
+                                                                   const void *ahead)
 {
     /* Per weight the scalar form's operations in its order: the heads added one after
        another in float32, then one IEEE division by the group's size. */
     const float divisor = (float)group;
     const __m256 by = _mm256_set1_ps(divisor);
-    const __m256 zero = _mm256_setzero_ps(), most = _mm256_set1_ps(FLT_MAX);
+    const __m256 zero = _mm256_setzero_ps(), most_f = _mm256_set1_ps(FLT_MAX);
     __m256 ok = _mm256_cmp_ps(zero, zero, _CMP_EQ_OQ); /* every mean so far finite and >= 0 */
+    __m256i top = _mm256_setzero_si256();
+    const size_t voted = votes != NULL ? width : 0, lines = ahead != NULL ? width : 0;
     size_t c = 0;
     for (; c + 8 <= extent; c += 8) {
+        if ((c & 15) == 0 && c < lines) {
+            _mm_prefetch((const char *)ahead + 4 * c, _MM_HINT_T0);
+            _mm_prefetch((const char *)(col + c), _MM_HINT_T0);
+        }
         __m256 s = _mm256_loadu_ps(first + c);
         for (size_t g = 1; g < group; g++)
             s = _mm256_add_ps(s, _mm256_loadu_ps(first + g * extent + c));
         s = _mm256_div_ps(s, by);
         _mm256_storeu_ps(mean + c, s);
-        ok = _mm256_and_ps(ok, _mm256_and_ps(_mm256_cmp_ps(s, zero, _CMP_GE_OQ), _mm256_cmp_ps(s, most, _CMP_LE_OQ)));
+        ok = _mm256_and_ps(ok, _mm256_and_ps(_mm256_cmp_ps(s, zero, _CMP_GE_OQ), _mm256_cmp_ps(s, most_f, _CMP_LE_OQ)));
+        if (c + 8 <= voted)
+            top = _mm256_max_epu32(top, load8(votes + c));
+    }
+    if (votes != NULL) { /* the blocks read above, then the rest of the votes */
+        size_t read = c < (voted & ~(size_t)7) ? c : (voted & ~(size_t)7);
+        uint32_t l[8];
+        store8(l, top);
+        uint32_t best = sh_avx2_max_u32(votes, read, voted);
+        for (int j = 0; j < 8; j++)
+            best = l[j] > best ? l[j] : best;
+        *most = best;
     }
     int whole = _mm256_movemask_ps(ok) == 0xff;
     for (; c < extent; c++) {
@@ -763,10 +787,10 @@ AVX2 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const 
         whole &= (s >= 0.0f) & (s <= FLT_MAX);
     }
     /* A column outside [0, extent) (negative: a large unsigned) reads mean[extent]. */
-    const __m256i top = _mm256_set1_epi32((int32_t)extent);
+    const __m256i end = _mm256_set1_epi32((int32_t)extent);
     size_t j = 0;
     for (; j + 8 <= width; j += 8) {
-        __m256i at = _mm256_min_epu32(_mm256_loadu_si256((const __m256i *)(const void *)(col + j)), top);
+        __m256i at = _mm256_min_epu32(_mm256_loadu_si256((const __m256i *)(const void *)(col + j)), end);
         _mm256_storeu_ps(dst + j, _mm256_i32gather_ps(mean, at, 4));
     }
     for (; j < width; j++) {
@@ -774,6 +798,18 @@ AVX2 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const 
         dst[j] = mean[at < extent ? at : extent];
     }
     return whole;
+}
+
+AVX2 int sh_avx2_gqa_row(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+                         float *mean, float *dst)
+{
+    return gqa_row_body(first, group, extent, col, width, mean, dst, NULL, NULL, NULL);
+}
+
+AVX2 int sh_avx2_gqa_row_votes(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
+                               float *mean, float *dst, const uint32_t *votes, uint32_t *most, const void *ahead)
+{
+    return gqa_row_body(first, group, extent, col, width, mean, dst, votes, most, ahead);
 }
 
 #endif /* SH_HAVE_AVX2 */

@@ -395,15 +395,13 @@ int sh_step_steady(sh_policy *p, uint32_t pos, uint32_t budget, size_t heads, si
     sh_steady_undo *undo = malloc(heads * sizeof *undo);
     if (undo == NULL)
         return SH_STEADY_DECLINED;
-    uint32_t (*most)(const uint32_t *, size_t, size_t) = SH_KERNEL(job.simd, max_u32);
     size_t h = 0;
     for (; h < heads; h++) {
-        /* The row's votes are read before its weights are made: the check that no
-           vote can saturate (which keeps the row's step undoable) brings them in. */
-        if (most(sh_row_votes(p, h), 0, n) >= UINT32_MAX - 1)
-            break;
-        const float *w = src->make(src->ctx, h);
-        if (w == NULL)
+        /* The row's votes are read as its weights are made, for the check that no vote
+           can saturate (which keeps the row's step undoable); nothing changed yet. */
+        uint32_t most = 0;
+        const float *w = src->make(src->ctx, h, sh_row_votes(p, h), sh_row_positions(p, h), &most);
+        if (w == NULL || most >= UINT32_MAX - 1)
             break;
         fused_step_row(&job, h, n, (const char *)w, victims + h, slots + h, &undo[h]);
         if (src->after != NULL && src->after(src->ctx, h, slots[h]) != 0) {
@@ -418,7 +416,7 @@ int sh_step_steady(sh_policy *p, uint32_t pos, uint32_t budget, size_t heads, si
         while (h-- > 0) {
             if (src->undo != NULL)
                 src->undo(src->ctx, h, slots[h]);
-            undo_row(p, h, n, &undo[h], src->make(src->ctx, h));
+            undo_row(p, h, n, &undo[h], src->make(src->ctx, h, NULL, NULL, NULL));
         }
     }
     free(undo);
