@@ -560,9 +560,9 @@ typedef struct sh_steady_undo {
    again), or NULL when they are not (the step then declines); with votes (the row's n
    votes, else NULL) it also sets *most to the largest of them, read as the weights are
    made, and it may ask for the row's positions early (a hint). It may be called again
-   for a row already stepped, to undo it (votes NULL), and gives the same weights. after(ctx, h, slot) (or NULL): row h
-   stepped, its victim at `slot`; nonzero declines. undo(ctx, h, slot): what after
-   did for row h, undone. */
+   for a row already stepped, to undo it (votes NULL), and gives the same weights.
+   after(ctx, h, slot) (or NULL): row h stepped, its victim at `slot`; nonzero
+   declines. undo(ctx, h, slot): what after did for row h, undone. */
 typedef struct sh_row_source {
     const float *(*make)(void *ctx, size_t h, const uint32_t *votes, const uint32_t *positions, uint32_t *most);
     int (*after)(void *ctx, size_t h, int64_t slot);

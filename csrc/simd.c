@@ -764,7 +764,8 @@ AVX2 static inline __attribute__((always_inline)) int gqa_row_body(const float *
             s = _mm256_add_ps(s, _mm256_loadu_ps(first + g * extent + c));
         s = _mm256_div_ps(s, by);
         _mm256_storeu_ps(mean + c, s);
-        ok = _mm256_and_ps(ok, _mm256_and_ps(_mm256_cmp_ps(s, zero, _CMP_GE_OQ), _mm256_cmp_ps(s, most_f, _CMP_LE_OQ)));
+        ok = _mm256_and_ps(ok, _mm256_and_ps(_mm256_cmp_ps(s, zero, _CMP_GE_OQ),
+                                             _mm256_cmp_ps(s, most_f, _CMP_LE_OQ)));
         if (c + 8 <= voted)
             top = _mm256_max_epu32(top, load8(votes + c));
     }
