@@ -160,7 +160,7 @@ static double now_seconds(void)
    `total` (layer h / rows) gathered when asked, its slot table row stepped after. */
 typedef struct steady_rows {
     const float *const *weights;
-    size_t layers, rows, group, extent;
+    size_t rows, group, extent;
     int32_t *slots;
     size_t stride, count;
     int (*row)(const float *, size_t, size_t, const int32_t *, size_t, float *, float *, const uint32_t *,
@@ -229,9 +229,9 @@ static int step_row_by_row(const float *const *weights, size_t layers, size_t ro
         if (free_slots[h] < 0 || (uint64_t)free_slots[h] >= valid_stride || free_slots[h] > INT32_MAX)
             return SH_STEADY_DECLINED;
     }
-    steady_rows s = {weights, layers, rows, group, extent, slots, stride, count,
-                     SH_KERNEL(sh_simd_active() && extent <= INT32_MAX, gqa_row_votes), NULL, NULL, free_slots, valid,
-                     valid_stride, freed, NULL, NULL};
+    steady_rows s = {weights, rows, group, extent, slots, stride, count,
+                     SH_KERNEL(sh_simd_active() && extent <= INT32_MAX, gqa_row_votes), NULL, NULL, free_slots,
+                     valid, valid_stride, freed, NULL, NULL};
     s.mean = malloc((extent + 1) * sizeof *s.mean);
     s.gathered = malloc(count * sizeof *s.gathered);
     s.was_end = malloc(total * sizeof *s.was_end);

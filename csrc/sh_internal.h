@@ -178,9 +178,6 @@ int sh_gqa_row(const float *first, size_t group, size_t extent, const int32_t *c
    may be NULL): the steady step's row (layout.c). */
 int sh_gqa_row_votes(const float *first, size_t group, size_t extent, const int32_t *col, size_t width,
                      float *mean, float *dst, const uint32_t *votes, uint32_t *most, const void *ahead);
-/* Asks for every cache line of [p, p + bytes) to be read into the caches (a hint:
-   nothing without the compiler's). */
-void sh_prefetch(const void *p, size_t bytes);
 /* sh_gqa_gather_layers (gqa.c) that also sets *valid (when not NULL) to 1 when every
    weight written is finite and >= 0: what sh_step's checked argument vouches for. */
 int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t rows, size_t group, size_t extent,

@@ -225,6 +225,16 @@ AVX2 static inline void store8(uint32_t *v, __m256i x)
     _mm256_storeu_si256((__m256i *)v, x);
 }
 
+/* The largest of x's 8 lanes and `best`. */
+AVX2 static inline uint32_t max_lane(__m256i x, uint32_t best)
+{
+    uint32_t l[8];
+    store8(l, x);
+    for (int j = 0; j < 8; j++)
+        best = l[j] > best ? l[j] : best;
+    return best;
+}
+
 /* The vote over slots [from, to) without looking for the least. */
 AVX2 static void vote_span_f32(uint32_t *votes, const float *attn, size_t from, size_t to,
                                float t)
@@ -340,11 +350,7 @@ AVX2 uint32_t sh_avx2_max_u32(const uint32_t *v, size_t lo, size_t hi)
     size_t i = lo;
     for (; i + 8 <= hi; i += 8)
         most = _mm256_max_epu32(most, load8(v + i));
-    uint32_t l[8];
-    store8(l, most);
-    uint32_t best = 0;
-    for (int j = 0; j < 8; j++)
-        best = l[j] > best ? l[j] : best;
+    uint32_t best = max_lane(most, 0);
     for (; i < hi; i++)
         best = v[i] > best ? v[i] : best;
     return best;
@@ -771,12 +777,7 @@ AVX2 static inline __attribute__((always_inline)) int gqa_row_body(const float *
     }
     if (votes != NULL) { /* the blocks read above, then the rest of the votes */
         size_t read = c < (voted & ~(size_t)7) ? c : (voted & ~(size_t)7);
-        uint32_t l[8];
-        store8(l, top);
-        uint32_t best = sh_avx2_max_u32(votes, read, voted);
-        for (int j = 0; j < 8; j++)
-            best = l[j] > best ? l[j] : best;
-        *most = best;
+        *most = max_lane(top, sh_avx2_max_u32(votes, read, voted));
     }
     int whole = _mm256_movemask_ps(ok) == 0xff;
     for (; c < extent; c++) {
