@@ -404,6 +404,7 @@ def test_a_refused_steady_step_after_a_saturated_vote_leaves_every_vote_as_it_wa
             if refused:
                 assert isinstance(fused, str) and fused == general and "weight" in fused
                 assert after[1] == before[1]
+                assert after[1]["votes"][1][slice(*part)] == [2**32 - 1] * (part[1] - part[0])
                 assert any(before[1]["votes"][0])  # votes a wrong undo would change
             else:
                 assert torch.equal(fused, general)
