@@ -229,7 +229,8 @@ def test_a_failed_forward_leaves_the_cache_as_it_was(family, policy, failure, wh
     or a NaN weight the policies refuse), at the first prompt, a decode step or a new
     turn, of a left-padded batch: the cache holds exactly what it held before, the same
     forward then runs without complaint and gives an untouched twin's logits, and so
-    does the step after (Gemma-2: its sliding-window layers too)."""
+    does the step after (Gemma-2: its sliding-window layers too).  Its memory is what it
+    was: what the forward's tokens grew is given back."""
     model = _model(family, "eager" if family == "gemma2" else "sdpa")
     ids, mask = _prompts(batch=2, length=9, seed=12)
     cache = _policy_cache(model, policy)
@@ -246,7 +247,7 @@ def test_a_failed_forward_leaves_the_cache_as_it_was(family, policy, failure, wh
         return hf.prefill(m, c, turn, attention_mask=torch.cat([mask, torch.ones(2, 4, dtype=mask.dtype)], 1))
 
     twin = copy.deepcopy(cache)
-    before = _held(twin)
+    before, memory = _held(twin), cache.memory_bytes()
     failing, undo, error = _failing(model, cache, failure)
     try:
         with pytest.raises(error):
@@ -254,6 +255,8 @@ def test_a_failed_forward_leaves_the_cache_as_it_was(family, policy, failure, wh
     finally:
         undo()
     assert _same_held(_held(cache), before)
+    cache.get_seq_length()  # transformers' first call of a forward: an interrupted one is undone here
+    assert cache.memory_bytes() == memory  # nothing the forward grew stays allocated
     assert torch.equal(forward(model, cache), forward(model, twin))
     step = torch.tensor([3, 4])
     assert torch.equal(hf.decode_step(model, cache, step), hf.decode_step(model, twin, step))

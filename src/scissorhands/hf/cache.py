@@ -188,7 +188,7 @@ class _Forward:
     __slots__ = ("columns", "fresh", "gathered", "held", "masks", "observed", "pads", "pending", "plan", "positions",
                  "q", "rope", "rotations", "written")
 
-    def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int], pending: DecodeWeights) -> None:
+    def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int, int], pending: DecodeWeights) -> None:
         self.q = q
         #: What undoes it (:meth:`EvictingCache._rollback`): whether the cache held nothing
         #: before it, the storage's plan before it, the rotary positions it overwrote.
@@ -960,7 +960,9 @@ class EvictingCache(Cache):
         return positions * self.batch * self.num_kv_heads * per_position
 
     def memory_bytes(self) -> int:
-        """Bytes of the held key and value buffers plus the policies' own state."""
+        """Bytes of the held key and value buffers plus the policies' own state.  A
+        refused forward gives back what it grew; one interrupted between the model's
+        layers holds what it wrote until the next call on the cache undoes it."""
         if not self._holds():
             return 0
         return self.storage.nbytes() + sum(int(p.memory_bytes()) for p in self.policies)
@@ -1001,7 +1003,7 @@ class EvictingCache(Cache):
         q = int(key.shape[2])
         if q == 1:
             self._prompt_end()
-        plan = (storage.extent, storage.chunk_start, storage.q)
+        plan = (storage.extent, storage.chunk_start, storage.q, storage.capacity)
         pending = self._pending
         if pending is None or pending.size != self.evicting_layers:
             pending = self._pending = DecodeWeights(self.evicting_layers)

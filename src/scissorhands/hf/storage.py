@@ -282,16 +282,31 @@ class SlotStorage:
         self._masks = {}
         return extent
 
-    def unplan(self, extent: int, chunk_start: int, q: int) -> None:
+    def unplan(self, extent: int, chunk_start: int, q: int, capacity: int) -> None:
         """Undo the last :meth:`plan` (its forward failed before the step): the slots it
-        made valid are free again and the extent, chunk start and ``q`` are those given
-        (what they were before it); grown capacity stays (it holds nothing)."""
+        made valid are free again; the extent, chunk start, ``q`` and capacity are those
+        given (what they were before it: capacity the plan grew, which holds nothing, is
+        given back, so that a refused chunk leaves the memory as it was)."""
         if self.q == 1 and not self.aligned:
             rows = np.arange(self.rows)
             self.valid[rows, self.free] = False
             self._note_valid(rows, self.free.copy(), False)
         self.extent, self.chunk_start, self.q = extent, chunk_start, q
         self._masks = {}
+        if capacity < self.capacity:
+            self._shrink(capacity)
+
+    def _shrink(self, capacity: int) -> None:
+        """Every row back to ``capacity`` slots (none past it holds a position)."""
+        self.slots = np.ascontiguousarray(self.slots[:, :capacity])
+        self.rope = np.ascontiguousarray(self.rope[:, :capacity])
+        self.valid = np.ascontiguousarray(self.valid[:, :capacity])
+        for store in (self.keys, self.values):
+            for e, old in enumerate(store):
+                if old is not None:
+                    store[e] = old[:, :, :capacity].clone()
+        self.capacity = capacity
+        self._mask_stale = True
 
     def write(self, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer ``e``'s new keys and values as planned; return ``[0, extent)``."""
