@@ -496,16 +496,31 @@ def test_crop_zero_does_nothing_and_the_length_is_tokens_seen():
     assert cache.get_seq_length() == ids.shape[1] and cache.get_max_length() == -1
 
 
-def test_a_model_without_the_installed_attention_is_refused():
-    """A cache driven by a model that does not run the library's attention raises a
-    library error naming the fix at the next forward."""
+@pytest.mark.parametrize("when", ["prompt", "step"])
+def test_a_model_without_the_installed_attention_is_refused(when):
+    """A cache driven by a model that does not run the library's attention (never
+    installed, or switched away from with ``set_attn_implementation`` on a cache in use)
+    raises a library error naming the fix in that forward, before its logits come back,
+    and holds what it held; back on the library's attention, the forward gives an
+    untouched twin's logits."""
     model = _model("llama", "sdpa")
-    cache = hf.EvictingCache(model.config, "scissorhands", 8, recent_window=2)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    if when == "prompt":
+        cache = hf.EvictingCache(model.config, "scissorhands", 8, recent_window=2)
+    else:
+        cache = hf.EvictingCache.from_model(model, "scissorhands", 8, recent_window=2)
+        hf.prefill(model, cache, ids)
+    twin = copy.deepcopy(cache)
+    installed = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
-    with torch.no_grad():
-        model(input_ids=torch.tensor([[3, 4, 5]]), cache=cache)
-        with pytest.raises(InvalidInputError, match="from_model"):
-            model(input_ids=torch.tensor([[6]]), cache=cache)
+    with torch.no_grad(), pytest.raises(InvalidInputError, match="from_model"):
+        model(input_ids=ids[:, :3] if when == "prompt" else torch.tensor([[6]]), cache=cache)
+    assert cache.get_seq_length() == twin.get_seq_length()
+    assert cache.held_counts().tolist() == twin.held_counts().tolist()
+    if when == "step":
+        model.set_attn_implementation(installed)
+        step = torch.tensor([6])
+        assert torch.equal(hf.decode_step(model, cache, step), hf.decode_step(model, twin, step))
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error"), [

@@ -286,7 +286,10 @@ class EvictingLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         start = time.perf_counter()
         forward = cache._begin(key_states) if self.index == 0 else self._in_flight()
-        if forward.written[self.index]:
+        # The layer before handed over its attention before this one writes; when it did not
+        # (the model's attention is no longer the library's), refused now, before the
+        # forward's logits come back.
+        if forward.written[self.index] or (self.index and not forward.observed[self.index - 1]):
             raise InvalidInputError(_OUT_OF_SYNC)
         forward.written[self.index] = True
         keys, values = cache.storage.write(self.index, key_states, value_states)
