@@ -188,7 +188,9 @@ class _Forward:
     __slots__ = ("columns", "fresh", "gathered", "held", "masks", "observed", "pads", "pending", "plan", "positions",
                  "q", "rope", "rotations", "written")
 
-    def __init__(self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int, int], pending: DecodeWeights) -> None:
+    def __init__(
+        self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int, int], pending: DecodeWeights
+    ) -> None:
         self.q = q
         #: What undoes it (:meth:`EvictingCache._rollback`): whether the cache held nothing
         #: before it, the storage's plan before it, the rotary positions it overwrote.
