@@ -970,3 +970,20 @@ def test_numpy_option_values_are_kept_as_the_python_numbers_they_equal():
 
     config = PolicyConfig("scissorhands", np.int64(64), given)
     assert type(config.budget) is int and repr(config) == repr(PolicyConfig("scissorhands", 64, by_hand))
+
+
+def test_an_unknown_registry_name_lists_the_known_ones(backend):
+    """``POLICIES[name]`` with a misspelt name raises the library's error (also the
+    ``KeyError`` of a mapping, and a ``ValueError``) naming what was passed and the known
+    names; ``in`` and ``get`` stay a plain mapping's."""
+    from scissorhands.errors import UnknownPolicyError
+    from scissorhands.options import POLICY_NAMES, policy_spec
+
+    with pytest.raises(UnknownPolicyError) as caught:
+        backend.POLICIES["scisorhands"]
+    assert isinstance(caught.value, KeyError) and isinstance(caught.value, InvalidInputError)
+    assert str(caught.value) == f"unknown policy 'scisorhands'; known: {', '.join(POLICY_NAMES)}"
+    with pytest.raises(UnknownPolicyError, match="unknown policy 'lru'"):
+        policy_spec("lru")
+    assert "scisorhands" not in backend.POLICIES and backend.POLICIES.get("scisorhands") is None
+    assert list(backend.POLICIES) == list(POLICY_NAMES)

@@ -7,7 +7,7 @@ The pure-Python reference with the identical API is :mod:`scissorhands.reference
 """
 
 from scissorhands._shared import RowVictims
-from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError
+from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError, UnknownPolicyError
 from scissorhands.options import DefaultRefusedError
 from scissorhands.policies import H2O, POLICIES, TOVA, Full, Scissorhands, StreamingLLM
 
@@ -25,5 +25,6 @@ __all__ = [
     "Scissorhands",
     "ScissorhandsError",
     "StreamingLLM",
+    "UnknownPolicyError",
     "__version__",
 ]

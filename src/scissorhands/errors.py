@@ -9,7 +9,7 @@ policy exactly as it was.
 
 from __future__ import annotations
 
-__all__ = ["InvalidInputError", "InvalidTypeError", "ScissorhandsError"]
+__all__ = ["InvalidInputError", "InvalidTypeError", "ScissorhandsError", "UnknownPolicyError"]
 
 
 class ScissorhandsError(Exception):
@@ -25,3 +25,11 @@ class InvalidInputError(ScissorhandsError, ValueError):
     """A value of the right kind but out of range: a negative or out-of-order position,
     attention of the wrong length or rank, NaN/inf/negative weights, or an inconsistent
     budget, recent window or sink count."""
+
+
+class UnknownPolicyError(InvalidInputError, KeyError):
+    """A policy name the registry does not know, from :func:`~scissorhands.options.policy_spec`
+    or a lookup in ``POLICIES``: an :class:`InvalidInputError` and also the ``KeyError``
+    a mapping's lookup raises, with a message that lists the known names."""
+
+    __str__ = BaseException.__str__  # the message as given, not quoted as KeyError's is

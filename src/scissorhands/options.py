@@ -27,12 +27,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ._shared import MAX_HEADS, MAX_HISTORY_WINDOW, check_flag, check_int, check_recent_window
-from .errors import InvalidInputError, InvalidTypeError, ScissorhandsError
+from .errors import InvalidInputError, InvalidTypeError, ScissorhandsError, UnknownPolicyError
 
 __all__ = [
     "BACKENDS",
@@ -43,6 +43,7 @@ __all__ = [
     "DefaultRefusedError",
     "OptionSpec",
     "PolicyOptions",
+    "PolicyRegistry",
     "PolicySpec",
     "flag_text",
     "make_policy",
@@ -537,13 +538,31 @@ def policy_spec(name: str) -> PolicySpec:
 
     Raises
     ------
-    InvalidInputError
-        Unknown name (the message lists the known ones).
+    UnknownPolicyError
+        Unknown name (an :class:`~scissorhands.errors.InvalidInputError`; the message
+        lists the known ones).
     """
     try:
         return SPECS[name]
     except (KeyError, TypeError):
-        raise InvalidInputError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}") from None
+        raise _unknown_policy(name) from None
+
+
+_P = TypeVar("_P")
+
+
+def _unknown_policy(name: object) -> UnknownPolicyError:
+    return UnknownPolicyError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+
+
+class PolicyRegistry(dict[str, _P]):
+    """Registry name -> policy class (``POLICIES`` of :mod:`scissorhands.policies` and of
+    :mod:`scissorhands.reference`): a plain ``dict`` whose lookup of an unknown name
+    raises :class:`~scissorhands.errors.UnknownPolicyError` (a ``KeyError``) listing the
+    known names."""
+
+    def __missing__(self, name: str) -> _P:
+        raise _unknown_policy(name)
 
 
 # ----------------------------------------------------------------------------- one configuration

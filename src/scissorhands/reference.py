@@ -86,7 +86,7 @@ from ._shared import (
     read_weights,
 )
 from .errors import InvalidInputError, InvalidTypeError
-from .options import SPECS, protected_message, shown_values
+from .options import SPECS, PolicyRegistry, protected_message, shown_values
 
 __all__ = ["H2O", "POLICIES", "TOVA", "Full", "Scissorhands", "StreamingLLM"]
 
@@ -1576,5 +1576,7 @@ class Full(_Policy):
 
 
 #: Registry: name -> class, the same names as the C-backed package, in the registry's
-#: order, each the class its :class:`~scissorhands.options.PolicySpec` names.
-POLICIES: dict[str, type[_Policy]] = {name: globals()[spec.class_name] for name, spec in SPECS.items()}
+#: order, each the class its :class:`~scissorhands.options.PolicySpec` names; an
+#: unknown name raises :class:`~scissorhands.errors.UnknownPolicyError`.
+POLICIES: PolicyRegistry[type[_Policy]] = PolicyRegistry(
+    (name, globals()[spec.class_name]) for name, spec in SPECS.items())
