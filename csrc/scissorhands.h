@@ -417,6 +417,20 @@ int sh_policy_fit_capacity(sh_policy *p, uint64_t capacity);
 int sh_rope_rotate(float *x, size_t length, const int64_t *offsets, const int64_t *which, size_t count,
                    const double *cos_table, const double *sin_table, size_t table_rows, size_t half);
 
+/* One layer's turns of positions="cache" in one call (layout.c): sh_rope_rotate's turns
+   of the count vectors of keys (float32, keys_length elements) by offsets and which,
+   each turned key's rotation then recorded (rope[rope_index[i]] = target[i], rope of
+   rope_length entries); then the query (float32, query_length elements) copied to out
+   (as long) with its first query_count vectors, head_dim elements apart, turned by table
+   rows query_which (the same arithmetic). SH_ERR_ARG, nothing written, for a NULL
+   pointer, half 0, 2 half past head_dim, a vector past its buffer, a rope index past
+   rope_length or a table row past table_rows. */
+int sh_rope_layer(float *keys, size_t keys_length, const int64_t *offsets, const int64_t *which, size_t count,
+                  int64_t *rope, size_t rope_length, const int64_t *rope_index, const int64_t *target,
+                  const float *query, float *out, size_t query_length, size_t head_dim, const int64_t *query_which,
+                  size_t query_count, const double *cos_table, const double *sin_table, size_t table_rows,
+                  size_t half);
+
 /* positions="cache" (layout.c): per row r, the held keys' slots slots[r * slot_stride
    + j] (j < counts[r], kept order; the cache's int32 slot table), the rotation each
    stored key has, rope[r * rope_stride + slot], and the forward's q new tokens' slots

@@ -706,3 +706,49 @@ def test_layout_kernels_refuse_bad_arguments_and_change_nothing():
     assert turns([0, 3, 0]) == -1  # slot 3 past the row's 3 rotations
     assert turns([0, 1, 0]) == 1  # offset 7 - 1 = 6: slot 0 (at 5) turns by +1 to 6
     assert list(out[:, 0]) == [6, 0, 0, 1, 6]
+
+
+def test_rope_layer_is_rotate_record_and_turned_copy_in_one_call():
+    """sh_rope_layer turns the keys as sh_rope_rotate does, records their rotations, and
+    returns the query turned as sh_rope_rotate turns a copy, bit for bit; a bad argument
+    (a key past the buffer, a rope index past the rotations, a query vector past the
+    query, a table row past the table, 2 half past head_dim) writes nothing."""
+    from scissorhands._native import ffi, lib
+
+    rng = np.random.default_rng(5)
+    half, head_dim, rows = 3, 8, 4
+    cos, sin = np.cos(rng.standard_normal((rows, half))), np.sin(rng.standard_normal((rows, half)))
+    keys = rng.standard_normal(5 * head_dim).astype(np.float32)
+    query = rng.standard_normal(2 * head_dim).astype(np.float32)
+    offsets, which = np.array([16, 0, 32], dtype=np.int64), np.array([2, 0, 3], dtype=np.int64)
+    rope_index, target = np.array([4, 0, 7], dtype=np.int64), np.array([11, 12, 13], dtype=np.int64)
+    query_which = np.array([1, 3], dtype=np.int64)
+    i64, f, d = "int64_t *", "float *", "double *"
+
+    def ptr(a, kind):
+        return ffi.cast(kind, a.ctypes.data)
+
+    def layer(k, r, out, count=3, qcount=2, table=rows, dim=head_dim, index=rope_index):
+        return lib.sh_rope_layer(ptr(k, f), k.size, ptr(offsets, i64), ptr(which, i64), count, ptr(r, i64), r.size,
+                                 ptr(index, i64), ptr(target, i64), ptr(query, "const float *"), ptr(out, f),
+                                 query.size, dim, ptr(query_which, i64), qcount, ptr(cos, d), ptr(sin, d), table, half)
+
+    def rotate(x, o, w):
+        assert lib.sh_rope_rotate(ptr(x, f), x.size, ptr(o, i64), ptr(w, i64), len(o), ptr(cos, d), ptr(sin, d),
+                                  rows, half) == lib.SH_OK
+
+    want_keys, want_query = keys.copy(), query.copy()
+    rotate(want_keys, offsets, which)
+    rotate(want_query, np.array([0, head_dim], dtype=np.int64), query_which)
+    for bad in ({"k": keys[:37]}, {"index": np.array([4, 0, 8], dtype=np.int64)}, {"qcount": 3}, {"table": 3},
+                {"dim": 5}):
+        k, r, out = bad.get("k", keys).copy(), np.zeros(8, dtype=np.int64), np.zeros_like(query)
+        before = k.copy()
+        args = {key: value for key, value in bad.items() if key != "k"}
+        assert layer(k, r, out, **args) == lib.SH_ERR_ARG, bad
+        assert np.array_equal(k, before) and not r.any() and not out.any(), bad
+    k, r, out = keys.copy(), np.zeros(8, dtype=np.int64), np.zeros_like(query)
+    assert layer(k, r, out) == lib.SH_OK
+    assert np.array_equal(k.view(np.uint32), want_keys.view(np.uint32))
+    assert np.array_equal(out.view(np.uint32), want_query.view(np.uint32))
+    assert list(r) == [12, 0, 0, 0, 11, 0, 0, 13]

@@ -13,8 +13,9 @@ held key needs none.  After a step that evicted one key in the older part of a r
 (Scissorhands, H2O and TOVA with a recent window; StreamingLLM's victim next to its
 sinks), only the keys before the victim turn, by one step; the newest keys, the recent
 window, never move.  A new token's key turns once, from the position the model rotated
-it with to its rank.  Each layer then turns its keys in place and its query
-(:meth:`RankPlan.apply`: ``sh_rope_rotate``, in double, rounded once to float32).
+it with to its rank.  Each layer then turns its keys in place, records their rotations
+and turns a copy of its query, in one C call (:meth:`RankPlan.apply`: ``sh_rope_layer``,
+in double, rounded once to float32).
 
 A failed forward needs no undoing here: what it turned is what the next forward would
 turn (the plan depends only on what the cache held after the last step), and
@@ -24,6 +25,7 @@ turn (the plan depends only on what the cache held after the last step), and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,7 +57,7 @@ class RankPlan:
     ``slot``, element ``offset`` in its layer's key buffer, table row ``which`` and the
     rotation it ends at (``target``), its index in ``storage.rope`` flattened
     (``rope_index``, for rows ``rope_width`` wide); ``query_which``: ``(layers, batch *
-    heads * q)`` the table row of every query vector, at ``query_offset``."""
+    heads * q)`` the table row of every query vector (the vectors one after another)."""
 
     cos: np.ndarray
     sin: np.ndarray
@@ -66,35 +68,46 @@ class RankPlan:
     which: np.ndarray
     target: np.ndarray
     query_which: np.ndarray
-    query_offset: np.ndarray
     half: int
     rope_index: np.ndarray
     rope_width: int
 
-    def _turn(self, x: torch.Tensor, offset: np.ndarray, which: np.ndarray) -> None:
-        check(lib.sh_rope_rotate(ffi.cast("float *", x.data_ptr()), x.numel(),
-                                 ffi.cast("const int64_t *", offset.ctypes.data),
-                                 ffi.cast("const int64_t *", which.ctypes.data), len(offset),
-                                 ffi.cast("const double *", self.cos.ctypes.data),
-                                 ffi.cast("const double *", self.sin.ctypes.data), len(self.cos), self.half),
-              "rerotate")
+    def __post_init__(self) -> None:
+        # The arrays' addresses, taken once: each layer's call points into them.
+        self._at: dict[str, int] = {}
+        for name in ("cos", "sin", "offset", "which", "target", "query_which", "rope_index"):
+            array = np.ascontiguousarray(getattr(self, name), dtype=np.float64 if name in ("cos", "sin") else np.int64)
+            setattr(self, name, array)
+            self._at[name] = array.ctypes.data
+
+    def _i64(self, name: str, start: int) -> Any:
+        """A C pointer to element ``start`` of the int64 array ``name``."""
+        return ffi.cast("int64_t *", self._at[name] + 8 * start)
 
     def apply(self, e: int, storage: SlotStorage, query: torch.Tensor) -> torch.Tensor:
         """Turn layer ``e``'s stored keys in place (recording their rotations in
         ``storage.rope``) and return its query ``(batch, heads, q, head_dim)`` turned, a
-        new contiguous tensor."""
+        new contiguous tensor (one C call: ``sh_rope_layer``)."""
         keys = storage.keys[e]
         assert keys is not None and keys.is_contiguous()
         lo, hi = int(self.bounds[e]), int(self.bounds[e + 1])
-        if hi > lo:
-            self._turn(keys, self.offset[lo:hi], self.which[lo:hi])
-            rope = storage.rope
-            if rope.flags.c_contiguous and rope.shape[1] == self.rope_width:
-                rope.reshape(-1)[self.rope_index[lo:hi]] = self.target[lo:hi]
-            else:
-                rope[self.row[lo:hi], self.slot[lo:hi]] = self.target[lo:hi]
-        turned = query.clone(memory_format=torch.contiguous_format)
-        self._turn(turned, self.query_offset, self.query_which[e])
+        rope = storage.c_array("rope", np.int64)
+        index = None  # the turned keys' places in rope, when it is no longer as wide as planned
+        if rope.shape[1] != self.rope_width:
+            index = np.ascontiguousarray(self.row[lo:hi] * rope.shape[1] + self.slot[lo:hi])
+        source = query if query.is_contiguous() else query.contiguous()
+        turned = torch.empty_like(source, memory_format=torch.contiguous_format)
+        head_dim = int(source.shape[-1])
+        count = self.query_which.shape[1]
+        check(lib.sh_rope_layer(ffi.cast("float *", keys.data_ptr()), keys.numel(), self._i64("offset", lo),
+                                self._i64("which", lo), hi - lo, ffi.cast("int64_t *", rope.ctypes.data), rope.size,
+                                self._i64("rope_index", lo) if index is None
+                                else ffi.cast("int64_t *", index.ctypes.data), self._i64("target", lo),
+                                ffi.cast("const float *", source.data_ptr()), ffi.cast("float *", turned.data_ptr()),
+                                source.numel(), head_dim, self._i64("query_which", e * count), count,
+                                ffi.cast("const double *", self._at["cos"]),
+                                ffi.cast("const double *", self._at["sin"]), len(self.cos), self.half),
+              "rerotate")
         return turned
 
 
@@ -158,5 +171,4 @@ def rank_plan(storage: SlotStorage, admitted: np.ndarray | None, positions: np.n
         row=row, slot=slot, offset=((row % per_layer) * capacity + slot) * head_dim,
         which=np.ascontiguousarray(which[: len(key_turn)]), target=target,
         query_which=np.ascontiguousarray(which[len(key_turn):].reshape(layers, -1)),
-        query_offset=np.arange(batch * heads * groups * q, dtype=np.int64) * head_dim,
         half=int(theta.shape[1]), rope_index=row * rope.shape[1] + slot, rope_width=int(rope.shape[1]))
