@@ -42,19 +42,6 @@ static void group_mean(const float *first, size_t group, size_t plane, size_t hi
         mean[c] /= divisor;
 }
 
-/* Asks for every cache line of [p, p + bytes) to be read into the caches (a hint:
-   nothing without the compiler's). */
-static void prefetch(const void *p, size_t bytes)
-{
-#if defined(__GNUC__) || defined(__clang__)
-    const char *c = (const char *)p;
-    for (size_t at = 0; at < bytes; at += 64)
-        __builtin_prefetch(c + at, 0, 3);
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
 
 int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, size_t extent,
                   const int64_t *columns, size_t col_stride, size_t width, const int64_t *held,
@@ -163,8 +150,8 @@ int sh_gqa_gather_checked(const float *const *weights, size_t layers, size_t row
                through the caches since the attention wrote them). */
             size_t ne = r + 1 < rows ? e : e + 1, nr = r + 1 < rows ? r + 1 : 0;
             if (ne < layers) {
-                prefetch(weights[ne] + nr * group * extent, group * extent * sizeof(float));
-                prefetch(columns + (ne * rows + nr) * col_stride, width * sizeof(int32_t));
+                sh_prefetch(weights[ne] + nr * group * extent, group * extent * sizeof(float));
+                sh_prefetch(columns + (ne * rows + nr) * col_stride, width * sizeof(int32_t));
             }
             /* A weight that is not finite (or < 0) may lie outside the gathered
                columns: then only the gathered ones decide. */

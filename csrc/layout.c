@@ -23,20 +23,6 @@
    the caches, 70 ns when it is). */
 enum { SH_ROPE_AHEAD = 16 };
 
-/* Asks for every cache line of [p, p + bytes) to be read for writing (a hint: nothing
-   without the compiler's). */
-static void prefetch_write(const void *p, size_t bytes)
-{
-#if defined(__GNUC__) || defined(__clang__)
-    const char *c = (const char *)p;
-    for (size_t at = 0; at < bytes; at += 64)
-        __builtin_prefetch(c + at, 1, 3);
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
 /* One vector turned: for j < half, (a, b) = (v[j], v[j + half]) becomes (a c[j] - b s[j],
    b c[j] + a s[j]), in double, rounded once to float32. */
 static void turn_vector(float *v, const double *c, const double *s, size_t half)
@@ -67,7 +53,7 @@ static void rope_turn(float *x, const int64_t *offsets, const int64_t *which, si
 {
     for (size_t i = 0; i < count; i++) {
         if (i + SH_ROPE_AHEAD < count) /* the turned keys lie scattered over the buffer */
-            prefetch_write(x + offsets[i + SH_ROPE_AHEAD], 2 * half * sizeof *x);
+            sh_prefetch(x + offsets[i + SH_ROPE_AHEAD], 2 * half * sizeof *x);
         turn_vector(x + offsets[i], cos_table + (size_t)which[i] * half, sin_table + (size_t)which[i] * half, half);
     }
 }

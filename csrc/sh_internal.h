@@ -60,6 +60,20 @@ struct sh_policy {
                                m (start, stop) pairs, half-open, merged, ascending */
 };
 
+/* Asks for every cache line of [p, p + bytes) to be brought into the caches (a hint:
+   nothing without the compiler's). */
+static inline void sh_prefetch(const void *p, size_t bytes)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    const char *c = (const char *)p;
+    for (size_t at = 0; at < bytes; at += 64)
+        __builtin_prefetch(c + at, 0, 3);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* ---------------------------------------------------------------- kernels
    Each hot loop has a portable scalar form (sh_*) and, where SH_HAVE_AVX2, an AVX2
    form (sh_avx2_*) with the same contract and bit-identical results; the caller
