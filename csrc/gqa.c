@@ -42,7 +42,6 @@ static void group_mean(const float *first, size_t group, size_t plane, size_t hi
         mean[c] /= divisor;
 }
 
-
 int sh_gqa_gather(const float *weights, size_t rows, size_t group, size_t q, size_t extent,
                   const int64_t *columns, size_t col_stride, size_t width, const int64_t *held,
                   float *out)
