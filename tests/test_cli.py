@@ -533,3 +533,24 @@ def test_generate_chat_flags():
     with pytest.raises(SystemExit) as exc:
         parse(["generate", "--chat", "--no-chat", "x"])
     assert exc.value.code == 2
+
+
+def test_generate_summary_counts_one_token_in_the_singular():
+    """The summary line says "1 token" for one generated token and for a one-token prompt,
+    and the plural for other counts."""
+    from scissorhands.generate import _summary
+
+    class Held:  # what the summary reads of a cache
+        def get_seq_length(self) -> int:
+            return 2
+
+        def held_counts(self) -> np.ndarray:
+            return np.array([2])
+
+        def kv_bytes(self, positions: int) -> int:
+            return 1024 * positions
+
+    one = _summary(Held(), 1, 1, 0.0, 1.0, [0.5])
+    assert one.startswith("1 token in 1.0 s: the first after 0.50 s (prompt of 1 token), then -;"), one
+    many = _summary(Held(), 3, 7, 0.0, 2.0, [0.5])
+    assert many.startswith("3 tokens in 2.0 s: the first after 0.50 s (prompt of 7 tokens), then 1.3 tokens/s;"), many

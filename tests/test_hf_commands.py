@@ -27,7 +27,7 @@ pytestmark = pytest.mark.hf
 
 PROMPT = "The three primary colours are"
 SUMMARY = re.compile(
-    r"^(\d+) tokens? in [\d.]+ s: the first after [\d.]+ s \(prompt of (\d+) tokens\), then ([\d.]+ tokens/s|-); "
+    r"^(\d+) tokens? in [\d.]+ s: the first after [\d.]+ s \(prompt of (\d+) tokens?\), then ([\d.]+ tokens/s|-); "
     r"KV held: (\d+) of (\d+) positions per layer and KV head, [\d.]+ [KMG]?B against a full cache's "
     r"[\d.]+ [KMG]?B; peak RSS [\d.]+ [KMG]?B$")
 

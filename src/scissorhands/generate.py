@@ -373,8 +373,8 @@ def _summary(cache: Any, new: int, prompt_tokens: int, start: float, end: float,
     held = int(cache.held_counts().max(initial=0))
     held_bytes, full_bytes = cache.kv_bytes(held), cache.kv_bytes(seen)
     return (f"{new} token{'' if new == 1 else 's'} in {end - start:.1f} s: the first after {first:.2f} s "
-            f"(prompt of {prompt_tokens} "
-            f"tokens), then {rate}; KV held: {held} of {seen} positions per layer and KV head, "
+            f"(prompt of {prompt_tokens} token{'' if prompt_tokens == 1 else 's'}), then {rate}; "
+            f"KV held: {held} of {seen} positions per layer and KV head, "
             f"{_bytes(held_bytes)} against a full cache's {_bytes(full_bytes)}; peak RSS "
             f"{_bytes(peak_rss_bytes())}")
 
