@@ -6,9 +6,16 @@ SmolLM2-135M, one torch thread: ``--held`` + 8 tokens of the default text in chu
 256 (a little over the budget), then ``--steps`` teacher-forced decode steps with ``EvictingCache.from_model(model,
 "scissorhands", budget=held, recent_window=0.75, sinks=4)`` (one eviction a step), a
 fresh cache for each of ``--repeats``.  Prints ms per step and the policy's and the
-bookkeeping's ms per step (``CacheStats``).  Run it once per build of the C core,
-alternately, to compare two builds on one machine (``python -m bench.decode`` compares
-configurations within one build).
+bookkeeping's ms per step (``CacheStats``) and, beside them, the step pass's memory
+floor: what one core takes to read the bytes that pass cannot do without and write back
+the state it changes, with numpy (the median of five passes, each after 128 MB were
+written over the caches, as the model's weights stream through them between two
+steps): a sum of every policy row's query-head weights over its held positions
+(``group x (held + 1)`` float32 a row) and an in-place increment of two uint32 per held
+slot (its vote and its slot-table entry).  As a share of the step it says how far below
+the measured share one core's memory lets any single-threaded pass go.  Run it once per
+build of the C core, alternately, to compare two builds on one machine (``python -m
+bench.decode`` compares configurations within one build).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -55,11 +63,34 @@ def main(argv: list[str] | None = None) -> int:
             for t in range(prompt, prompt + args.steps):
                 model(input_ids=ids[t:t + 1][None].expand(args.batch, -1), cache=cache, use_cache=True)
             ms = 1e3 * (time.perf_counter() - begin) / args.steps
+        floor = floor_ms(model.config, args.batch, args.held)
         policy = 1e3 * (cache.stats.policy_seconds - policy) / args.steps
         book = 1e3 * (cache.stats.bookkeeping_seconds - book) / args.steps
         print(f"held {args.held} batch {args.batch}: {ms:.2f} ms/step; policy {policy:.3f} ms + bookkeeping "
-              f"{book:.3f} ms = {policy + book:.3f} ms ({100 * (policy + book) / ms:.2f}%)", flush=True)
+              f"{book:.3f} ms = {policy + book:.3f} ms ({100 * (policy + book) / ms:.2f}%); "
+              f"memory floor {floor:.3f} ms ({100 * floor / ms:.2f}%)", flush=True)
     return 0
+
+
+def floor_ms(config: Any, batch: int, held: int, repeats: int = 5) -> float:
+    """The memory floor of a steady step's pass at ``held`` positions in a batch of
+    ``batch``, in ms (the module docstring says what it reads and writes)."""
+    import numpy as np
+
+    layers, heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    rows = layers * batch * kv_heads
+    weights = np.random.default_rng(0).random((rows, heads // kv_heads, held + 1), dtype=np.float32)
+    state = np.zeros((rows, 2 * held), dtype=np.uint32)
+    flush = np.zeros(32 << 20, dtype=np.float32)  # 128 MB: 4x the 32 MB last-level cache measured here
+    times = []
+    for _ in range(repeats):
+        flush += 1.0
+        begin = time.perf_counter()
+        np.add.reduce(weights, axis=None)
+        state += np.uint32(1)
+        times.append(time.perf_counter() - begin)
+    return 1e3 * float(np.median(times))
 
 
 if __name__ == "__main__":
