@@ -741,6 +741,25 @@ AVX2 size_t sh_avx2_take_f64(uint32_t *pos, double *s, size_t n, size_t lo, size
 
 /* ---------------------------------------------------------------- the GQA gather's row */
 
+/* mean[c] for c in the whole blocks of 8 of [0, extent): the sum in head order of all
+   but the last of the group's heads (nothing when group == 1). Each head is read as
+   one sequential stream: from memory, one stream of weights at a time arrives faster
+   than the group's side by side (docs/bench.md, the heads read one after another). */
+AVX2 static inline __attribute__((always_inline)) void head_sum(const float *first, size_t group, size_t extent,
+                                                                float *mean)
+{
+    const size_t blocks = extent & ~(size_t)7;
+    if (group < 2)
+        return;
+    for (size_t k = 0; k < blocks; k += 8)
+        _mm256_storeu_ps(mean + k, _mm256_loadu_ps(first + k));
+    for (size_t g = 1; g + 1 < group; g++) {
+        const float *w = first + g * extent;
+        for (size_t k = 0; k < blocks; k += 8)
+            _mm256_storeu_ps(mean + k, _mm256_add_ps(_mm256_loadu_ps(mean + k), _mm256_loadu_ps(w + k)));
+    }
+}
+
 /* sh_avx2_gqa_row's work. With votes (else NULL), also *most: the largest of
    votes[0, width), read in the pass over the weights; with ahead (else NULL), one
    cache line of [ahead, ahead + 4 * width) and of the columns asked of memory every
@@ -752,8 +771,12 @@ AVX2 static inline __attribute__((always_inline)) int gqa_row_body(const float *
                                                                    const void *ahead)
 {
     /* Per weight the scalar form's operations in its order: the heads added one after
-       another in float32, then one IEEE division by the group's size. */
+       another in float32, then one IEEE division by the group's size. All heads but
+       the last are summed into mean first (head_sum), then the last is added with the
+       division, the checks and the votes. */
     const float divisor = (float)group;
+    head_sum(first, group, extent, mean);
+    const float *last = first + (group - 1) * extent;
     const __m256 by = _mm256_set1_ps(divisor);
     const __m256 zero = _mm256_setzero_ps(), most_f = _mm256_set1_ps(FLT_MAX);
     __m256 ok = _mm256_cmp_ps(zero, zero, _CMP_EQ_OQ); /* every mean so far finite and >= 0 */
@@ -765,9 +788,9 @@ AVX2 static inline __attribute__((always_inline)) int gqa_row_body(const float *
             _mm_prefetch((const char *)ahead + 4 * c, _MM_HINT_T0);
             _mm_prefetch((const char *)(col + c), _MM_HINT_T0);
         }
-        __m256 s = _mm256_loadu_ps(first + c);
-        for (size_t g = 1; g < group; g++)
-            s = _mm256_add_ps(s, _mm256_loadu_ps(first + g * extent + c));
+        __m256 s = _mm256_loadu_ps(last + c);
+        if (group > 1)
+            s = _mm256_add_ps(_mm256_loadu_ps(mean + c), s);
         s = _mm256_div_ps(s, by);
         _mm256_storeu_ps(mean + c, s);
         ok = _mm256_and_ps(ok, _mm256_and_ps(_mm256_cmp_ps(s, zero, _CMP_GE_OQ),
