@@ -1,0 +1,51 @@
+"""``scripts/steady_pass.py`` and the memory floor of ``scripts/decode_overhead.py``: they run on a
+small shape, take the steady step they time, and refuse bad arguments before any work."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), os.pardir, "scripts")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """The steady-pass script run with ``args``, its output captured."""
+    return subprocess.run([sys.executable, os.path.join(SCRIPTS, "steady_pass.py"), *args],
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_steady_pass_script_times_the_steady_step_beside_its_floor():
+    """A small shape runs to its one summary line: the step taken every time (else it exits non-zero)."""
+    done = run("--batch", "1", "--held", "32", "--steps", "4")
+    assert done.returncode == 0, done.stderr
+    line = re.fullmatch(r"batch 1, 32 held, 90 rows: steady step ([0-9.]+) ms \(fastest ([0-9.]+) ms\) over 2 steps; "
+                        r"memory floor ([0-9.]+) ms \(([0-9.]+)x\)\n", done.stdout)
+    assert line is not None, done.stdout
+    assert 0 < float(line[2]) <= float(line[1]) and float(line[3]) > 0
+
+
+@pytest.mark.parametrize(("args", "says"), [(["--held", "16"], "--held must be at least 17"),
+                                            (["--steps", "2"], "--steps at least 3"),
+                                            (["--batch", "0"], "--batch must be at least 1")])
+def test_the_steady_pass_script_refuses_bad_arguments(args, says):
+    """A held count below the recent window plus sinks, too few steps or no batch: argparse's error naming the value."""
+    done = run(*args)
+    assert done.returncode == 2 and says in done.stderr and done.stdout == ""
+
+
+def test_the_memory_floor_grows_with_the_rows_it_reads():
+    """decode_overhead's floor is positive and larger for eight sequences' rows than for one's."""
+    sys.path.insert(0, SCRIPTS)
+    try:
+        from decode_overhead import floor_ms
+    finally:
+        sys.path.remove(SCRIPTS)
+    config = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
+    one, eight = floor_ms(config, 1, 1024), floor_ms(config, 8, 1024)
+    assert 0 < one < eight
