@@ -38,8 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
-    if args.held < 17:  # recent window 0.75 of the budget plus 4 sinks must leave room
-        parser.error(f"--held must be at least 17 (a recent window of 0.75 of it plus 4 sinks), got {args.held}")
+    check_held(parser, args.held)
     if args.steps < 1 or args.repeats < 1 or args.batch < 1:
         parser.error("--steps, --repeats and --batch must be at least 1")
 
@@ -70,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{book:.3f} ms = {policy + book:.3f} ms ({100 * (policy + book) / ms:.2f}%); "
               f"memory floor {floor:.3f} ms ({100 * floor / ms:.2f}%)", flush=True)
     return 0
+
+
+def check_held(parser: argparse.ArgumentParser, held: int) -> None:
+    """Exit through ``parser.error`` when ``--held`` leaves no room for the configuration's
+    recent window (0.75 of the budget) plus its 4 sinks."""
+    if held < 17:
+        parser.error(f"--held must be at least 17 (a recent window of 0.75 of it plus 4 sinks), got {held}")
 
 
 def floor_ms(config: Any, batch: int, held: int, repeats: int = 5) -> float:

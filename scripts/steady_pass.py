@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_overhead import check_held, floor_ms
 
 LAYERS, KV_HEADS, GROUP = 30, 3, 3
 
@@ -36,12 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args(argv)
-    if args.held < 17:  # recent window 0.75 of the budget plus 4 sinks must leave room
-        parser.error(f"--held must be at least 17 (a recent window of 0.75 of it plus 4 sinks), got {args.held}")
+    check_held(parser, args.held)
     if args.batch < 1 or args.steps < 3:
         parser.error(f"--batch must be at least 1 and --steps at least 3, got {args.batch} and {args.steps}")
-
-    from decode_overhead import floor_ms
 
     from scissorhands import Scissorhands
     from scissorhands._native import ffi, lib
