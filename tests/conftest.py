@@ -125,12 +125,14 @@ def heavy(request, backend):
 
 
 def unchanged(p, exc, fn, *args, **kwargs):
-    """Call ``fn`` expecting ``exc``; the policy's state and memory must not move."""
+    """Call ``fn`` expecting ``exc``; the policy's state and memory must not move.
+    Returns the exception raised."""
     before, mem = p.state_dict(), p.memory_bytes()
-    with pytest.raises(exc):
+    with pytest.raises(exc) as raised:
         fn(*args, **kwargs)
     assert p.state_dict() == before
     assert p.memory_bytes() == mem
+    return raised.value
 
 
 def make_policy(backend: Any, name: str, budget: int = 6, protected: int = 2, heads: int = 1) -> Any:

@@ -153,6 +153,21 @@ def test_unread_weights_may_be_nan(backend, heavy):
     unchanged(p, InvalidInputError, p.on_decode_step, 8, np.array([[0.5, NAN, 0.0], [0.5, 0.5, 0.0]]))
 
 
+def test_a_refused_weight_is_named_among_those_its_row_reads(backend, heavy):
+    """The error names the first refused weight a row reads, not a NaN in a shorter row's unread columns."""
+    cls = backend.POLICIES[heavy.name]
+    state = cls(heads=2, budget=3, recent_window=1).state_dict()
+    state.update(kept=[[2, 5], [0, 2, 5]], last_position=5)
+    for key, zero in (("votes", 0), ("scores", 0.0), ("history", 0), ("steps_held", 0)):
+        if key in state:
+            state[key] = [[zero] * 2, [zero] * 3]
+    p = cls.from_state_dict(state)
+    error = unchanged(p, InvalidInputError, p.on_decode_step, 6, np.array([[0.5, 0.5, NAN], [0.5, -0.5, 0.0]]))
+    assert "got -0.5" in str(error)
+    if backend.name == "native":  # the reference reads the rows in Python and names the value alone
+        assert "at index [1, 1]" in str(error)
+
+
 def test_rows_that_agree_again_read_as_one_array(backend):
     """Once the rows hold the same count again, kept_count, kept and votes answer as before."""
     p = ragged(backend)

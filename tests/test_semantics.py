@@ -583,6 +583,17 @@ def test_attention_value_errors(heavy, attn):
     unchanged(p, InvalidInputError, p.step, 2, attn, 8)
 
 
+@pytest.mark.parametrize(("attn", "named"), [
+    ([0.5, math.nan], "nan"), ([0.5, -0.25], "-0.25"), (np.array([np.inf, 0.5], dtype=np.float32), "inf"),
+], ids=repr)
+def test_a_refused_weight_is_named(heavy, attn, named):
+    """The error for a weight that is not finite and >= 0 names its value (both backends), state unchanged."""
+    p = heavy(budget=8, recent_window=1)
+    fill(p, 2)
+    error = unchanged(p, InvalidInputError, p.step, 2, attn)
+    assert f"got {named}" in str(error)
+
+
 @pytest.mark.parametrize(("heads", "attn"), [
     (1, [0.5]), (1, [0.5, 0.25, 0.25]), (1, []), (1, 0.5), (1, np.float64(0.5)),
     (1, [[0.5, 0.5], [0.5, 0.5]]), (1, np.zeros((1, 1, 2))), (1, [[0.5, 0.5], [0.5]]),

@@ -14,6 +14,9 @@ has it. ``lib.sh_simd_level()`` says which path runs.
 from __future__ import annotations
 
 import os
+from typing import Any
+
+import numpy as np
 
 from scissorhands._sh_cffi import ffi, lib
 from scissorhands.errors import InvalidInputError, ScissorhandsError
@@ -37,12 +40,30 @@ _MESSAGES = {
 }
 
 
-def check(rc: int, what: str = "") -> None:
+def check(rc: int, what: str = "", weights: Any = None) -> None:
     """Raise the exception for C status ``rc`` (``MemoryError`` for ``SH_ERR_NOMEM``);
-    ``what`` is prefixed to the message."""
+    ``what`` is prefixed to the message.  For ``SH_ERR_WEIGHT``, ``weights`` (the array
+    handed to C, or None) lets the message name the first weight that is not finite and
+    >= 0 and its index."""
     if rc == lib.SH_OK:
         return
     if rc == lib.SH_ERR_NOMEM:
         raise MemoryError(f"{what}: allocation failed" if what else "allocation failed")
     cls, message = _MESSAGES.get(rc, (ScissorhandsError, f"unknown status {rc}"))
+    if rc == lib.SH_ERR_WEIGHT and weights is not None:
+        message += _first_bad_weight(weights)
     raise cls(f"{what}: {message}" if what else message)
+
+
+def _first_bad_weight(weights: Any) -> str:
+    """``", got <value> at <index>"`` for the first weight of ``weights`` (in C order)
+    that is not finite and >= 0, or ``""`` when there is none (only on the error path:
+    the C core found it without a pass of NumPy's)."""
+    a = np.asarray(weights)
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.isfinite(a) & (a >= 0))
+    if not bad.any():
+        return ""
+    index = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), a.shape))
+    where = str(index[0]) if len(index) == 1 else str(list(index))
+    return f", got {float(a[index])!r} at index {where}"

@@ -273,6 +273,16 @@ class NativePolicy:
                 else "one weight per held position")
         return InvalidInputError(f"attn must have shape {want} ({what}), got {shape}")
 
+    def _weights_read(self, attn: np.ndarray) -> np.ndarray:
+        """``attn`` as a step's rows read it, for the error that names a refused weight:
+        with rows of different counts, the columns past a row's count (never read) are
+        zeroed in a copy; must hold the lock."""
+        if not self._ragged or attn.ndim != 2:
+            return attn
+        read = np.array(attn)
+        read[np.arange(read.shape[1])[None, :] >= self._counts_locked()[:, None]] = 0
+        return read
+
     def _counts_locked(self) -> np.ndarray:
         """The count of every row, ``uint32`` ``(heads,)``; must hold the lock."""
         out = np.empty(self._heads, dtype=np.uint32)
@@ -333,7 +343,7 @@ class NativePolicy:
                 raise self._shape_error(attn.shape)
             if rc == _ERR_RAGGED:
                 raise ragged_evict_error("step" if admit else "evict")
-            check(rc, type(self).__name__)
+            check(rc, type(self).__name__, None if dtype == _NONE else self._weights_read(attn))
         k = self._n_victims[0]
         self._n = held - k  # every row evicted k (with different counts, k is 0)
         if admit:
@@ -562,7 +572,7 @@ class NativePolicy:
                                       size, ffi.from_buffer("uint32_t[]", counts), self._n_victims)
         if rc == _ERR_LENGTH:
             raise self._shape_error(attn.shape)
-        check(rc, type(self).__name__)
+        check(rc, type(self).__name__, None if dtype == _NONE else self._weights_read(attn))
         total = self._n_victims[0]
         if admit:
             self._last = pos
