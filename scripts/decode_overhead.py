@@ -33,10 +33,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--held", type=int, default=2048)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--held", type=int, default=2048, help="the budget, and so what each row holds (default 2048)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences, each the same text (default 1)")
+    parser.add_argument("--steps", type=int, default=24, help="decode steps timed per cache (default 24)")
+    parser.add_argument("--repeats", type=int, default=2, help="fresh caches, one line each (default 2)")
     args = parser.parse_args(argv)
     check_held(parser, args.held)
     if args.steps < 1 or args.repeats < 1 or args.batch < 1:

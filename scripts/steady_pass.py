@@ -11,7 +11,8 @@ Before each step 128 MB are written over the caches, as the model's weights stre
 through them between two steps, so the rows come from memory as they do in the model.
 No model is loaded: the weights are random rows summing to 1.  Prints the median and
 fastest step in ms beside the memory floor of ``scripts/decode_overhead.py`` for the
-same shape.  Run it once per build of the C core, alternately, to compare two builds
+same shape, and their ratio (median step / floor); the first two steps warm up and are
+not counted.  Run it once per build of the C core, alternately, to compare two builds
 without the model's own noise.
 """
 
@@ -33,9 +34,10 @@ LAYERS, KV_HEADS, GROUP = 30, 3, 3
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--held", type=int, default=2048)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=8, help="sequences: 90 rows each (default 8)")
+    parser.add_argument("--held", type=int, default=2048, help="positions every row holds (default 2048)")
+    parser.add_argument("--steps", type=int, default=30,
+                        help="decode steps timed; the first two, warming up, are not counted (default 30)")
     args = parser.parse_args(argv)
     check_held(parser, args.held)
     if args.batch < 1 or args.steps < 3:
