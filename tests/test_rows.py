@@ -37,15 +37,15 @@ class ArrayLike:
         return self.values if dtype is None else self.values.astype(dtype)
 
 
-def ragged(backend, name: str = "scissorhands", **params):
-    """A two-row policy holding [0, 2, 5] and [2, 5] (last position 5)."""
+def ragged(backend, name: str = "scissorhands", kept=((0, 2, 5), (2, 5)), **params):
+    """A two-row policy holding ``kept`` (by default [0, 2, 5] and [2, 5]; last position 5)."""
     cls = backend.POLICIES[name]
     base = {"full": {}, "streaming-llm": {"budget": 3, "sinks": 1}}.get(name, {"budget": 3, "recent_window": 1})
     state = cls(heads=2, **{**base, **params}).state_dict()
-    state.update(kept=[[0, 2, 5], [2, 5]], last_position=5)
+    state.update(kept=[list(row) for row in kept], last_position=5)
     for key, zero in (("votes", 0), ("scores", 0.0), ("history", 0), ("steps_held", 0)):
         if key in state:
-            state[key] = [[zero] * 3, [zero] * 2]
+            state[key] = [[zero] * len(row) for row in kept]
     return cls.from_state_dict(state)
 
 
@@ -155,13 +155,7 @@ def test_unread_weights_may_be_nan(backend, heavy):
 
 def test_a_refused_weight_is_named_among_those_its_row_reads(backend, heavy):
     """The error names the first refused weight a row reads, not a NaN in a shorter row's unread columns."""
-    cls = backend.POLICIES[heavy.name]
-    state = cls(heads=2, budget=3, recent_window=1).state_dict()
-    state.update(kept=[[2, 5], [0, 2, 5]], last_position=5)
-    for key, zero in (("votes", 0), ("scores", 0.0), ("history", 0), ("steps_held", 0)):
-        if key in state:
-            state[key] = [[zero] * 2, [zero] * 3]
-    p = cls.from_state_dict(state)
+    p = ragged(backend, heavy.name, kept=((2, 5), (0, 2, 5)))
     error = unchanged(p, InvalidInputError, p.on_decode_step, 6, np.array([[0.5, 0.5, NAN], [0.5, -0.5, 0.0]]))
     assert "got -0.5" in str(error)
     if backend.name == "native":  # the reference reads the rows in Python and names the value alone
