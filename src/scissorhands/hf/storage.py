@@ -91,6 +91,11 @@ class ChunkMask:
             scores[..., : self.start] += self.held
 
 
+#: A single token's write index kept from step to step: the shape it was made for
+#: (layers, batch, heads, capacity), its buffer, each row's base and per-layer views.
+_WritePlan = tuple[tuple[int, int, int, int], np.ndarray, np.ndarray, tuple[torch.Tensor, ...]]
+
+
 class SlotStorage:
     """The slot layout of one cache (see the module docstring).
 
@@ -129,6 +134,7 @@ class SlotStorage:
         self.chunk_start = 0
         self.compactions = 0
         self._write_index: tuple[torch.Tensor, ...] = ()
+        self._write_plan: _WritePlan | None = None
         self._masks: dict[torch.dtype | None, list[torch.Tensor | None]] = {}
         self._mask_store: torch.Tensor | None = None
         self._mask_stale = True
@@ -180,8 +186,8 @@ class SlotStorage:
         self.compactions = 0
 
     #: Derived caches (views, kept masks), rebuilt on demand: not part of a copy.
-    _DERIVED = ("_views", "_flat", "_mask_store", "_mask_views", "_masks", "_write_index", "_mask_changes",
-                "_rows_cache", "_count_range_of", "_free_extent", "_steady_ready", "_spare_free")
+    _DERIVED = ("_views", "_flat", "_mask_store", "_mask_views", "_masks", "_write_index", "_write_plan",
+                "_mask_changes", "_rows_cache", "_count_range_of", "_free_extent", "_steady_ready", "_spare_free")
 
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in self._DERIVED}
@@ -197,6 +203,7 @@ class SlotStorage:
         self._masks = {}
         self._mask_changes = []
         self._write_index = ()
+        self._write_plan = None
         self._rows_cache = None
         self._count_range_of = None
         self._free_extent = None
@@ -269,11 +276,11 @@ class SlotStorage:
         if q == 1 and not self.aligned:
             extent = self.single_extent()
             self._grow(extent)
-            self.valid[np.arange(self.rows), self.free] = True
-            self._note_valid(np.arange(self.rows), self.free.copy(), True)
-            per_layer = self.batch * self.heads
-            base = np.arange(per_layer, dtype=np.int64) * self.capacity
-            self._write_index = torch.from_numpy(self.free.reshape(self.layers, per_layer) + base).unbind(0)
+            rows = self._row_index()
+            self.valid[rows, self.free] = True
+            if not self._mask_stale:
+                self._note_valid(rows, self.free.copy(), True)
+            self._plan_writes()
         else:
             self.chunk_start = self.extent
             extent = self.extent + q
@@ -281,6 +288,21 @@ class SlotStorage:
         self.extent = extent
         self._masks = {}
         return extent
+
+    def _plan_writes(self) -> None:
+        """A single token's write index per layer: each row's free slot as a flat index
+        into its layer's keys viewed ``(batch * heads * capacity, head_dim)``, written
+        into a buffer kept while the shape stays, whose per-layer views
+        (``_write_index``) are made once."""
+        kept = self._write_plan
+        if kept is None or kept[0] != (self.layers, self.batch, self.heads, self.capacity):
+            per_layer = self.batch * self.heads
+            base = np.tile(np.arange(per_layer, dtype=np.int64) * self.capacity, self.layers)
+            buffer = np.empty(self.rows, dtype=np.int64)
+            views = torch.from_numpy(buffer).view(self.layers, per_layer).unbind(0)
+            kept = self._write_plan = ((self.layers, self.batch, self.heads, self.capacity), buffer, base, views)
+        np.add(self.free, kept[2], out=kept[1])
+        self._write_index = kept[3]
 
     def unplan(self, extent: int, chunk_start: int, q: int, capacity: int) -> None:
         """Undo the last :meth:`plan` (its forward failed before the step): the slots it
