@@ -88,11 +88,12 @@ class CacheStats:
     C call, ``sh_cache_step_steady``, where for plain Scissorhands votes it includes
     gathering each row's weights and stepping its slot table row, done row by row in the
     policy's pass); ``bookkeeping_seconds``: the cache's own work
-    around them (GQA mean, gathering weights into kept order, masks, freeing slots,
-    compactions; not, from a decode step's second layer on, handing over the mask its
-    first layer built or transformers' own); ``rows_seconds``: computing the attention rows that the wrapped
-    implementation does not return (``sdpa``); ``update_seconds``: writing keys and
-    values; ``rerotate_seconds``: moving keys and queries to their ranks
+    around them (each layer's hand-over of its attention weights, GQA mean, gathering
+    weights into kept order, masks, freeing slots, compactions; not, from a decode
+    step's second layer on, handing over the mask its first layer built or
+    transformers' own); ``rows_seconds``: computing the attention rows that the wrapped
+    implementation does not return (``sdpa``); ``update_seconds``: planning the
+    forward's slots and writing keys and values; ``rerotate_seconds``: moving keys and queries to their ranks
     (``positions="cache"``).  ``steps``: single-token forwards; ``chunks``: several-token forwards;
     ``compactions``: rebuilt layouts; ``prompt_ends``: prompt-end evictions
     (``prompt_aware``: the first decode step after a prompt), their time in
@@ -406,6 +407,8 @@ class EvictingLayer(CacheLayerMixin):
                     observer(self.layer, weights.detach())
             finally:
                 cache._observing = False
+        # Timed as bookkeeping from here (the observers' time is theirs) to the step.
+        start = time.perf_counter()
         if weights is not None and cache._policies_read and cache._decodes(forward):
             forward.pending.add(weights)  # a decode step's: all layers in one call at the last
         elif weights is not None and cache._policies_read:
@@ -414,13 +417,12 @@ class EvictingLayer(CacheLayerMixin):
             # forward never holds every layer's full-head rows at once (30 layers x 9
             # heads x 256 x 1,280 float32 is 354 MB); per element the same arithmetic as
             # reducing them all together at the last layer, then gathering.
-            start = time.perf_counter()
             columns, held, gathered = cache._gather_target(forward)
             per_layer = len(columns) // cache.evicting_layers
             part = slice(e * per_layer, (e + 1) * per_layer)
             gather_group_mean(weights.detach().cpu(), cache.policy_heads, columns[part], held[part], gathered[part])
-            cache.stats.bookkeeping_seconds += time.perf_counter() - start
         forward.observed[e] = True
+        cache.stats.bookkeeping_seconds += time.perf_counter() - start
         if e == cache.evicting_layers - 1:
             cache._finish(forward)
 
