@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     model, _, ids = load_smollm2()
     ids = ids[0]
     prompt = args.held + 8  # a little over the budget: every decode step evicts
+    if prompt + args.steps > len(ids):
+        parser.error(f"--held + 8 + --steps must fit the built-in text's {len(ids)} tokens, "
+                     f"got {args.held} + 8 + {args.steps}")
     for _ in range(args.repeats):
         cache = hf.EvictingCache.from_model(model, "scissorhands", budget=args.held, recent_window=0.75, sinks=4)
         with torch.no_grad():

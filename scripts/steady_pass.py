@@ -32,6 +32,14 @@ from decode_overhead import check_held, floor_ms
 LAYERS, KV_HEADS, GROUP = 30, 3, 3
 
 
+def footprint(batch: int, held: int) -> int:
+    """Bytes of the arrays a run allocates, about: every layer's weights (all query heads,
+    float32), the slot table (int32) and validity, and the policy's votes and positions
+    (uint32 each, room for twice the held count)."""
+    rows = LAYERS * batch * KV_HEADS
+    return rows * (held + 1) * (GROUP * 4 + 4 + 1) + rows * 2 * held * 8
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8, help="sequences: 90 rows each (default 8)")
@@ -42,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     check_held(parser, args.held)
     if args.batch < 1 or args.steps < 3:
         parser.error(f"--batch must be at least 1 and --steps at least 3, got {args.batch} and {args.steps}")
+    need = footprint(args.batch, args.held)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    if have is not None and need > have // 2:
+        parser.error(f"--batch {args.batch} --held {args.held} needs about {need / 2**30:.1f} GiB of arrays, "
+                     f"more than half of this machine's {have / 2**30:.1f} GiB")
 
     from scissorhands import Scissorhands
     from scissorhands._native import ffi, lib

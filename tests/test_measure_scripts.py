@@ -1,5 +1,6 @@
-"""``scripts/steady_pass.py`` and the memory floor of ``scripts/decode_overhead.py``: they run on a
-small shape, take the steady step they time, and refuse bad arguments before any work."""
+"""``scripts/steady_pass.py`` and ``scripts/decode_overhead.py``'s memory floor and argument checks: the
+steady pass runs on a small shape and takes the steady step it times; both refuse bad arguments before any
+work."""
 
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ def test_the_steady_pass_script_times_the_steady_step_beside_its_floor():
 
 @pytest.mark.parametrize(("args", "says"), [(["--held", "16"], "--held must be at least 17"),
                                             (["--steps", "2"], "--steps at least 3"),
-                                            (["--batch", "0"], "--batch must be at least 1")])
+                                            (["--batch", "0"], "--batch must be at least 1"),
+                                            (["--held", "3000000"], "--batch 8 --held 3000000 needs about")])
 def test_the_steady_pass_script_refuses_bad_arguments(args, says):
-    """A held count below the recent window plus sinks, too few steps or no batch: argparse's error naming the value."""
+    """A held count below the recent window plus sinks, too few steps, no batch or arrays larger than half the
+    machine's memory: argparse's error naming the value, before anything is allocated."""
     done = run(*args)
     assert done.returncode == 2 and says in done.stderr and done.stdout == ""
 
@@ -49,3 +52,12 @@ def test_the_memory_floor_grows_with_the_rows_it_reads():
     config = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3)
     one, eight = floor_ms(config, 1, 1024), floor_ms(config, 8, 1024)
     assert 0 < one < eight
+
+
+@pytest.mark.hf
+def test_the_decode_overhead_script_refuses_more_tokens_than_its_text():
+    """--held + 8 + --steps past the built-in text: argparse's error naming the values, before any forward."""
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "decode_overhead.py"), "--held", "200000",
+                           "--steps", "5"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert re.search(r"must fit the built-in text's \d+ tokens, got 200000 \+ 8 \+ 5", done.stderr), done.stderr
