@@ -187,6 +187,22 @@ def test_extend_never_reads_weights_outside_what_each_token_sees(backend, heavy)
     p.extend(bad)
 
 
+def test_extend_names_the_refused_weight_a_joining_token_reads(backend, heavy):
+    """Rows of different counts and a token left out of one row: the error names the first refused
+    weight some joining token reads (the NaNs before it in C order are never read)."""
+    p = ragged(backend, heavy.name, kept=((2, 5), (0, 2, 5)))  # row 0 holds 2, row 1 holds 3: width 3 + C
+    attn = np.zeros((2, 2, 5))
+    attn[0, 0, 2] = NAN  # row 0's token 0 over itself (column 2 = n_0 + 0): never read
+    attn[0, 1, 4] = NAN  # past row 0's columns (2 held + 2 tokens): never read
+    attn[1, 0, 1] = NAN  # row 1's token 0 does not join it: none of its weights is read
+    attn[1, 1, 3] = -0.5  # row 1's token 1 over token 0, which did not join: never read
+    attn[1, 1, 2] = -0.25  # row 1's token 1 over its third held position: refused
+    error = unchanged(p, InvalidInputError, p.extend, attn, [[True, True], [False, True]])
+    assert "got -0.25" in str(error)
+    if backend.name == "native":
+        assert "at index [1, 1, 2]" in str(error)
+
+
 def test_extend_refuses_an_empty_chunk_and_wrong_shapes(backend):
     """C must be >= 1 and the width n + C; the message names the shape expected."""
     p = ragged(backend)

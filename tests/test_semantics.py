@@ -594,6 +594,43 @@ def test_a_refused_weight_is_named(heavy, attn, named):
     assert f"got {named}" in str(error)
 
 
+def _prefill_refused(p):
+    """A 5-token prompt whose only refused weight read is token 3's -0.25 over position 1, after
+    a NaN in the upper triangle and an inf on the diagonal (never read)."""
+    attn = np.tril(np.full((5, 5), 0.1))
+    attn[0, 2], attn[1, 1], attn[3, 1] = math.nan, math.inf, -0.25
+    return p.prefill, attn
+
+
+def _extend_refused(p):
+    """A chunk of 3 tokens after 2 held: the NaN in token 0's column of chunk token 1 (a later
+    token) is never read; token 2's -0.25 over chunk token 0 is."""
+    fill(p, 2)
+    attn = np.full((3, 5), 0.1)
+    attn[0, 3], attn[2, 2] = math.nan, -0.25
+    return p.extend, attn
+
+
+def _observe_refused(p):
+    """A window of 2 rows over 6 held: row 0 reads slots 0..3, row 1 slots 0..4; the NaN at row
+    0's slot 4 is never read, row 1's -0.25 at slot 4 is."""
+    fill(p, 6)
+    attn = np.full((2, 6), 0.1)
+    attn[0, 4], attn[1, 4] = math.nan, -0.25
+    return p.evict_observed, attn
+
+
+@pytest.mark.parametrize("call", [_prefill_refused, _extend_refused, _observe_refused],
+                         ids=["prefill", "extend", "evict_observed"])
+def test_a_refused_weight_read_by_a_chunk_call_is_named(heavy, call):
+    """prefill, extend and evict_observed name the refused weight they read, not an unread one before
+    it (both backends), state unchanged."""
+    p = heavy(budget=4, recent_window=1)
+    fn, attn = call(p)
+    error = unchanged(p, InvalidInputError, fn, attn)
+    assert "got -0.25" in str(error) and str(error).count("got ") == 1
+
+
 @pytest.mark.parametrize(("heads", "attn"), [
     (1, [0.5]), (1, [0.5, 0.25, 0.25]), (1, []), (1, 0.5), (1, np.float64(0.5)),
     (1, [[0.5, 0.5], [0.5, 0.5]]), (1, np.zeros((1, 1, 2))), (1, [[0.5, 0.5], [0.5]]),

@@ -59,6 +59,7 @@ _NONE = lib.SH_DTYPE_NONE
 _NULL = ffi.NULL
 _ERR_LENGTH = lib.SH_ERR_LENGTH
 _ERR_RAGGED = lib.SH_ERR_RAGGED
+_ERR_WEIGHT = lib.SH_ERR_WEIGHT
 _step = lib.sh_policy_step
 _from_buffer = ffi.from_buffer
 _unpack = ffi.unpack
@@ -102,6 +103,42 @@ def _weights_or_shape(attn: Any, read: bool, ragged: str) -> tuple[np.ndarray | 
         return None, tuple(np.shape(attn))
     except (TypeError, ValueError):
         raise InvalidInputError(ragged) from None
+
+
+# The weights a refused call read, for the error that names the first refused one (on the
+# error path only: C checks them without NumPy's help when they are valid). Each is a copy
+# of the array the caller handed in, in its shape, the weights the call never reads zeroed.
+
+def _read_by_prefill(arr: np.ndarray) -> np.ndarray:
+    """``(P, P)`` or ``(heads, P, P)`` as :meth:`NativePolicy.prefill` reads it: token
+    ``i``'s weights over positions ``0 .. i - 1`` (the strict lower triangle)."""
+    size = arr.shape[-1]
+    return np.where(np.tri(size, k=-1, dtype=bool), arr, 0)
+
+
+def _read_by_extend(arr: np.ndarray, counts: np.ndarray | None, admit: np.ndarray | None) -> np.ndarray:
+    """``(C, W)`` or ``(heads, C, W)`` as :meth:`NativePolicy.extend` reads it: a token
+    that joins row ``h`` reads the row's ``n_h`` held columns (``counts``; None on a fresh
+    policy: none) and column ``n_h + j`` of each earlier token ``j`` that joined it."""
+    shaped = arr.reshape(-1, *arr.shape[-2:])
+    heads, chunk, width = shaped.shape
+    held = np.zeros(heads, dtype=np.int64) if counts is None else counts.astype(np.int64)
+    joins = np.ones((heads, chunk), dtype=bool) if admit is None else admit.reshape(heads, chunk).astype(bool)
+    token = np.arange(width)[None, :] - held[:, None]  # (heads, W): the chunk token of a column, if >= 0
+    earlier = (token[:, None, :] >= 0) & (token[:, None, :] < np.arange(chunk)[None, :, None])
+    joined = np.take_along_axis(joins, np.clip(token, 0, chunk - 1), axis=1)[:, None, :]
+    read = ((token < 0)[:, None, :] | (earlier & joined)) & joins[:, :, None]
+    return np.where(read, shaped, 0).reshape(arr.shape)
+
+
+def _read_by_observe(arr: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``(W, n)`` or ``(heads, W, n)`` as :meth:`NativePolicy.evict_observed_rows` reads
+    it: window row ``j`` of row ``h`` over the slots below ``counts[h] - W + j``."""
+    shaped = arr.reshape(-1, *arr.shape[-2:])
+    window = shaped.shape[1]
+    below = counts[:, None] - window + np.arange(window)[None, :]  # (heads, W)
+    read = np.arange(shaped.shape[2])[None, None, :] < below[:, :, None]
+    return np.where(read, shaped, 0).reshape(arr.shape)
 
 
 class NativePolicy:
@@ -674,7 +711,8 @@ class NativePolicy:
                                           ffi.from_buffer("uint32_t[]", victims),
                                           ffi.from_buffer("int64_t[]", slots), total,
                                           ffi.from_buffer("uint32_t[]", rows), self._n_victims)
-        check(rc, type(self).__name__)
+        check(rc, type(self).__name__, None if arr is None or rc != _ERR_WEIGHT else
+              _read_by_observe(arr, np.asarray(counts, dtype=np.int64)))
         self._sync()
         return RowVictims(rows, victims, slots)
 
@@ -833,7 +871,8 @@ class NativePolicy:
                 self._ptr, _NONE if arr is None else _DTYPE_CODES[arr.dtype],
                 _NULL if arr is None else _from_buffer(arr), h, chunk, shape[2],
                 _NULL if mask is None else ffi.from_buffer("uint8_t[]", mask))
-            check(rc, type(self).__name__)
+            check(rc, type(self).__name__, None if arr is None or rc != _ERR_WEIGHT else
+                  _read_by_extend(arr, None if fresh else self._counts_locked(), mask))
             self._last = chunk - 1 if fresh else self._last + chunk
             self._sync()
 
@@ -920,7 +959,7 @@ class NativePolicy:
                 rc = lib.sh_policy_prefill(self._ptr, _DTYPE_CODES[arr.dtype], _from_buffer(arr), h, prompt_len)
             else:
                 rc = lib.sh_policy_prefill(self._ptr, _NONE, _NULL, h, prompt_len)
-            check(rc, type(self).__name__)
+            check(rc, type(self).__name__, None if arr is None or rc != _ERR_WEIGHT else _read_by_prefill(arr))
             self._n = prompt_len
             self._last = prompt_len - 1
 
