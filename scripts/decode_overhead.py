@@ -15,7 +15,9 @@ steps): a sum of every policy row's query-head weights over its held positions
 slot (its vote and its slot-table entry).  As a share of the step it says how far below
 the measured share one core's memory lets any single-threaded pass go.  Run it once per
 build of the C core, alternately, to compare two builds on one machine (``python -m
-bench.decode`` compares configurations within one build).
+bench.decode`` compares configurations within one build).  Refused before the model
+loads: ``--held`` + 8 + ``--steps`` past the model's trained context (8,192 positions),
+or keys, values and a prompt chunk's attention larger than half the machine's memory.
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     check_held(parser, args.held)
     if args.steps < 1 or args.repeats < 1 or args.batch < 1:
         parser.error("--steps, --repeats and --batch must be at least 1")
+    if args.held + 8 + args.steps > TRAINED_CONTEXT:
+        parser.error(f"--held + 8 + --steps must stay within SmolLM2-135M's trained context of "
+                     f"{TRAINED_CONTEXT} positions (the step measured is the model's own), "
+                     f"got {args.held} + 8 + {args.steps}")
+    need = footprint(args.batch, args.held + 8 + args.steps)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    if have is not None and need > have // 2:
+        parser.error(f"--batch {args.batch} --held {args.held} needs about {need / 2**30:.1f} GiB of keys, values "
+                     f"and a prompt chunk's attention, more than half of this machine's {have / 2**30:.1f} GiB")
 
     import torch
 
@@ -51,9 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     model, _, ids = load_smollm2()
     ids = ids[0]
     prompt = args.held + 8  # a little over the budget: every decode step evicts
-    if prompt + args.steps > len(ids):
-        parser.error(f"--held + 8 + --steps must fit the built-in text's {len(ids)} tokens, "
-                     f"got {args.held} + 8 + {args.steps}")
     for _ in range(args.repeats):
         cache = hf.EvictingCache.from_model(model, "scissorhands", budget=args.held, recent_window=0.75, sinks=4)
         with torch.no_grad():
@@ -72,6 +80,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{book:.3f} ms = {policy + book:.3f} ms ({100 * (policy + book) / ms:.2f}%); "
               f"memory floor {floor:.3f} ms ({100 * floor / ms:.2f}%)", flush=True)
     return 0
+
+
+#: SmolLM2-135M's trained context (``max_position_embeddings``), and the shape of its
+#: attention: layers, query heads, KV heads, head width.
+TRAINED_CONTEXT = 8192
+LAYERS, HEADS, KV_HEADS, HEAD_DIM = 30, 9, 3, 64
+
+
+def footprint(batch: int, tokens: int) -> int:
+    """Bytes the run's largest tensors take, about: every layer's keys and values for
+    ``tokens`` positions (float32) and one layer's attention weights of a 256-token prompt
+    chunk over them."""
+    return batch * tokens * 4 * (LAYERS * KV_HEADS * HEAD_DIM * 2 + HEADS * 256)
 
 
 def check_held(parser: argparse.ArgumentParser, held: int) -> None:

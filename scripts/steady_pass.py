@@ -27,9 +27,9 @@ from types import SimpleNamespace
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_overhead import check_held, floor_ms
+from decode_overhead import HEADS, KV_HEADS, LAYERS, check_held, floor_ms
 
-LAYERS, KV_HEADS, GROUP = 30, 3, 3
+GROUP = HEADS // KV_HEADS
 
 
 def footprint(batch: int, held: int) -> int:

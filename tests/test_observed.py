@@ -302,6 +302,17 @@ def test_too_few_candidates_refused(evicting):
     assert p.evict_observed_rows(np.zeros((3, 10))).counts.tolist() == [5]
 
 
+def test_a_window_longer_than_the_row_is_named(evicting):
+    """A window of more rows than the row holds positions: the refusal says so, and the
+    policy is unchanged."""
+    p = held(evicting, 8, budget=4)
+    message = r"window 9 \+ sinks 0 leave only 0 positions .* the window's 9 rows are the row's last 9 positions, " \
+              r"and it holds only 8"
+    with pytest.raises(InvalidInputError, match=message):
+        p.evict_observed_rows(np.full((9, 8), 0.1))
+    unchanged(p, InvalidInputError, p.evict_observed_rows, np.full((9, 8), 0.1))
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -1.0])
 def test_bad_weights_refused(evicting, bad):
     """A read weight that is NaN, infinite or negative is refused in any row before any

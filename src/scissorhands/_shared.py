@@ -439,9 +439,11 @@ def observed_evictions(counts: list[int], candidates: list[int], window: int, si
         k = max(0, n - budget)
         if k > c:
             pins = "" if pinned is None else f" + pinned {pinned[h]}"
+            over = (f"; the window's {window} rows are the row's last {window} positions, and it holds only {n}"
+                    if window >= n else "")
             raise InvalidInputError(
                 f"evict_observed: window {window} + sinks {sinks}{pins} leave only {c} positions to "
-                f"evict in row {h}, need {k} (the row holds {n}, budget {budget})")
+                f"evict in row {h}, need {k} (the row holds {n}, budget {budget}){over}")
         out.append(k)
     return out
 
