@@ -47,11 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--held + 8 + --steps must stay within SmolLM2-135M's trained context of "
                      f"{TRAINED_CONTEXT} positions (the step measured is the model's own), "
                      f"got {args.held} + 8 + {args.steps}")
-    need = footprint(args.batch, args.held + 8 + args.steps)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
-    if have is not None and need > have // 2:
-        parser.error(f"--batch {args.batch} --held {args.held} needs about {need / 2**30:.1f} GiB of keys, values "
-                     f"and a prompt chunk's attention, more than half of this machine's {have / 2**30:.1f} GiB")
+    check_fits(parser, footprint(args.batch, args.held + 8 + args.steps),
+               f"--batch {args.batch} --held {args.held}", "keys, values and a prompt chunk's attention")
 
     import torch
 
@@ -93,6 +90,15 @@ def footprint(batch: int, tokens: int) -> int:
     ``tokens`` positions (float32) and one layer's attention weights of a 256-token prompt
     chunk over them."""
     return batch * tokens * 4 * (LAYERS * KV_HEADS * HEAD_DIM * 2 + HEADS * 256)
+
+
+def check_fits(parser: argparse.ArgumentParser, need: int, asked: str, what: str) -> None:
+    """Exit through ``parser.error`` when ``need`` bytes (of ``what``, for the arguments
+    ``asked``) are more than half the machine's memory (unknown: no check)."""
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
+    if have is not None and need > have // 2:
+        parser.error(f"{asked} needs about {need / 2**30:.1f} GiB of {what}, "
+                     f"more than half of this machine's {have / 2**30:.1f} GiB")
 
 
 def check_held(parser: argparse.ArgumentParser, held: int) -> None:

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode_overhead import HEADS, KV_HEADS, LAYERS, check_held, floor_ms
+from decode_overhead import HEADS, KV_HEADS, LAYERS, check_fits, check_held, floor_ms
 
 GROUP = HEADS // KV_HEADS
 
@@ -50,11 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     check_held(parser, args.held)
     if args.batch < 1 or args.steps < 3:
         parser.error(f"--batch must be at least 1 and --steps at least 3, got {args.batch} and {args.steps}")
-    need = footprint(args.batch, args.held)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else None
-    if have is not None and need > have // 2:
-        parser.error(f"--batch {args.batch} --held {args.held} needs about {need / 2**30:.1f} GiB of arrays, "
-                     f"more than half of this machine's {have / 2**30:.1f} GiB")
+    check_fits(parser, footprint(args.batch, args.held), f"--batch {args.batch} --held {args.held}", "arrays")
 
     from scissorhands import Scissorhands
     from scissorhands._native import ffi, lib
