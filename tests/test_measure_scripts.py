@@ -31,6 +31,23 @@ def test_the_steady_pass_script_times_the_steady_step_beside_its_floor():
     assert 0 < float(line[2]) <= float(line[1]) and float(line[3]) > 0
 
 
+def test_the_steady_pass_script_times_the_pass_layer_by_layer_beside_the_one_call():
+    """``--per-layer`` adds a second line: the same pass made one layer at a time, every step taken (else it
+    exits non-zero), its ratio to the one call's time measured the same way."""
+    done = run("--batch", "1", "--held", "32", "--steps", "4", "--per-layer")
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.startswith("batch 1, 32 held, 90 rows: steady step ")
+    line = re.fullmatch(r"layer by layer, each call after its layer's weights were written: ([0-9.]+) ms \(fastest "
+                        r"([0-9.]+) ms\) a step, ([0-9.]+)x the one call's ([0-9.]+) ms \(both measured inside C\)",
+                        second)
+    assert line is not None, second
+    assert 0 < float(line[2]) <= float(line[1]) and float(line[4]) > 0
+    ratio, per_layer, one_call = float(line[3]), float(line[1]), float(line[4])
+    # The ratio of the two times, to the digits printed (ratio to 0.005, times to 0.0005 ms).
+    assert abs(ratio * one_call - per_layer) <= 0.005 * one_call + 0.0005 * (1 + ratio)
+
+
 @pytest.mark.parametrize(("args", "says"), [(["--held", "16"], "--held must be at least 17"),
                                             (["--steps", "2"], "--steps at least 3"),
                                             (["--batch", "0"], "--batch must be at least 1"),
