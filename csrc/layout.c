@@ -201,12 +201,26 @@ int sh_slots_step_steady(int32_t *slots, size_t rows, size_t stride, size_t coun
         if (counts[r] < 0 || (uint64_t)counts[r] != count)
             return SH_ERR_LENGTH;
     }
+    return sh_slots_step_rows(slots, rows, stride, counts, free_slots, index, valid, valid_stride, freed);
+}
+
+int sh_slots_step_rows(int32_t *slots, size_t rows, size_t stride, const int64_t *counts, const int64_t *free_slots,
+                       const int64_t *index, uint8_t *valid, size_t valid_stride, int64_t *freed)
+{
+    if (rows == 0)
+        return SH_OK;
+    if (slots == NULL || counts == NULL || free_slots == NULL || index == NULL || valid == NULL || freed == NULL)
+        return SH_ERR_ARG;
     for (size_t r = 0; r < rows; r++) {
-        if (slot_gone(slots + r * stride, count, index[r], free_slots[r], valid_stride) < 0)
+        if (counts[r] < 0 || (uint64_t)counts[r] + 1 > stride)
+            return SH_ERR_LENGTH;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        if (slot_gone(slots + r * stride, (size_t)counts[r], index[r], free_slots[r], valid_stride) < 0)
             return SH_ERR_ARG;
     }
     for (size_t r = 0; r < rows; r++)
-        freed[r] = slot_row_step(slots + r * stride, count, (size_t)index[r], free_slots[r],
+        freed[r] = slot_row_step(slots + r * stride, (size_t)counts[r], (size_t)index[r], free_slots[r],
                                  valid + r * valid_stride);
     return SH_OK;
 }

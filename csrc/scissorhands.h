@@ -460,6 +460,16 @@ int sh_slots_step_steady(int32_t *slots, size_t rows, size_t stride, size_t coun
                          const int64_t *free_slots, const int64_t *index, uint8_t *valid, size_t valid_stride,
                          int64_t *freed);
 
+/* sh_slots_step_steady with each row's own count: row r held counts[r] positions (its
+   kept order at slots + r * stride), took its token at free_slots[r] and evicted the
+   one at kept index index[r] (0..counts[r]); a decode step of rows of several
+   configurations or budgets, each evicting one. SH_ERR_LENGTH, nothing changed, when a
+   count is negative or counts[r] + 1 > stride; SH_ERR_ARG, nothing changed, for a NULL
+   pointer (rows > 0), an index past its row's count, or a removed or new slot past
+   valid_stride or INT32_MAX. */
+int sh_slots_step_rows(int32_t *slots, size_t rows, size_t stride, const int64_t *counts, const int64_t *free_slots,
+                       const int64_t *index, uint8_t *valid, size_t valid_stride, int64_t *freed);
+
 /* sh_gqa_gather for one query row of every layer, each layer's weights where the
    attention left them (gqa.c): weights[e] is layer e's float32 (rows * group) x extent;
    out[e * rows + r, j] (float32, layers * rows x width) is the mean of the group's

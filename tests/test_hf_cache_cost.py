@@ -107,6 +107,68 @@ def test_the_steady_slot_step_equals_the_general_one():
     assert np.array_equal(a_slots, b_slots) and np.array_equal(a_free, b_free) and np.array_equal(a_valid, b_valid)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_one_victim_a_row_of_rows_holding_different_counts_leaves_what_the_general_path_leaves(seed, monkeypatch):
+    """SlotStorage.apply_step when every row evicts one position but rows hold different
+    counts (eval's batch of several budgets): its one C pass (sh_slots_step_rows) leaves
+    each row's kept slots, the counts, the free slots and the validity of the NumPy path,
+    for victims at any kept index (the new token's included)."""
+    from scissorhands.hf.storage import SlotStorage
+
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 9, size=6)
+
+    def stepped(c_pass: bool) -> tuple[np.ndarray, ...]:
+        storage = SlotStorage(2, 8)
+        storage.start(1, 3)
+        storage.capacity = storage.extent = 9
+        order = np.random.default_rng(seed + 100)
+        storage.slots = np.stack([order.permutation(9) for _ in range(6)]).astype(np.int32)
+        storage.counts = counts.astype(np.int64)
+        storage.free = storage.slots[np.arange(6), counts].astype(np.int64)
+        storage.valid = np.zeros((6, 9), dtype=bool)
+        for r, n in enumerate(counts):
+            storage.valid[r, storage.slots[r, : n + 1]] = True  # held, and the token's slot (the plan's)
+        storage.rope = np.zeros((6, 9), dtype=np.int64)
+        storage.aligned = False
+        if not c_pass:
+            monkeypatch.setattr(storage, "_apply_one_each", lambda *args: False)
+        victims = np.array([np.random.default_rng(seed + 200 + r).integers(0, n + 1) for r, n in enumerate(counts)])
+        storage.apply_step(np.ones(6, dtype=np.int64), victims)
+        kept = [storage.slots[r, :n].copy() for r, n in enumerate(storage.counts)]
+        return storage.counts.copy(), storage.free.copy(), storage.valid.copy(), *kept
+
+    ours, numpy_path = stepped(True), stepped(False)
+    assert all(np.array_equal(a, b) for a, b in zip(ours, numpy_path, strict=True))
+    assert np.array_equal(ours[0], counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_kept_decode_masks_changed_at_their_slots_equal_masks_built_anew(dtype):
+    """SlotStorage._decode_masks updated where slots were filled or freed (through NumPy's
+    view of the store for the dtypes NumPy has, torch's indexing for bfloat16) equals the
+    masks built from the validity table afresh, bit for bit."""
+    from scissorhands.hf.storage import SlotStorage
+
+    rng = np.random.default_rng(5)
+    storage = SlotStorage(2, 8)
+    storage.start(2, 3)
+    storage.capacity = storage.extent = 9
+    storage.valid = rng.random((12, 9)) < 0.7
+    storage.aligned = False
+    storage._mask_stale = True
+    storage._decode_masks(3, dtype)  # built, and kept
+    for valid in (True, False):
+        rows, slots = rng.integers(0, 12, size=5), rng.integers(0, 9, size=5)
+        storage.valid[rows, slots] = valid
+        storage._note_valid(rows, slots, valid)
+    kept = [m.clone() for m in storage._decode_masks(3, dtype)]
+    storage._mask_stale = True
+    anew = storage._decode_masks(3, dtype)
+    assert all(torch.equal(a, b) for a, b in zip(kept, anew, strict=True))
+    assert any(bool((m != 0).any()) for m in anew) and any(bool((m == 0).any()) for m in anew)
+
+
 @pytest.mark.parametrize("aligned", [True, False])
 def test_a_decode_step_that_evicts_nothing_appends_each_rows_token(aligned):
     """SlotStorage.apply_step with no victim: each row's token (at the extent's end
@@ -654,10 +716,11 @@ def test_key_value_memory_follows_what_is_held_not_the_budget(budget, policy):
 
 
 def test_layout_kernels_refuse_bad_arguments_and_change_nothing():
-    """sh_rope_rotate, sh_slots_step_steady and sh_rope_turns refuse a vector past the buffer,
-    a table row past the table, an index past the count, rows of different counts or a
-    slot past the rotations or the validity table, with nothing written; sh_rope_rotate by
-    a table of angle 0 changes nothing."""
+    """sh_rope_rotate, sh_slots_step_steady, sh_slots_step_rows and sh_rope_turns refuse a
+    vector past the buffer, a table row past the table, an index past the count, rows of
+    different counts (steady), a count past the stride or a slot past the rotations or the
+    validity table, with nothing written; sh_rope_rotate by a table of angle 0 changes
+    nothing."""
     from scissorhands._native import ffi, lib
 
     x = np.arange(8, dtype=np.float32)
@@ -694,6 +757,20 @@ def test_layout_kernels_refuse_bad_arguments_and_change_nothing():
     assert steady([1, 3]) == lib.SH_OK
     assert np.array_equal(slots[:, :3], [[3, 2, 0], [0, 1, 2]]) and list(freed) == [1, 3]
     assert np.array_equal(valid, [[True, False, True, True], [True, True, True, False]])
+
+    def rows(index, held, free=(0, 3)):
+        i, c, fr = (np.array(v, dtype=np.int64) for v in (index, held, free))
+        return lib.sh_slots_step_rows(ffi.cast("int32_t *", slots.ctypes.data), 2, 4, ffi.cast(i64, c.ctypes.data),
+                                      ffi.cast(i64, fr.ctypes.data), ffi.cast(i64, i.ctypes.data),
+                                      ffi.cast(u8, valid.ctypes.data), 4, ffi.cast(i64, freed.ctypes.data))
+
+    table, validity, was_freed = slots.copy(), valid.copy(), freed.copy()
+    assert rows([3, 1], held=(2, 3)) == lib.SH_ERR_ARG  # index 3 past row 0's count of 2
+    assert rows([1, 1], held=(2, 4)) == lib.SH_ERR_LENGTH  # row 1's 4 + 1 past the stride
+    assert rows([1, 1], held=(-1, 3)) == lib.SH_ERR_LENGTH  # a negative count
+    assert np.array_equal(slots, table) and np.array_equal(valid, validity) and np.array_equal(freed, was_freed)
+    assert rows([0, 2], held=(2, 3), free=(1, 3)) == lib.SH_OK  # row 0 holds 2 (3, 2), takes slot 1, loses 3
+    assert np.array_equal(slots[0, :2], [2, 1]) and np.array_equal(slots[1, :3], [0, 1, 3]) and list(freed) == [3, 2]
     counts, rope = np.array([2], dtype=np.int64), np.array([[5, 7, 0]], dtype=np.int64)
     out = np.zeros((5, 4), dtype=np.int64)
 

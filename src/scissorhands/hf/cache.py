@@ -54,7 +54,7 @@ from . import attention
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
-from .storage import CACHE_MODES, SLOT_DTYPE, make_storage
+from .storage import CACHE_MODES, NUMPY_FLOATS, SLOT_DTYPE, make_storage
 
 __all__ = ["HEAD_MODES", "POSITION_MODES", "AttentionObserver", "CacheStats", "EvictingCache", "EvictingLayer",
            "ObserverHandle"]
@@ -1606,6 +1606,13 @@ def _pads_from(stock: Any, q: int, batch: int) -> np.ndarray | None:
     itself (the diagonal of the new block). None when there is no padding."""
     if not isinstance(stock, torch.Tensor) or stock.dim() != 4:
         return None
+    if q == 1 and stock.device.type == "cpu" and not stock.requires_grad and (
+            stock.dtype is torch.bool or stock.dtype in NUMPY_FLOATS):
+        # One token, read through NumPy's view of the mask (a few us a step less than
+        # torch's small ops): the last column of the last row, per sequence.
+        column = stock.numpy()[:, 0, -1, -1]
+        padded = ~column if column.dtype == np.bool_ else column < 0
+        return np.broadcast_to(padded, (batch,))[:, None].copy() if padded.any() else None
     if q == 1:  # one token: the last column of the last row, per sequence
         last = stock[:, 0, -1, -1]
         pad = ~last if last.dtype == torch.bool else last < 0

@@ -58,6 +58,10 @@ def _int32_p(array: np.ndarray) -> Any:
     return ffi.from_buffer("int32_t[]", array)
 
 
+#: The float dtypes NumPy shares with torch (a CPU tensor's ``.numpy()`` is a view).
+NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
 def causal_triangle(q: int) -> torch.Tensor:
     """``(q, q)`` float32: 0 on and below the diagonal, float32's lowest above it (the
     additive form of a chunk's causal block; the last one built is kept)."""
@@ -440,8 +444,12 @@ class SlotStorage:
                 slots = np.concatenate([c[1] for c in changed])
                 values = np.concatenate([c[2] for c in changed])
                 expanded = (rows[:, None] * groups + np.arange(groups)[None, :]).reshape(-1)
-                flat[torch.from_numpy(expanded), torch.from_numpy(np.repeat(slots, groups))] = torch.from_numpy(
-                    np.where(np.repeat(values, groups), 0.0, torch.finfo(dtype).min)).to(dtype)
+                columns = np.repeat(slots, groups)
+                fill = np.where(np.repeat(values, groups), 0.0, torch.finfo(dtype).min)
+                if dtype in NUMPY_FLOATS:  # through NumPy's view of the store: a tenth of torch's indexing
+                    flat.numpy()[expanded, columns] = fill  # the same rounding as .to(dtype)
+                else:
+                    flat[torch.from_numpy(expanded), torch.from_numpy(columns)] = torch.from_numpy(fill).to(dtype)
         self._mask_changes = []
         views = self._mask_views
         if views is None or views[0] != self.extent:
@@ -642,6 +650,9 @@ class SlotStorage:
         if (victims > 1).any():  # rows sharing a budget (pools): any number per row
             self._apply_ragged(victims, slots, new_slot)
             return
+        # No row evicted more than one: as many victims as rows is one in every row.
+        if len(slots) == self.rows and self._apply_one_each(slots, new_slot):
+            return
         width = self.most() + 1
         self._grow(width)
         flat_valid = self.valid
@@ -673,6 +684,31 @@ class SlotStorage:
             self.free = np.where(one, freed, self._first_free())
         if self.compact_every_step:
             self.compact()
+
+    def _apply_one_each(self, slots: np.ndarray, new_slot: np.ndarray) -> bool:
+        """:meth:`apply_step` when every row evicted exactly one position (``slots``, its
+        kept-order index, one per row) whatever it held, once positions were evicted: one
+        C pass (``sh_slots_step_rows``) over the rows' own counts, where rows of several
+        configurations or budgets (``eval``'s batch) hold different counts.  Returns False
+        (nothing done) when the slot table cannot take a row's token."""
+        rows = self._row_index()
+        self._grow(self.most() + 1)
+        self.valid[rows, new_slot] = True
+        table, valid = self.c_array("slots", SLOT_DTYPE), self.c_array("valid", np.bool_)
+        counts, free = self.c_array("counts", np.int64), np.ascontiguousarray(new_slot, dtype=np.int64)
+        index = np.ascontiguousarray(slots, dtype=np.int64)
+        freed = np.empty(self.rows, dtype=np.int64)
+        rc = lib.sh_slots_step_rows(_int32_p(table), self.rows, table.shape[1], _int64_p(counts), _int64_p(free),
+                                    _int64_p(index), ffi.from_buffer("uint8_t[]", valid), valid.shape[1],
+                                    _int64_p(freed))
+        if rc == lib.SH_ERR_LENGTH:
+            return False
+        check(rc, "apply_step")
+        self._note_valid(rows, freed, False)
+        self.free = freed  # the counts stay: one token in, one position out, every row
+        if self.compact_every_step:
+            self.compact()
+        return True
 
     def _apply_ragged(self, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
         """:meth:`apply_step` for any number of victims per row, in array operations and
