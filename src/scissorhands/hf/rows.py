@@ -126,6 +126,7 @@ class PolicyRows:
         #: Seconds spent in each group's policy calls.
         self.seconds = [0.0] * len(self.policies)
         self._counts_of: tuple[int, np.ndarray] | None = None
+        self._each_of: tuple[int, list[tuple[int, Any, np.ndarray, PolicyConfig]]] | None = None
 
     @property
     def rows(self) -> int:
@@ -141,9 +142,18 @@ class PolicyRows:
         return mine.reshape(-1)
 
     def _each(self) -> list[tuple[int, Any, np.ndarray, PolicyConfig]]:
-        if self._plain:
-            return [(0, self.policies[0], np.arange(self.rows), self.configs[0])]
-        return [(g, p, self._group_rows(g), c) for g, (p, c) in enumerate(zip(self.policies, self.configs))]
+        """Each group's number, policy, global rows (:meth:`_group_rows`) and
+        configuration: made once per batch shape, read every step."""
+        kept = self._each_of
+        if kept is None or kept[0] != self.batch:
+            if self._plain:
+                each = [(0, self.policies[0], np.arange(self.rows), self.configs[0])]
+            else:
+                each = [(g, p, self._group_rows(g), c) for g, (p, c) in enumerate(zip(self.policies, self.configs))]
+            for _, _, rows, _ in each:
+                rows.flags.writeable = False  # shared from step to step
+            kept = self._each_of = (self.batch, each)
+        return kept[1]
 
     def group_of(self, sequence: int) -> int:
         """The group holding sequence ``sequence``."""
@@ -173,6 +183,11 @@ class PolicyRows:
         counts = np.zeros(self.rows, dtype=np.int64)
         for rows, victims in parts:
             counts[rows] = np.asarray(victims.counts, dtype=np.int64)
+        if (counts == 1).all():  # one victim a row (every decode step past the budget): its slot is its row's
+            flat = np.empty(self.rows, dtype=np.int64)
+            for rows, victims in parts:
+                flat[rows] = np.asarray(victims.slots, dtype=np.int64)
+            return counts, flat
         offsets = np.concatenate(([0], np.cumsum(counts)))
         flat = np.empty(int(offsets[-1]), dtype=np.int64)
         for rows, victims in parts:
@@ -212,7 +227,7 @@ class PolicyRows:
         parts = []
         for g, policy, rows, config in self._each():
             width = int(np.asarray(policy.counts).max(initial=0))
-            w = None if weights is None else np.ascontiguousarray(weights[rows][:, :width])
+            w = None if weights is None else weights[rows, :width]  # one copy, C-contiguous
             start = time.perf_counter()
             victims = policy.step_rows(pos, w, config.budget)
             self.seconds[g] += time.perf_counter() - start
