@@ -143,6 +143,44 @@ def test_one_victim_a_row_of_rows_holding_different_counts_leaves_what_the_gener
     assert np.array_equal(ours[0], counts)
 
 
+def test_a_mixed_banks_groups_take_turns_to_be_stepped_first_and_give_what_each_policy_gives_alone():
+    """PolicyRows.step over several configurations starts each decode step at the next group
+    (the first call after the model's forward runs cold: its cost is shared alike), and
+    every row's victims are the ones its configuration's policy gives stepped on its own."""
+    from scissorhands.hf.rows import PolicyConfig, PolicyRows
+    from scissorhands.options import PolicyOptions
+
+    configs = [PolicyConfig("scissorhands", 6, PolicyOptions(recent_window=2)),
+               PolicyConfig("h2o", 5, PolicyOptions(recent_window=2)),
+               PolicyConfig("scissorhands", 4, PolicyOptions(recent_window=1, sinks=1))]
+    layers, heads, sizes = 2, 3, [1, 2, 1]
+    bank = PolicyRows(configs, sizes, layers, heads)
+    alone = PolicyRows(configs, sizes, layers, heads)
+    order: list[int] = []
+    for g, policy in enumerate(bank.policies):
+        step_rows = policy.step_rows
+
+        def recorded(*args, _g=g, _step=step_rows, **kwargs):
+            order.append(_g)
+            return _step(*args, **kwargs)
+
+        policy.step_rows = recorded
+    rng = np.random.default_rng(7)
+    for pos in range(1, 13):
+        width = max(int(np.asarray(p.counts).max()) for p in bank.policies)  # the held positions
+        weights = rng.random((bank.rows, width), dtype=np.float32)
+        counts, slots = bank.step(pos, weights)
+        for _, policy, rows, config in alone._each():  # each group's policy on its own rows
+            n = int(np.asarray(policy.counts).max())
+            victims = policy.step_rows(pos, np.ascontiguousarray(weights[rows][:, :n]), config.budget)
+            assert np.array_equal(counts[rows], victims.counts)
+            starts = np.concatenate(([0], np.cumsum(counts)))[rows]
+            mine = np.concatenate([slots[a:a + k] for a, k in zip(starts, counts[rows], strict=True)])
+            assert np.array_equal(mine, victims.slots)
+    assert [order[3 * k] for k in range(12)] == [k % 3 for k in range(12)]  # the first group of each step
+    assert sorted(order[:3]) == [0, 1, 2]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_kept_decode_masks_changed_at_their_slots_equal_masks_built_anew(dtype):
     """SlotStorage._decode_masks updated where slots were filled or freed (through NumPy's
