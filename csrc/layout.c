@@ -225,6 +225,73 @@ int sh_slots_step_rows(int32_t *slots, size_t rows, size_t stride, const int64_t
     return SH_OK;
 }
 
+/* sh_slots_evict_rows' checks, nothing changed: every count within the stride, every
+   victim index within its row and once in it (marked in mark, cleared again), every
+   slot it frees within valid_stride. */
+static int evict_rows_ok(const int32_t *slots, size_t rows, size_t stride, const int64_t *held,
+                         const int64_t *victims, const int64_t *index, size_t total, size_t valid_stride,
+                         uint8_t *mark)
+{
+    size_t at = 0;
+    for (size_t r = 0; r < rows; r++) {
+        if (held[r] < 0 || (uint64_t)held[r] > stride || victims[r] < 0 || victims[r] > held[r]
+            || (uint64_t)victims[r] > total - at)
+            return SH_ERR_ARG;
+        const int32_t *row = slots + r * stride;
+        size_t k = (size_t)victims[r], bad = 0, i = 0;
+        for (; i < k; i++) {
+            int64_t v = index[at + i];
+            if (v < 0 || v >= held[r] || mark[v] || row[v] < 0 || (uint64_t)row[v] >= valid_stride) {
+                bad = 1;
+                break;
+            }
+            mark[v] = 1;
+        }
+        while (i-- > 0) /* the marks set, cleared */
+            mark[index[at + i]] = 0;
+        if (bad)
+            return SH_ERR_ARG;
+        at += k;
+    }
+    return at == total ? SH_OK : SH_ERR_ARG;
+}
+
+int sh_slots_evict_rows(int32_t *slots, size_t rows, size_t stride, const int64_t *held, const int64_t *victims,
+                        const int64_t *index, size_t total, uint8_t *valid, size_t valid_stride, int64_t *freed)
+{
+    if (rows == 0)
+        return total == 0 ? SH_OK : SH_ERR_ARG;
+    if (slots == NULL || held == NULL || victims == NULL || valid == NULL || (total > 0 && (index == NULL
+                                                                                         || freed == NULL)))
+        return SH_ERR_ARG;
+    uint8_t *mark = calloc(stride + 1, 1);
+    if (mark == NULL)
+        return SH_ERR_NOMEM;
+    int rc = evict_rows_ok(slots, rows, stride, held, victims, index, total, valid_stride, mark);
+    for (size_t r = 0, at = 0; rc == SH_OK && r < rows; r++) {
+        size_t k = (size_t)victims[r], n = (size_t)held[r];
+        if (k == 0)
+            continue;
+        int32_t *row = slots + r * stride;
+        for (size_t i = 0; i < k; i++) { /* each victim's slot freed, in the order given */
+            size_t v = (size_t)index[at + i];
+            mark[v] = 1;
+            freed[at + i] = row[v];
+            valid[r * valid_stride + (size_t)row[v]] = 0;
+        }
+        size_t w = 0;
+        for (size_t i = 0; i < n; i++) { /* the survivors to the front, in order */
+            if (mark[i])
+                mark[i] = 0;
+            else
+                row[w++] = row[i];
+        }
+        at += k;
+    }
+    free(mark);
+    return rc;
+}
+
 /* Seconds on a monotonic-enough clock (C11's timespec_get: the policy's share of a step,
    for the cache's statistics only). */
 static double now_seconds(void)

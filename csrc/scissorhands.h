@@ -470,6 +470,19 @@ int sh_slots_step_steady(int32_t *slots, size_t rows, size_t stride, size_t coun
 int sh_slots_step_rows(int32_t *slots, size_t rows, size_t stride, const int64_t *counts, const int64_t *free_slots,
                        const int64_t *index, uint8_t *valid, size_t valid_stride, int64_t *freed);
 
+/* The slot table after a decode step where rows evict any number of positions (rows
+   sharing a budget, layout.c): row r (slots + r * stride) holds held[r] slots in kept
+   order (its new token's included) and evicts victims[r] of them, at the kept indices
+   index[at .. at + victims[r]) (at: the earlier rows' victims; total in all). Each
+   evicted slot goes to freed (in index's order) and stops being valid (valid[r *
+   valid_stride + slot] = 0); the row's other slots move to its front in their order
+   (what lies past them is left as it was). SH_ERR_ARG, nothing changed, for a NULL
+   pointer, a count past the stride, more victims than held or than total, an index
+   outside its row or twice in it, or a slot past valid_stride; SH_ERR_NOMEM, nothing
+   changed, when the scratch for the marks cannot be had. */
+int sh_slots_evict_rows(int32_t *slots, size_t rows, size_t stride, const int64_t *held, const int64_t *victims,
+                        const int64_t *index, size_t total, uint8_t *valid, size_t valid_stride, int64_t *freed);
+
 /* sh_gqa_gather for one query row of every layer, each layer's weights where the
    attention left them (gqa.c): weights[e] is layer e's float32 (rows * group) x extent;
    out[e * rows + r, j] (float32, layers * rows x width) is the mean of the group's

@@ -143,6 +143,89 @@ def test_one_victim_a_row_of_rows_holding_different_counts_leaves_what_the_gener
     assert np.array_equal(ours[0], counts)
 
 
+def _ragged_by_sorting(table: np.ndarray, valid: np.ndarray, n: np.ndarray, victims: np.ndarray,
+                       slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ragged slot step as array operations (the form before sh_slots_evict_rows): the
+    survivors of each row to its front by a stable sort; returns the freed slots."""
+    rows = np.arange(len(n))
+    width = int(n.max()) + 1
+    layout = table[:, :width]
+    keep = np.arange(width)[None, :] < (n + 1)[:, None]
+    owner = np.repeat(rows, victims)
+    keep[owner, slots] = False
+    freed = layout[owner, slots].astype(np.int64)
+    table[:, :width] = np.take_along_axis(layout, np.argsort(~keep, axis=1, kind="stable"), axis=1)
+    valid[owner, freed] = False
+    return table, freed
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_any_number_of_victims_a_row_leaves_what_the_stable_sort_left(seed):
+    """SlotStorage.apply_step for rows sharing a budget (any number of victims a row, some
+    none): its C pass (sh_slots_evict_rows) leaves each row's kept slots, the counts, the
+    free slots and the validity that sorting each row's survivors to its front left."""
+    from scissorhands.hf.storage import SlotStorage
+
+    rng = np.random.default_rng(seed)
+    rows, capacity = 6, 12
+    counts = rng.integers(1, 10, size=rows)
+    victims = np.array([rng.integers(0, n + 2) for n in counts])  # up to every held slot and the token
+    victims[rng.integers(0, rows)] = max(victims.max(), 2)  # one row evicts several
+    victims = np.minimum(victims, counts + 1)
+    index = np.concatenate([np.sort(rng.choice(n + 1, size=k, replace=False)) for n, k in zip(counts, victims)])
+    storage = SlotStorage(2, 8)
+    storage.start(1, 3)
+    storage.capacity = storage.extent = capacity
+    storage.slots = np.stack([rng.permutation(capacity) for _ in range(rows)]).astype(np.int32)
+    storage.counts = counts.astype(np.int64)
+    storage.free = storage.slots[np.arange(rows), counts].astype(np.int64)
+    storage.valid = np.zeros((rows, capacity), dtype=bool)
+    for r, n in enumerate(counts):
+        storage.valid[r, storage.slots[r, : n + 1]] = True
+    storage.rope = np.zeros((rows, capacity), dtype=np.int64)
+    storage.aligned = False
+    table, valid = storage.slots.copy(), storage.valid.copy()
+    table[np.arange(rows), counts] = storage.free
+    table, freed = _ragged_by_sorting(table, valid, counts, victims, index)
+    storage.apply_step(victims.astype(np.int64), index)
+    assert np.array_equal(storage.counts, counts + 1 - victims)
+    for r, n in enumerate(storage.counts):
+        assert np.array_equal(storage.slots[r, :n], table[r, :n])
+    assert np.array_equal(storage.valid, valid)
+    first = np.concatenate(([0], np.cumsum(victims)[:-1]))
+    for r in range(rows):  # the first victim's slot, else the lowest hole
+        want = freed[first[r]] if victims[r] else np.argmin(valid[r]) if not valid[r].all() else capacity
+        assert storage.free[r] == want
+
+
+def test_the_ragged_slot_step_refuses_bad_victims_and_changes_nothing():
+    """sh_slots_evict_rows refuses an index outside its row, one given twice, more victims
+    than held or than given in all, and a count past the stride, with nothing written."""
+    from scissorhands._native import ffi, lib
+
+    slots = np.array([[3, 1, 2, 0], [0, 1, 2, 3]], dtype=np.int32)
+    valid = np.ones((2, 4), dtype=bool)
+    freed = np.zeros(4, dtype=np.int64)
+    i64 = "int64_t *"
+
+    def evict(held, victims, index, total=None):
+        h, v, i = (np.array(x, dtype=np.int64) for x in (held, victims, index))
+        return lib.sh_slots_evict_rows(ffi.cast("int32_t *", slots.ctypes.data), 2, 4, ffi.cast(i64, h.ctypes.data),
+                                       ffi.cast(i64, v.ctypes.data), ffi.cast(i64, i.ctypes.data),
+                                       len(i) if total is None else total, ffi.cast("uint8_t *", valid.ctypes.data),
+                                       4, ffi.cast(i64, freed.ctypes.data))
+
+    assert evict([3, 4], [1, 1], [3, 0]) == lib.SH_ERR_ARG  # index 3 past row 0's 3
+    assert evict([3, 4], [2, 0], [1, 1]) == lib.SH_ERR_ARG  # index 1 twice
+    assert evict([1, 4], [2, 0], [0, 0]) == lib.SH_ERR_ARG  # 2 victims of 1 held
+    assert evict([3, 4], [1, 1], [0, 0], total=1) == lib.SH_ERR_ARG  # 2 victims, 1 given
+    assert evict([5, 4], [1, 0], [0]) == lib.SH_ERR_ARG  # a count past the stride of 4
+    assert np.array_equal(slots, [[3, 1, 2, 0], [0, 1, 2, 3]]) and valid.all() and not freed.any()
+    assert evict([3, 4], [2, 1], [0, 2, 3]) == lib.SH_OK
+    assert slots[0, 0] == 1 and np.array_equal(slots[1, :3], [0, 1, 2]) and list(freed[:3]) == [3, 2, 3]
+    assert np.array_equal(valid, [[True, True, False, False], [True, True, True, False]])
+
+
 def test_a_mixed_banks_groups_take_turns_to_be_stepped_first_and_give_what_each_policy_gives_alone():
     """PolicyRows.step over several configurations starts each decode step at the next group
     (the first call after the model's forward runs cold: its cost is shared alike), and

@@ -711,24 +711,26 @@ class SlotStorage:
         return True
 
     def _apply_ragged(self, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
-        """:meth:`apply_step` for any number of victims per row, in array operations and
-        without moving a key: each row's kept order drops its victims (a stable sort of
-        the survivors to the front), their slots become holes, and the row's next token
-        takes the slot of its first victim, or its lowest hole when it evicted none."""
+        """:meth:`apply_step` for any number of victims per row (rows sharing a budget),
+        without moving a key: each row's kept order drops its victims (its survivors to
+        the front, in order: one C pass over the rows that evict, ``sh_slots_evict_rows``),
+        their slots become holes, and the row's next token takes the slot of its first
+        victim, or its lowest hole when it evicted none."""
         rows = self._row_index()
         n = self.counts
         width = int(n.max(initial=0)) + 1
         self._grow(width)
         self.valid[rows, new_slot] = True
         self.slots[rows, n] = new_slot  # the new token, last in kept order
-        layout = self.slots[:, :width]
-        keep = np.arange(width)[None, :] < (n + 1)[:, None]
+        table, valid = self.c_array("slots", SLOT_DTYPE), self.c_array("valid", np.bool_)
+        held = np.ascontiguousarray(n + 1, dtype=np.int64)
+        counts = np.ascontiguousarray(victims, dtype=np.int64)
+        index = np.ascontiguousarray(slots, dtype=np.int64)
+        freed = np.empty(len(index), dtype=np.int64)
+        check(lib.sh_slots_evict_rows(_int32_p(table), self.rows, table.shape[1], _int64_p(held), _int64_p(counts),
+                                      _int64_p(index), len(index), ffi.from_buffer("uint8_t[]", valid),
+                                      valid.shape[1], _int64_p(freed)), "apply_step")
         owner = np.repeat(rows, victims)
-        keep[owner, slots] = False
-        freed = layout[owner, slots].astype(np.int64)
-        order = np.argsort(~keep, axis=1, kind="stable")
-        self.slots[:, :width] = np.take_along_axis(layout, order, axis=1)
-        self.valid[owner, freed] = False
         self._note_valid(owner, freed, False)
         self.counts = n + 1 - victims
         evicted = victims > 0
