@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_held(parser, args.held)
     if args.steps < 1 or args.repeats < 1 or args.batch < 1:
-        parser.error("--steps, --repeats and --batch must be at least 1")
+        parser.error(f"--steps, --repeats and --batch must be at least 1, got --steps {args.steps} --repeats "
+                     f"{args.repeats} --batch {args.batch}")
     if args.held + 8 + args.steps > TRAINED_CONTEXT:
         parser.error(f"--held + 8 + --steps must stay within SmolLM2-135M's trained context of "
                      f"{TRAINED_CONTEXT} positions (the step measured is the model's own), "

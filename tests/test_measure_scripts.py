@@ -76,10 +76,13 @@ def test_the_memory_floor_grows_with_the_rows_it_reads():
      r"must stay within SmolLM2-135M's trained context of 8192 positions .*, got 200000 \+ 8 \+ 5"),
     (["--held", "8180", "--steps", "5"], r"got 8180 \+ 8 \+ 5"),
     (["--batch", "100000"], r"--batch 100000 --held 2048 needs about [0-9.]+ GiB .* more than half of this machine's"),
+    (["--batch", "0"], r"must be at least 1, got --steps 24 --repeats 2 --batch 0"),
+    (["--repeats", "0", "--steps", "3"], r"must be at least 1, got --steps 3 --repeats 0 --batch 1"),
 ])
 def test_the_decode_overhead_script_refuses_a_run_past_the_model_or_the_machine(args, says):
-    """Positions past the model's trained context, or keys, values and a chunk's attention larger than half the
-    machine's memory: argparse's error naming the values, before the model is loaded."""
+    """Positions past the model's trained context, keys, values and a chunk's attention larger than half the
+    machine's memory, or no steps, repeats or sequences: argparse's error naming the values, before the model is
+    loaded."""
     done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "decode_overhead.py"), *args],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2 and done.stdout == ""
