@@ -987,3 +987,14 @@ def test_an_unknown_registry_name_lists_the_known_ones(backend):
         policy_spec("lru")
     assert "scisorhands" not in backend.POLICIES and backend.POLICIES.get("scisorhands") is None
     assert list(backend.POLICIES) == list(POLICY_NAMES)
+
+
+@pytest.mark.parametrize("text", ["foo", "-3", "0", "1.5"])
+def test_a_pool_that_is_neither_rows_nor_a_scope_is_refused_naming_the_scopes(text):
+    """``--pool`` text that is no count of rows >= 1 and no scope: the message names what was given and the
+    scopes it could have been, whatever way it is wrong."""
+    from scissorhands.options import POOL
+
+    with pytest.raises(InvalidInputError, match=rf"'{text}' is not a number of rows >= 1 or one of head, layer, "):
+        POOL.parse(text)
+    assert POOL.parse(" Layer ") == "layer" and POOL.parse("head") == 1 and POOL.parse("6") == 6

@@ -289,7 +289,10 @@ def _parse_pool(text: str) -> int | str:
     raw = text.strip().lower()
     if raw in POOL_SCOPES:
         return 1 if raw == "head" else raw
-    value = _parse_count(text)
+    try:
+        value = _parse_count(text)
+    except InvalidInputError:  # not a count at all: the same message, which names the scopes
+        value = 0
     if value < 1:
         raise InvalidInputError(f"{text!r} is not a number of rows >= 1 or one of {', '.join(POOL_SCOPES)}")
     return value
