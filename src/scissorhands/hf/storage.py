@@ -651,46 +651,38 @@ class SlotStorage:
             self._apply_ragged(victims, slots, new_slot)
             return
         # No row evicted more than one: as many victims as rows is one in every row.
-        if len(slots) == self.rows and self._apply_one_each(slots, new_slot):
+        if len(slots) == self.rows:
+            self._apply_one_each(slots, new_slot)
             return
+        # Some rows evicted one, the others none: the former drop their victim (the later
+        # kept indices one left), the latter keep the token last.
         width = self.most() + 1
         self._grow(width)
         flat_valid = self.valid
         flat_valid[rows, new_slot] = True
         self.slots[rows, n] = new_slot  # the new token, last in kept order
         one = victims == 1
-        if one.all() and (n == n[0]).all():
-            # The steady state: every row drops one kept index; one boolean gather.
-            layout = self.slots[:, :width]
-            freed = layout[rows, slots].astype(np.int64)
-            keep = np.ones((self.rows, width), dtype=bool)
-            keep[rows, slots] = False
-            self.slots[:, : width - 1] = layout[keep].reshape(self.rows, width - 1)
-        else:
-            layout = self.slots[:, :width].copy()
-            victim = np.zeros(self.rows, dtype=np.int64)
-            victim[one] = slots  # one slot per evicting row, in row order
-            freed = layout[rows, victim].astype(np.int64)
-            cols = np.arange(width - 1)[None, :]
-            shifted = np.where(cols < victim[:, None], layout[:, :-1], layout[:, 1:])
-            self.slots[:, : width - 1] = np.where(one[:, None], shifted, layout[:, :-1])
-            self.slots[~one, width - 1] = layout[~one, width - 1]
+        layout = self.slots[:, :width].copy()
+        victim = np.zeros(self.rows, dtype=np.int64)
+        victim[one] = slots  # one slot per evicting row, in row order
+        freed = layout[rows, victim].astype(np.int64)
+        cols = np.arange(width - 1)[None, :]
+        shifted = np.where(cols < victim[:, None], layout[:, :-1], layout[:, 1:])
+        self.slots[:, : width - 1] = np.where(one[:, None], shifted, layout[:, :-1])
+        self.slots[~one, width - 1] = layout[~one, width - 1]
         flat_valid[rows[one], freed[one]] = False
         self._note_valid(rows[one], freed[one], False)
         self.counts = n + 1 - victims
-        if one.all():
-            self.free = freed
-        else:
-            self.free = np.where(one, freed, self._first_free())
+        self.free = np.where(one, freed, self._first_free())
         if self.compact_every_step:
             self.compact()
 
-    def _apply_one_each(self, slots: np.ndarray, new_slot: np.ndarray) -> bool:
+    def _apply_one_each(self, slots: np.ndarray, new_slot: np.ndarray) -> None:
         """:meth:`apply_step` when every row evicted exactly one position (``slots``, its
         kept-order index, one per row) whatever it held, once positions were evicted: one
         C pass (``sh_slots_step_rows``) over the rows' own counts, where rows of several
-        configurations or budgets (``eval``'s batch) hold different counts.  Returns False
-        (nothing done) when the slot table cannot take a row's token."""
+        configurations or budgets (``eval``'s batch) hold different counts (the table is
+        grown first to take every row's token)."""
         rows = self._row_index()
         self._grow(self.most() + 1)
         self.valid[rows, new_slot] = True
@@ -701,14 +693,11 @@ class SlotStorage:
         rc = lib.sh_slots_step_rows(_int32_p(table), self.rows, table.shape[1], _int64_p(counts), _int64_p(free),
                                     _int64_p(index), ffi.from_buffer("uint8_t[]", valid), valid.shape[1],
                                     _int64_p(freed))
-        if rc == lib.SH_ERR_LENGTH:
-            return False
         check(rc, "apply_step")
         self._note_valid(rows, freed, False)
         self.free = freed  # the counts stay: one token in, one position out, every row
         if self.compact_every_step:
             self.compact()
-        return True
 
     def _apply_ragged(self, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
         """:meth:`apply_step` for any number of victims per row (rows sharing a budget),
