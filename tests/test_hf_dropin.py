@@ -608,6 +608,53 @@ def test_pooled_budgets_generate_equals_a_forward_loop_and_each_pool_keeps_its_s
         assert held.max() > budget and held.min() < budget  # the shares moved between rows
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("mode", ["reuse", "compact"])
+@pytest.mark.parametrize("pool", ["layer", "model", 2])
+def test_pooled_heads_sharing_one_buffer_keep_what_buffers_per_head_keep_in_the_uniform_budgets_memory(
+        pool, mode, impl):
+    """Under a shared budget a layer's KV heads, once positions were evicted, share one
+    buffer (each head's columns masked from the others'): through decode steps, a second
+    turn read as a chunk and more steps, every row keeps the positions it keeps with a
+    buffer per head, and the logits and kept keys and values agree to float32's
+    rounding (the products are summed over more, masked, columns); with pool='layer' the
+    keys and values take exactly the bytes of the uniform budget's, and with any pool
+    fewer than buffers per head (as wide as the fullest head)."""
+    model = _sharp_model(impl)
+    ids, mask = _prompts(batch=3, length=9)
+    budget = 6
+    options = PolicyOptions(recent_window=1, sinks=1, pool=pool)
+    shared, per_head = (hf.EvictingCache.from_model(model, "scissorhands", budget, options, cache_mode=mode)
+                        for _ in range(2))
+    per_head.storage.share_heads = False
+    uniform = hf.EvictingCache.from_model(model, "scissorhands", budget, recent_window=1, sinks=1, cache_mode=mode)
+    caches = (shared, per_head, uniform)
+    logits = [hf.prefill(model, c, ids, attention_mask=mask)[:, -1] for c in caches]
+    turn = torch.randint(2, VOCAB - 1, (3, 5), generator=torch.Generator().manual_seed(7))
+    for part in range(2):
+        for _ in range(12):
+            token = logits[0].argmax(-1)
+            logits = [hf.decode_step(model, c, token) for c in caches]
+            assert torch.allclose(logits[0], logits[1], atol=1e-5, rtol=0)
+        if part == 0:
+            full = torch.cat((mask, torch.ones(3, 12 + 5, dtype=mask.dtype)), dim=1)
+            logits = [hf.prefill(model, c, turn, attention_mask=full)[:, -1] for c in caches]
+    assert shared.storage.shared and not per_head.storage.shared
+    assert (shared.held_counts() == per_head.held_counts()).all()
+    layers, batch, heads = shared.held_counts().shape
+    for layer in range(layers):
+        for b in range(batch):
+            for h in range(heads):
+                assert (shared.kept_positions(layer, b, h) == per_head.kept_positions(layer, b, h)).all()
+                kept = [c.kept_keys_values(layer, b, h) for c in (shared, per_head)]
+                assert torch.allclose(kept[0][0], kept[1][0], atol=1e-5, rtol=0)
+                assert torch.allclose(kept[0][1], kept[1][1], atol=1e-5, rtol=0)
+    assert shared.storage.nbytes() < per_head.storage.nbytes()
+    if pool == "layer":
+        assert shared.storage.nbytes() == uniform.storage.nbytes()
+    assert shared.layers[0].keys.shape[:2] == (batch, heads)
+
+
 def test_pooled_cache_refuses_a_pool_spanning_sequences_and_moves_rows_with_beams():
     """A pool of rows that does not divide a sequence's rows is refused when the cache is
     built; a pooled cache's rows follow batch_select_indices."""

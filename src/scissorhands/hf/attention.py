@@ -87,6 +87,16 @@ def _is_causal(mask: torch.Tensor, q: int, kv: int) -> bool:
     return bool(torch.equal(mask, causal.expand(mask.shape)))
 
 
+def _one_space(buffer: torch.Tensor) -> torch.Tensor:
+    """Keys or values a layer's KV heads share (a shared budget's layout: one buffer
+    expanded to every head, each head's columns masked from the others') as the one
+    buffer ``(batch, 1, kv, head_dim)``, whose products every query head then takes at
+    once; any other as they are."""
+    if buffer.shape[1] > 1 and buffer.stride(1) == 0:
+        return buffer[:, :1]
+    return buffer
+
+
 def attention_rows(module: Any, query: torch.Tensor, key: torch.Tensor, mask: Any,
                    kwargs: dict[str, Any]) -> torch.Tensor:
     """The attention weights of the query rows over the keys, as eager attention computes
@@ -102,6 +112,7 @@ def attention_rows(module: Any, query: torch.Tensor, key: torch.Tensor, mask: An
 
     Returns ``(batch, heads, q, kv)`` float32."""
     batch, heads, q, dim = query.shape
+    key = _one_space(key)
     kv_heads = key.shape[1]
     group = heads // kv_heads
     scaling = kwargs.get("scaling")
@@ -149,6 +160,7 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     weights ``(batch, heads, q, kv)`` float32."""
     weights = attention_rows(module, query, key, mask, kwargs)
     batch, heads, q, kv = weights.shape
+    value = _one_space(value)
     kv_heads = value.shape[1]
     grouped = weights.to(value.dtype).reshape(batch, kv_heads, heads // kv_heads * q, kv)
     output = torch.matmul(grouped, value).reshape(batch, heads, q, -1)

@@ -251,8 +251,10 @@ class EvictingLayer(CacheLayerMixin):
     @property
     def keys(self) -> torch.Tensor | None:
         """The key buffer ``(batch, kv_heads, capacity, head_dim)``: slots, not kept order
-        (:meth:`EvictingCache.kept_keys_values` gives kept order)."""
-        return self.cache.storage.keys[self.index] if self.cache.storage.started() else None
+        (:meth:`EvictingCache.kept_keys_values` gives kept order); under a shared budget
+        once positions were evicted, a view of the one buffer the layer's KV heads share
+        (each head's slots are its own columns of it)."""
+        return self.cache.storage.layer_buffers(self.index)[0] if self.cache.storage.started() else None
 
     @keys.setter
     def keys(self, value: Any) -> None:
@@ -261,7 +263,7 @@ class EvictingLayer(CacheLayerMixin):
 
     @property
     def values(self) -> torch.Tensor | None:
-        return self.cache.storage.values[self.index] if self.cache.storage.started() else None
+        return self.cache.storage.layer_buffers(self.index)[1] if self.cache.storage.started() else None
 
     @values.setter
     def values(self, value: Any) -> None:
@@ -699,7 +701,9 @@ class EvictingCache(Cache):
         self.policy_heads = self.num_kv_heads if head_mode == "per-head" else 1
         check_pools(configs, evicting, self.policy_heads)
         budgets = [c.budget for c in configs if c.evicts and c.budget is not None]
-        self.storage = make_storage(cache_mode, evicting, (max(budgets) + 1) if budgets else 64)
+        # Pools let a layer's KV heads hold different counts: they share one buffer a layer.
+        share = self.policy_heads > 1 and any(c.pooled for c in configs)
+        self.storage = make_storage(cache_mode, evicting, (max(budgets) + 1) if budgets else 64, share)
         self.bank: PolicyRows | None = None
         self.seen = 0
         self.stats = CacheStats()
@@ -946,7 +950,7 @@ class EvictingCache(Cache):
         row = self._row(layer, sequence, head)
         e = self._evicting_index(layer)
         slots = torch.from_numpy(self.storage.slots[row, : self.storage.counts[row]].astype(np.int64))
-        keys, values = self.storage.keys[e], self.storage.values[e]
+        keys, values = self.storage.layer_buffers(e)
         assert keys is not None and values is not None
         return keys[sequence, head, slots], values[sequence, head, slots]
 

@@ -19,6 +19,16 @@ Two strategies share that bookkeeping:
 While nothing has ever been evicted, slot ``s`` of every row holds padded position
 ``s`` (padding included, masked by transformers' own mask): the layout transformers
 expects, so the mask it builds is used as it is (``aligned``).
+
+Under a shared budget (``pool``, Ada-KV) a layer's KV heads hold different counts, and
+buffers as wide as the fullest head would hold up to several times what the pool holds.
+Such a storage (``share_heads``) lays each layer out, once positions were evicted, as
+one buffer ``(batch, 1, capacity, head_dim)`` whose columns the layer's KV heads share:
+each column holds one head's key and value, each head's mask hides the others' columns,
+and the model sees the buffer expanded to ``kv_heads`` (a view).  Its width is the most
+a layer of one sequence holds over all its heads (the pool's budget) plus a token a
+head, as a uniform budget's is.  A chunk read once positions were evicted is written
+into the per-head layout, which the eviction after it lays out shared again.
 """
 
 from __future__ import annotations
@@ -97,7 +107,7 @@ class ChunkMask:
 
 #: A single token's write index kept from step to step: the shape it was made for
 #: (layers, batch, heads, capacity), its buffer, each row's base and per-layer views.
-_WritePlan = tuple[tuple[int, int, int, int], np.ndarray, np.ndarray, tuple[torch.Tensor, ...]]
+_WritePlan = tuple[tuple[int, int, int, int, bool], np.ndarray, np.ndarray, tuple[torch.Tensor, ...]]
 
 
 class SlotStorage:
@@ -118,9 +128,13 @@ class SlotStorage:
 
     compact_every_step = False
 
-    def __init__(self, layers: int, capacity: int) -> None:
+    def __init__(self, layers: int, capacity: int, share_heads: bool = False) -> None:
         self.layers = layers
         self.hint = max(1, capacity)
+        #: Whether evictions lay each layer out as one buffer the KV heads share (pools).
+        self.share_heads = share_heads
+        #: Whether the buffers are laid out so now ``(batch, 1, capacity, head_dim)``.
+        self.shared = False
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
         self.batch = 0
@@ -184,6 +198,7 @@ class SlotStorage:
         self.rope = np.zeros((self.rows, self.capacity), dtype=np.int64)
         self.keys = [None] * self.layers
         self.values = [None] * self.layers
+        self.shared = False
         self._views = [None] * self.layers
         self._flat = {}
         self._mask_stale = True
@@ -286,6 +301,8 @@ class SlotStorage:
                 self._note_valid(rows, self.free.copy(), True)
             self._plan_writes()
         else:
+            if self.shared:  # a chunk is written per head: the per-head layout first
+                self._relayout_per_head(self.slots[:, : max(1, self.most())].astype(np.int64), self.counts.copy())
             self.chunk_start = self.extent
             extent = self.extent + q
             self._grow(extent)
@@ -299,12 +316,17 @@ class SlotStorage:
         into a buffer kept while the shape stays, whose per-layer views
         (``_write_index``) are made once."""
         kept = self._write_plan
-        if kept is None or kept[0] != (self.layers, self.batch, self.heads, self.capacity):
+        shape = (self.layers, self.batch, self.heads, self.capacity, self.shared)
+        if kept is None or kept[0] != shape:
             per_layer = self.batch * self.heads
-            base = np.tile(np.arange(per_layer, dtype=np.int64) * self.capacity, self.layers)
+            if self.shared:  # a (sequence, head)'s slot is a column of its sequence's buffer
+                first = np.repeat(np.arange(self.batch, dtype=np.int64) * self.capacity, self.heads)
+            else:
+                first = np.arange(per_layer, dtype=np.int64) * self.capacity
+            base = np.tile(first, self.layers)
             buffer = np.empty(self.rows, dtype=np.int64)
             views = torch.from_numpy(buffer).view(self.layers, per_layer).unbind(0)
-            kept = self._write_plan = ((self.layers, self.batch, self.heads, self.capacity), buffer, base, views)
+            kept = self._write_plan = (shape, buffer, base, views)
         np.add(self.free, kept[2], out=kept[1])
         self._write_index = kept[3]
 
@@ -368,8 +390,23 @@ class SlotStorage:
         keys, values = self.keys[e], self.values[e]
         if cached is None or cached[0] is not keys or cached[2] != self.extent:
             assert keys is not None and values is not None
-            cached = self._views[e] = (keys, keys[:, :, : self.extent], self.extent, values[:, :, : self.extent])
+            cached = self._views[e] = (keys, self._heads_view(keys[:, :, : self.extent]), self.extent,
+                                       self._heads_view(values[:, :, : self.extent]))
         return cached[1], cached[3]
+
+    def _heads_view(self, buffer: torch.Tensor) -> torch.Tensor:
+        """``buffer`` as ``(batch, kv_heads, ...)``: itself, or (laid out shared) its one
+        column space expanded to every KV head (a view)."""
+        return buffer.expand(-1, self.heads, -1, -1) if buffer.shape[1] != self.heads else buffer
+
+    def layer_buffers(self, e: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+        """Layer ``e``'s key and value buffers as ``(batch, kv_heads, capacity, head_dim)``
+        (laid out shared: views of the one buffer its KV heads share), or None each
+        before the first write."""
+        keys, values = self.keys[e], self.values[e]
+        if keys is None or values is None:
+            return None, None
+        return self._heads_view(keys), self._heads_view(values)
 
     def mask(
         self, e: int, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None
@@ -642,7 +679,8 @@ class SlotStorage:
             least = self.least()
             self.counts = n + 1
             self._count_range_of = (self.counts, least + 1, width)  # every count one more
-            self.free = np.full(self.rows, self.extent, dtype=np.int64) if self.aligned else self._first_free()
+            self.free = np.full(self.rows, self.extent, dtype=np.int64) if self.aligned else \
+                self._free_where(np.zeros(self.rows, dtype=np.int64), np.ones(self.rows, dtype=bool))
             return
         if self.aligned:  # (something is evicted from here on)
             self._apply_general(victims, slots, [new_slot[r:r + 1] for r in rows.tolist()])
@@ -673,7 +711,7 @@ class SlotStorage:
         flat_valid[rows[one], freed[one]] = False
         self._note_valid(rows[one], freed[one], False)
         self.counts = n + 1 - victims
-        self.free = np.where(one, freed, self._first_free())
+        self.free = self._free_where(freed, ~one)
         if self.compact_every_step:
             self.compact()
 
@@ -726,11 +764,33 @@ class SlotStorage:
         first = np.concatenate(([0], np.cumsum(victims)[:-1]))
         free = np.zeros(self.rows, dtype=np.int64)
         free[evicted] = freed[first[evicted]]
-        if not evicted.all():
-            free[~evicted] = self._first_free()[~evicted]
-        self.free = free
+        self.free = self._free_where(free, ~evicted) if not evicted.all() else free
         if self.compact_every_step:
             self.compact()
+
+    def _free_where(self, free: np.ndarray, needs: np.ndarray) -> np.ndarray:
+        """``free`` (each row's next token's slot; a row's first victim's) with the rows
+        ``needs`` (which freed none) given a slot: per head its lowest invalid slot, or
+        the capacity when none is; laid out shared, the lowest columns that no KV head of
+        its (layer, sequence) holds or was given, head after head."""
+        if not self.shared:
+            free = free.copy()
+            free[needs] = self._first_free()[needs]
+            return free
+        heads = self.heads
+        taken = np.zeros((self.rows // heads, self.capacity + heads), dtype=bool)
+        taken[:, : self.capacity] = self.valid.reshape(-1, heads, self.capacity).any(axis=1)
+        groups = np.arange(self.rows) // heads
+        given = ~needs
+        taken[groups[given], free[given]] = True  # a first victim's slot is its own head's
+        free = free.copy()
+        for h in range(heads):
+            rows = np.flatnonzero(needs[h::heads]) * heads + h
+            if rows.size:
+                columns = np.argmin(taken[groups[rows]], axis=1)  # the padding columns are never all taken
+                taken[groups[rows], columns] = True
+                free[rows] = columns
+        return free
 
     def _first_free(self) -> np.ndarray:
         """Each row's lowest invalid slot (the extent when none is)."""
@@ -791,8 +851,66 @@ class SlotStorage:
 
     def _relayout(self, index: np.ndarray, counts: np.ndarray) -> None:
         """Rebuild the buffers: row ``r`` keeps physical slots ``index[r, :counts[r]]``,
-        moved to ``[0, counts[r])``; the capacity becomes what they need and the next
-        decode token."""
+        in that order; per head (each row's moved to ``[0, counts[r])``) or, once
+        positions were evicted under a shared budget with several KV heads, shared."""
+        if self.share_heads and self.heads > 1 and not self.aligned:
+            self._relayout_shared(index, counts)
+        else:
+            self._relayout_per_head(index, counts)
+
+    def _relayout_shared(self, index: np.ndarray, counts: np.ndarray) -> None:
+        """:meth:`_relayout` into one buffer ``(batch, 1, capacity, head_dim)`` a layer:
+        a (layer, sequence)'s heads one after the other, head ``h``'s kept positions at
+        columns ``[start, start + count)`` (``start`` what the heads before it hold); the
+        capacity is the most a (layer, sequence) holds plus a token a head, which go to
+        the columns after its held ones."""
+        heads, batch = self.heads, self.batch
+        grouped = counts.reshape(-1, heads)
+        totals = grouped.sum(axis=1)  # per (layer, sequence)
+        start = (np.cumsum(grouped, axis=1) - grouped).reshape(-1)  # each row's first column
+        width = int(totals.max(initial=0))
+        capacity = width + heads
+        held = np.arange(index.shape[1])[None, :] < counts[:, None]  # (rows, width of index)
+        row_of, order = np.nonzero(held)
+        target = start[row_of] + order
+        source = index[row_of, order]
+        for e in range(self.layers):
+            first, last = np.searchsorted(row_of, [e * batch * heads, (e + 1) * batch * heads])
+            rows = row_of[first:last] - e * batch * heads
+            sequence = torch.from_numpy(rows // heads)
+            column = torch.from_numpy(target[first:last])
+            head, slot = torch.from_numpy(rows % heads), torch.from_numpy(source[first:last])
+            for store in (self.keys, self.values):
+                old = store[e]
+                if old is None:
+                    continue
+                buffer = old.new_zeros((batch, 1, capacity, old.shape[-1]))
+                if old.shape[1] == 1:  # already shared: every head reads column 0 of the head axis
+                    buffer[sequence, 0, column] = old[sequence, 0, slot]
+                else:
+                    buffer[sequence, 0, column] = old[sequence, head, slot]
+                store[e] = buffer
+        rope = np.zeros((self.rows, capacity), dtype=np.int64)
+        rope[row_of, target] = self.rope[row_of, source]
+        self.rope = rope
+        slots = np.zeros((self.rows, capacity), dtype=SLOT_DTYPE)
+        slots[row_of, order] = target
+        self.slots = slots
+        valid = np.zeros((self.rows, capacity), dtype=bool)
+        valid[row_of, target] = True
+        self.valid = valid
+        self.counts = counts
+        # Each head's next token after every held column of its (layer, sequence).
+        self.free = np.repeat(totals, heads) + np.tile(np.arange(heads, dtype=np.int64), len(totals))
+        self.capacity = capacity
+        self.extent = width
+        self.shared = True
+        self.compactions += 1
+        self._mask_stale = True
+
+    def _relayout_per_head(self, index: np.ndarray, counts: np.ndarray) -> None:
+        """:meth:`_relayout` per head: row ``r``'s kept slots moved to ``[0, counts[r])``;
+        the capacity becomes what they need and the next decode token."""
         width = index.shape[1]
         capacity = width + 1
         for e in range(self.layers):
@@ -803,6 +921,7 @@ class SlotStorage:
                 if old is None:
                     continue
                 dim = old.shape[-1]
+                old = self._heads_view(old)
                 moved = old.gather(2, gather.to(old.device)[..., None].expand(-1, -1, -1, dim))
                 buffer = old.new_zeros((self.batch, self.heads, capacity, dim))
                 buffer[:, :, :width] = moved
@@ -817,6 +936,7 @@ class SlotStorage:
         self.valid = np.ascontiguousarray(np.arange(capacity)[None, :] < counts[:, None])
         self.free = counts.copy()
         self.extent = width
+        self.shared = False
         self.compactions += 1
         self._mask_stale = True
 
@@ -849,8 +969,9 @@ class CompactStorage(SlotStorage):
     compact_every_step = True
 
 
-def make_storage(mode: str, layers: int, capacity: int) -> SlotStorage:
-    """The storage of cache mode ``mode`` (``"reuse"`` or ``"compact"``)."""
+def make_storage(mode: str, layers: int, capacity: int, share_heads: bool = False) -> SlotStorage:
+    """The storage of cache mode ``mode`` (``"reuse"`` or ``"compact"``); ``share_heads``:
+    lay a layer's KV heads out in one buffer once positions were evicted (pools)."""
     if mode not in CACHE_MODES:
         raise InvalidInputError(f"cache_mode must be one of {', '.join(CACHE_MODES)}, got {mode!r}")
-    return (SlotStorage if mode == "reuse" else CompactStorage)(layers, capacity)
+    return (SlotStorage if mode == "reuse" else CompactStorage)(layers, capacity, share_heads)
