@@ -263,6 +263,46 @@ def test_a_failed_forward_leaves_the_cache_as_it_was(family, policy, failure, wh
     assert _same_held(_held(cache), _held(twin))
 
 
+@pytest.mark.parametrize("when", ["step", "chunk"])
+@pytest.mark.parametrize("failure", ["interrupt", "observer"])
+@pytest.mark.parametrize("pool", ["layer", "model"])
+def test_a_failed_forward_of_a_pooled_cache_leaves_what_it_held_in_no_more_memory(pool, failure, when):
+    """A pooled cache whose KV heads share a buffer a layer (positions were evicted): a
+    decode step or a new turn that raises leaves every row holding what it held, in the
+    memory it took (a turn laid the shared buffers out per head: they are laid out
+    shared again, never wider), and the same forward and the step after then give an
+    untouched twin's logits."""
+    model = _model("llama", "sdpa")
+    ids, mask = _prompts(batch=2, length=9, seed=12)
+    cache = hf.EvictingCache.from_model(model, "scissorhands", 6, recent_window=2, pool=pool)
+    hf.prefill(model, cache, ids, attention_mask=mask)
+    for token in range(5, 9):
+        hf.decode_step(model, cache, torch.tensor([token, token + 1]))
+    assert cache.storage.shared
+
+    def forward(m, c):
+        if when == "step":
+            return hf.decode_step(m, c, torch.tensor([7, 8]))
+        turn = torch.tensor([[7, 8, 9], [10, 11, 12]])
+        return hf.prefill(m, c, turn, attention_mask=torch.cat([mask, torch.ones(2, 7, dtype=mask.dtype)], 1))
+
+    twin = copy.deepcopy(cache)
+    before, memory = _held(twin), cache.memory_bytes()
+    failing, undo, error = _failing(model, cache, failure)
+    try:
+        with pytest.raises(error):
+            forward(failing, cache)
+    finally:
+        undo()
+    cache.get_seq_length()
+    assert _same_held(_held(cache), before)
+    assert cache.storage.shared and cache.memory_bytes() <= memory
+    assert torch.equal(forward(model, cache), forward(model, twin))
+    step = torch.tensor([3, 4])
+    assert torch.equal(hf.decode_step(model, cache, step), hf.decode_step(model, twin, step))
+    assert _same_held(_held(cache), _held(twin))
+
+
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_garbage_in_padding_does_not_abort_the_batchs_other_sequences(policy, impl):

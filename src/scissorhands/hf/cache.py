@@ -190,7 +190,7 @@ class _Forward:
                  "q", "rope", "rotations", "written")
 
     def __init__(
-        self, layers: int, q: int, fresh: bool, plan: tuple[int, int, int, int], pending: DecodeWeights
+        self, layers: int, q: int, fresh: bool, plan: tuple[Any, ...], pending: DecodeWeights
     ) -> None:
         self.q = q
         #: What undoes it (:meth:`EvictingCache._rollback`): whether the cache held nothing
@@ -412,6 +412,9 @@ class EvictingLayer(CacheLayerMixin):
         # Timed as bookkeeping from here (the observers' time is theirs) to the step.
         start = time.perf_counter()
         if weights is not None and cache._policies_read and cache._decodes(forward):
+            extent = cache.storage.extent
+            if weights.shape[-1] < extent:  # a layer narrower than the widest (heads sharing a buffer)
+                weights = torch.nn.functional.pad(weights, (0, extent - weights.shape[-1]))
             forward.pending.add(weights)  # a decode step's: all layers in one call at the last
         elif weights is not None and cache._policies_read:
             # Each chunk layer's rows are reduced to the policy heads and gathered into kept
@@ -1014,7 +1017,7 @@ class EvictingCache(Cache):
         q = int(key.shape[2])
         if q == 1:
             self._prompt_end()
-        plan = (storage.extent, storage.chunk_start, storage.q, storage.capacity)
+        plan = storage.plan_state(not fresh and storage.prepare(q))
         pending = self._pending
         if pending is None or pending.size != self.evicting_layers:
             pending = self._pending = DecodeWeights(self.evicting_layers)
@@ -1061,7 +1064,7 @@ class EvictingCache(Cache):
         if forward.rope is not None:
             columns, old = forward.rope
             storage.rope[np.arange(storage.rows)[:, None], columns] = old
-        storage.unplan(*forward.plan)
+        storage.unplan(forward.plan)
 
     @_outside_graph
     def end_prompt(self) -> None:

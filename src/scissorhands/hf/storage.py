@@ -25,10 +25,14 @@ buffers as wide as the fullest head would hold up to several times what the pool
 Such a storage (``share_heads``) lays each layer out, once positions were evicted, as
 one buffer ``(batch, 1, capacity, head_dim)`` whose columns the layer's KV heads share:
 each column holds one head's key and value, each head's mask hides the others' columns,
-and the model sees the buffer expanded to ``kv_heads`` (a view).  Its width is the most
-a layer of one sequence holds over all its heads (the pool's budget) plus a token a
-head, as a uniform budget's is.  A chunk read once positions were evicted is written
-into the per-head layout, which the eviction after it lays out shared again.
+and the model sees the buffer expanded to ``kv_heads`` (a view).  Each layer has its own
+width and extent (``layer_extent``; the slot table is as wide as the widest): the most a
+layer of one sequence holds over all its heads plus a token a head, as a uniform
+budget's is, whatever the pool (a pool across layers moves budget between them).  A
+layer's buffer grows when its heads need more columns; when the buffers are more than a
+sixteenth wider than what the layers hold, they are laid out anew.  A chunk read once
+positions were evicted is written into the per-head layout, which the eviction after it
+lays out shared again.
 """
 
 from __future__ import annotations
@@ -107,7 +111,7 @@ class ChunkMask:
 
 #: A single token's write index kept from step to step: the shape it was made for
 #: (layers, batch, heads, capacity), its buffer, each row's base and per-layer views.
-_WritePlan = tuple[tuple[int, int, int, int, bool], np.ndarray, np.ndarray, tuple[torch.Tensor, ...]]
+_WritePlan = tuple[tuple[int, int, int, int, tuple[int, ...]], np.ndarray, np.ndarray, tuple[torch.Tensor, ...]]
 
 
 class SlotStorage:
@@ -133,8 +137,10 @@ class SlotStorage:
         self.hint = max(1, capacity)
         #: Whether evictions lay each layer out as one buffer the KV heads share (pools).
         self.share_heads = share_heads
-        #: Whether the buffers are laid out so now ``(batch, 1, capacity, head_dim)``.
+        #: Whether the buffers are laid out so now ``(batch, 1, width, head_dim)``, and then
+        #: each layer's extent (int64 ``(layers,)``; None when not shared).
         self.shared = False
+        self.layer_extent: np.ndarray | None = None
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
         self.batch = 0
@@ -157,7 +163,7 @@ class SlotStorage:
         self._mask_store: torch.Tensor | None = None
         self._mask_stale = True
         self._mask_changes: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._mask_views: tuple[int, list[torch.Tensor]] | None = None
+        self._mask_views: tuple[list[int], list[torch.Tensor]] | None = None
         self._views: list[tuple[Any, ...] | None] = []
         self._flat: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self._rows_cache: np.ndarray | None = None
@@ -199,6 +205,7 @@ class SlotStorage:
         self.keys = [None] * self.layers
         self.values = [None] * self.layers
         self.shared = False
+        self.layer_extent = None
         self._views = [None] * self.layers
         self._flat = {}
         self._mask_stale = True
@@ -275,7 +282,7 @@ class SlotStorage:
         self.slots = np.pad(self.slots, ((0, 0), (0, pad)))
         self.rope = np.pad(self.rope, ((0, 0), (0, pad)))
         self.valid = np.pad(self.valid, ((0, 0), (0, pad)))
-        for e in range(self.layers):
+        for e in range(self.layers if not self.shared else 0):  # shared: each layer's own (_grow_layers)
             for store in (self.keys, self.values):
                 old = store[e]
                 if old is not None:
@@ -285,24 +292,73 @@ class SlotStorage:
         self.capacity = capacity
         self._mask_stale = True
 
+    def _layer_widths(self) -> list[int]:
+        """Each layer's buffer width (0 before its first write)."""
+        return [0 if k is None else int(k.shape[2]) for k in self.keys]
+
+    def _grow_layers(self, need: np.ndarray) -> None:
+        """Laid out shared: make layer ``e``'s buffers at least ``need[e]`` wide (by at
+        least a thirty-second), keeping the contents."""
+        for e, width in enumerate(self._layer_widths()):
+            if need[e] <= width:
+                continue
+            wider = min(self.capacity, max(int(need[e]), width + width // 32))
+            for store in (self.keys, self.values):
+                old = store[e]
+                assert old is not None
+                new = old.new_zeros((*old.shape[:2], wider, old.shape[3]))
+                new[:, :, :width] = old
+                store[e] = new
+
+    def _narrow_layers(self, widths: list[int]) -> None:
+        """Laid out shared: layer ``e``'s buffers back to ``widths[e]`` (none past it holds
+        a position)."""
+        for e, width in enumerate(widths):
+            for store in (self.keys, self.values):
+                old = store[e]
+                if old is not None and old.shape[2] > width:
+                    store[e] = old[:, :, :width].clone()
+
+    def _layer_extent(self, e: int) -> int:
+        return self.extent if self.layer_extent is None else int(self.layer_extent[e])
+
     # ------------------------------------------------------------------ one forward
+
+    def prepare(self, q: int) -> bool:
+        """Before the plan of a forward of ``q`` tokens: a chunk is written per head, so
+        buffers laid out shared are laid out per head.  Returns whether they were."""
+        if self.shared and q > 1:
+            self._relayout_per_head(self.slots[:, : max(1, self.most())].astype(np.int64), self.counts.copy())
+            return True
+        return False
+
+    def plan_state(self, prepared: bool = False) -> tuple[Any, ...]:
+        """What :meth:`unplan` restores: the extents, chunk start, ``q`` and widths, and
+        whether :meth:`prepare` laid shared buffers out per head (``prepared``; undone
+        by laying them out shared again, as narrow as what they hold allows)."""
+        layer_extent = None if self.layer_extent is None else self.layer_extent.copy()
+        return (self.extent, self.chunk_start, self.q, self.capacity, layer_extent, self._layer_widths(),
+                prepared)
 
     def plan(self, q: int) -> int:
         """Decide where this forward's ``q`` tokens go; return the extent the layers will
         return (keys ``[0, extent)``). A single token goes to each row's free slot once
         anything was evicted; otherwise the tokens are appended after the extent."""
+        self.prepare(q)
         self.q = q
         if q == 1 and not self.aligned:
             extent = self.single_extent()
             self._grow(extent)
+            if self.layer_extent is not None:  # each layer's: past its own columns and tokens
+                layer_extent = np.maximum(self.layer_extent, self.free.reshape(self.layers, -1).max(axis=1) + 1)
+                self._grow_layers(layer_extent)
+                self.layer_extent = layer_extent
             rows = self._row_index()
             self.valid[rows, self.free] = True
             if not self._mask_stale:
                 self._note_valid(rows, self.free.copy(), True)
             self._plan_writes()
         else:
-            if self.shared:  # a chunk is written per head: the per-head layout first
-                self._relayout_per_head(self.slots[:, : max(1, self.most())].astype(np.int64), self.counts.copy())
             self.chunk_start = self.extent
             extent = self.extent + q
             self._grow(extent)
@@ -316,33 +372,39 @@ class SlotStorage:
         into a buffer kept while the shape stays, whose per-layer views
         (``_write_index``) are made once."""
         kept = self._write_plan
-        shape = (self.layers, self.batch, self.heads, self.capacity, self.shared)
+        widths = tuple(self._layer_widths()) if self.shared else ()
+        shape = (self.layers, self.batch, self.heads, self.capacity, widths)
         if kept is None or kept[0] != shape:
             per_layer = self.batch * self.heads
             if self.shared:  # a (sequence, head)'s slot is a column of its sequence's buffer
-                first = np.repeat(np.arange(self.batch, dtype=np.int64) * self.capacity, self.heads)
+                sequence = np.repeat(np.arange(self.batch, dtype=np.int64), self.heads)
+                base = np.concatenate([sequence * width for width in widths])
             else:
-                first = np.arange(per_layer, dtype=np.int64) * self.capacity
-            base = np.tile(first, self.layers)
+                base = np.tile(np.arange(per_layer, dtype=np.int64) * self.capacity, self.layers)
             buffer = np.empty(self.rows, dtype=np.int64)
             views = torch.from_numpy(buffer).view(self.layers, per_layer).unbind(0)
             kept = self._write_plan = (shape, buffer, base, views)
         np.add(self.free, kept[2], out=kept[1])
         self._write_index = kept[3]
 
-    def unplan(self, extent: int, chunk_start: int, q: int, capacity: int) -> None:
+    def unplan(self, state: tuple[Any, ...]) -> None:
         """Undo the last :meth:`plan` (its forward failed before the step): the slots it
-        made valid are free again; the extent, chunk start, ``q`` and capacity are those
-        given (what they were before it: capacity the plan grew, which holds nothing, is
-        given back, so that a refused chunk leaves the memory as it was)."""
+        made valid are free again; the extents, chunk start, ``q`` and widths are those of
+        ``state`` (:meth:`plan_state` before it: width the plan grew, which holds nothing,
+        is given back, so that a refused chunk leaves the memory as it was)."""
+        extent, chunk_start, q, capacity, layer_extent, widths, prepared = state
         if self.q == 1 and not self.aligned:
             rows = np.arange(self.rows)
             self.valid[rows, self.free] = False
             self._note_valid(rows, self.free.copy(), False)
-        self.extent, self.chunk_start, self.q = extent, chunk_start, q
+        self.extent, self.chunk_start, self.q, self.layer_extent = extent, chunk_start, q, layer_extent
         self._masks = {}
         if capacity < self.capacity:
             self._shrink(capacity)
+        if self.shared:
+            self._narrow_layers(widths)
+        elif prepared:
+            self.compact()
 
     def _shrink(self, capacity: int) -> None:
         """Every row back to ``capacity`` slots (none past it holds a position)."""
@@ -351,7 +413,7 @@ class SlotStorage:
         self.valid = np.ascontiguousarray(self.valid[:, :capacity])
         for store in (self.keys, self.values):
             for e, old in enumerate(store):
-                if old is not None:
+                if old is not None and old.shape[2] > capacity:
                     store[e] = old[:, :, :capacity].clone()
         self.capacity = capacity
         self._mask_stale = True
@@ -388,10 +450,11 @@ class SlotStorage:
         # The [0, extent) views, kept while the buffers and the extent stay (the steady state).
         cached = self._views[e]
         keys, values = self.keys[e], self.values[e]
-        if cached is None or cached[0] is not keys or cached[2] != self.extent:
+        extent = self._layer_extent(e)
+        if cached is None or cached[0] is not keys or cached[2] != extent:
             assert keys is not None and values is not None
-            cached = self._views[e] = (keys, self._heads_view(keys[:, :, : self.extent]), self.extent,
-                                       self._heads_view(values[:, :, : self.extent]))
+            cached = self._views[e] = (keys, self._heads_view(keys[:, :, :extent]), extent,
+                                       self._heads_view(values[:, :, :extent]))
         return cached[1], cached[3]
 
     def _heads_view(self, buffer: torch.Tensor) -> torch.Tensor:
@@ -489,8 +552,9 @@ class SlotStorage:
                     flat[torch.from_numpy(expanded), torch.from_numpy(columns)] = torch.from_numpy(fill).to(dtype)
         self._mask_changes = []
         views = self._mask_views
-        if views is None or views[0] != self.extent:
-            views = self._mask_views = (self.extent, [store[e, :, :, None, : self.extent] for e in range(self.layers)])
+        extents = [self._layer_extent(e) for e in range(self.layers)]
+        if views is None or views[0] != extents:
+            views = self._mask_views = (extents, [store[e, :, :, None, :extents[e]] for e in range(self.layers)])
         return views[1]
 
     def _note_valid(self, rows: np.ndarray, slots: np.ndarray, valid: bool) -> None:
@@ -500,8 +564,9 @@ class SlotStorage:
 
     def _layer_mask(self, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None,
                    layer: int) -> torch.Tensor:
-        """Layer ``layer``'s mask, as ``(1, batch, heads * groups, q, extent)``."""
-        valid = torch.from_numpy(self.valid4()[layer : layer + 1, :, :, : self.extent])  # (1, batch, heads, extent)
+        """Layer ``layer``'s mask, as ``(1, batch, heads * groups, q, extent)`` (the layer's)."""
+        extent = self._layer_extent(layer)
+        valid = torch.from_numpy(self.valid4()[layer : layer + 1, :, :, :extent])  # (1, batch, heads, extent)
         if q == 1 and not self.aligned:
             mask = valid[:, :, :, None, None, :]
         else:
@@ -514,7 +579,7 @@ class SlotStorage:
                 chunk |= torch.eye(q, dtype=torch.bool)[None] & pad[:, :, None]  # no row all masked
             chunk = chunk[None, :, None].expand(1, -1, self.heads, -1, -1)
             mask = torch.cat((held, chunk), dim=-1)[:, :, :, None]
-        mask = mask.expand(-1, -1, -1, groups, -1, -1).reshape(1, self.batch, self.heads * groups, q, self.extent)
+        mask = mask.expand(-1, -1, -1, groups, -1, -1).reshape(1, self.batch, self.heads * groups, q, extent)
         if dtype is not None:
             mask = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
         return mask
@@ -714,6 +779,8 @@ class SlotStorage:
         self.free = self._free_where(freed, ~one)
         if self.compact_every_step:
             self.compact()
+        elif self.shared:
+            self._relayout_when_wide()
 
     def _apply_one_each(self, slots: np.ndarray, new_slot: np.ndarray) -> None:
         """:meth:`apply_step` when every row evicted exactly one position (``slots``, its
@@ -736,6 +803,8 @@ class SlotStorage:
         self.free = freed  # the counts stay: one token in, one position out, every row
         if self.compact_every_step:
             self.compact()
+        elif self.shared:
+            self._relayout_when_wide()
 
     def _apply_ragged(self, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
         """:meth:`apply_step` for any number of victims per row (rows sharing a budget),
@@ -767,6 +836,8 @@ class SlotStorage:
         self.free = self._free_where(free, ~evicted) if not evicted.all() else free
         if self.compact_every_step:
             self.compact()
+        elif self.shared:
+            self._relayout_when_wide()
 
     def _free_where(self, free: np.ndarray, needs: np.ndarray) -> np.ndarray:
         """``free`` (each row's next token's slot; a row's first victim's) with the rows
@@ -868,7 +939,8 @@ class SlotStorage:
         grouped = counts.reshape(-1, heads)
         totals = grouped.sum(axis=1)  # per (layer, sequence)
         start = (np.cumsum(grouped, axis=1) - grouped).reshape(-1)  # each row's first column
-        width = int(totals.max(initial=0))
+        layer_extent = totals.reshape(self.layers, batch).max(axis=1).astype(np.int64)
+        width = int(layer_extent.max(initial=0))
         capacity = width + heads
         held = np.arange(index.shape[1])[None, :] < counts[:, None]  # (rows, width of index)
         row_of, order = np.nonzero(held)
@@ -884,7 +956,7 @@ class SlotStorage:
                 old = store[e]
                 if old is None:
                     continue
-                buffer = old.new_zeros((batch, 1, capacity, old.shape[-1]))
+                buffer = old.new_zeros((batch, 1, int(layer_extent[e]) + heads, old.shape[-1]))
                 if old.shape[1] == 1:  # already shared: every head reads column 0 of the head axis
                     buffer[sequence, 0, column] = old[sequence, 0, slot]
                 else:
@@ -904,9 +976,19 @@ class SlotStorage:
         self.free = np.repeat(totals, heads) + np.tile(np.arange(heads, dtype=np.int64), len(totals))
         self.capacity = capacity
         self.extent = width
+        self.layer_extent = layer_extent
         self.shared = True
         self.compactions += 1
         self._mask_stale = True
+
+    def _relayout_when_wide(self) -> None:
+        """Laid out shared, after a step: lay the buffers out anew when they are more than
+        a sixteenth wider than the layers' held columns and a token a head (a pool across
+        layers shrinks some layers and grows others; a layer's buffer never narrows)."""
+        need = self.counts.reshape(self.layers, self.batch, self.heads).sum(axis=2).max(axis=1).sum()
+        need += self.layers * self.heads
+        if 16 * sum(self._layer_widths()) > 17 * need:
+            self.compact()
 
     def _relayout_per_head(self, index: np.ndarray, counts: np.ndarray) -> None:
         """:meth:`_relayout` per head: row ``r``'s kept slots moved to ``[0, counts[r])``;
@@ -937,6 +1019,7 @@ class SlotStorage:
         self.free = counts.copy()
         self.extent = width
         self.shared = False
+        self.layer_extent = None
         self.compactions += 1
         self._mask_stale = True
 
