@@ -9,6 +9,15 @@ length as a prompt, then each next length's tokens (in chunks of 256; one token 
 next length is one more), and at each length ``memory_bytes()`` (keys, values and the policies' state) is
 printed beside the stock cache's key and value bytes.  Every length must be below the
 budget.
+
+``python -m bench.memory --at-budget [--budget 256] [--prompt 1024] [--steps 64] [--policies scissorhands]``
+
+At the budget, whatever the pooling: per policy, one cache per pool (``head``: the
+uniform budget, ``layer``, ``model``; ``recent_window=0.75, sinks=4``) reads the first
+``--prompt`` tokens of the text in chunks of 256 and then ``--steps`` more one per
+forward (teacher-forced); the key and value bytes each holds are printed beside the
+uniform budget's, and beside what buffers per KV head (as wide as a layer's fullest
+head, the layout before heads shared one) hold.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from bench.real_model import load_smollm2
 
@@ -27,8 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=8192)
     parser.add_argument("--lengths", type=int, nargs="+", default=[14, 15, 64, 300, 1000, 2000])
-    parser.add_argument("--policies", nargs="+", default=["scissorhands", "h2o"])
+    parser.add_argument("--policies", nargs="+", default=None,
+                        help="default: scissorhands h2o (scissorhands with --at-budget)")
+    parser.add_argument("--at-budget", action="store_true", help="the key and value bytes at the budget per pool")
+    parser.add_argument("--prompt", type=int, default=1024, help="--at-budget: tokens read in chunks of 256")
+    parser.add_argument("--steps", type=int, default=64, help="--at-budget: tokens read one per forward after it")
     args = parser.parse_args(argv)
+    if args.at_budget:
+        if args.budget == parser.get_default("budget"):
+            args.budget = 256
+        if not 1 <= args.budget < args.prompt or args.steps < 1:
+            parser.error(f"--at-budget needs 1 <= --budget < --prompt and --steps >= 1, got budget={args.budget}, "
+                         f"prompt={args.prompt}, steps={args.steps}")
+        return at_budget(args.policies or ["scissorhands"], args.budget, args.prompt, args.steps, parser)
+    args.policies = args.policies or ["scissorhands", "h2o"]
     lengths = sorted(args.lengths)
     if lengths[0] < 1 or lengths[-1] >= args.budget:
         parser.error(f"--lengths must be in [1, budget={args.budget}), got {lengths}")
@@ -62,6 +84,41 @@ def main(argv: list[str] | None = None) -> int:
             mine, theirs = ours.memory_bytes(), stock_bytes(stock)
             print(f"{policy} budget {args.budget}: {length:6d} tokens: EvictingCache {mine / 1e6:8.3f} MB, "
                   f"DynamicCache {theirs / 1e6:8.3f} MB ({mine / theirs:.3f}x)", flush=True)
+    return 0
+
+
+def at_budget(policies: list[str], budget: int, prompt: int, steps: int, parser: argparse.ArgumentParser) -> int:
+    """The ``--at-budget`` table (see the module docstring)."""
+    import torch
+
+    from scissorhands import hf
+
+    model, _, ids = load_smollm2()
+    if prompt + steps > ids.shape[1]:
+        parser.error(f"the text has {ids.shape[1]} tokens, --prompt + --steps asks for {prompt + steps}")
+
+    def held_bytes(policy: str, pool: str, share_heads: bool) -> tuple[int, Any]:
+        cache = hf.EvictingCache.from_model(model, policy, budget=budget, recent_window=0.75, sinks=4, pool=pool)
+        cache.storage.share_heads = share_heads  # False: the layout before heads shared a buffer
+        with torch.no_grad():
+            for begin in range(0, prompt, 256):
+                model(input_ids=ids[:, begin:min(prompt, begin + 256)], cache=cache, use_cache=True)
+            for t in range(prompt, prompt + steps):
+                model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+        return cache.storage.nbytes(), cache.held_counts()
+
+    hf.attention.install(model)
+    for policy in policies:
+        uniform, _ = held_bytes(policy, "head", True)
+        print(f"{policy} budget {budget} pool=head : keys and values {uniform / 1e6:7.3f} MB", flush=True)
+        for pool in ("layer", "model"):
+            mine, held = held_bytes(policy, pool, True)
+            per_head, _ = held_bytes(policy, pool, False)
+            print(f"{policy} budget {budget} pool={pool:<5}: keys and values {mine / 1e6:7.3f} MB "
+                  f"({mine / uniform:.3f}x the uniform budget's), buffers per head {per_head / 1e6:7.3f} MB "
+                  f"({per_head / uniform:.3f}x); {int(held.sum())} positions held, the fullest head {int(held.max())}",
+                  flush=True)
+    hf.uninstall(model)
     return 0
 
 
