@@ -22,7 +22,11 @@ model had (``sdpa`` or ``eager``):
   computes the attention itself (:func:`grouped_attention`: eager's arithmetic per KV
   head's group of query heads, whose weights come with the output; at one query row on a
   CPU it costs about what sdpa does, and a quarter of what the model's eager function
-  does, which copies the keys and values for every query head).
+  does, which copies the keys and values for every query head).  A layer whose KV heads
+  share one buffer (a shared budget's, once positions were evicted) takes
+  :func:`grouped_attention` under ``eager`` as well: every query head's products over
+  the one buffer at once, the other heads' columns masked, where eager's copies for
+  every query head would copy every head's columns.
 
 Switching back (``model.set_attn_implementation("sdpa")``, or :func:`uninstall`)
 removes it: the functions stay registered but are no longer selected.
@@ -185,13 +189,16 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
             # values for every query head.
             # float16 rows are computed in float32, with a float32 mask (float16's lowest
             # does not mask float32 scores); the model's own eager attention takes its dtype.
-            ours = wrapped != "eager" and not module.training  # grouped_attention, float32 scores
+            # A layer whose KV heads share one buffer (a shared budget's) takes grouped_attention
+            # under eager too: eager's copies of the keys and values for every query head
+            # would copy every head's columns for each.
+            ours = (wrapped != "eager" or cache.storage.shared) and not module.training  # float32 scores
             widen = ours and query.dtype == torch.float16
             mask = layer.attention_mask(attention_mask, query, torch.float32 if widen else query.dtype,
                                         structured=ours and query.dtype in (torch.float32, torch.float16))
             if cache.positions == "cache" and not cache.storage.aligned:
                 query, key = layer.rerotate(query, key, kwargs)
-            if wrapped == "eager" or module.training:
+            if not ours:
                 output, weights = _eager_for(module)(module, query, key, value, mask, **kwargs)
             else:
                 output, weights = grouped_attention(module, query, key, value, mask, kwargs)
