@@ -17,7 +17,8 @@ uniform budget, ``layer``, ``model``; ``recent_window=0.75, sinks=4``) reads the
 ``--prompt`` tokens of the text in chunks of 256 and then ``--steps`` more one per
 forward (teacher-forced); the key and value bytes each holds are printed beside the
 uniform budget's, and beside what buffers per KV head (as wide as a layer's fullest
-head, the layout before heads shared one) hold.
+head, the layout before heads shared one) hold, with the milliseconds per decode step of
+each (the model loaded with sdpa, one torch thread: a ratio within one run).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 from bench.real_model import load_smollm2
@@ -97,27 +99,30 @@ def at_budget(policies: list[str], budget: int, prompt: int, steps: int, parser:
     if prompt + steps > ids.shape[1]:
         parser.error(f"the text has {ids.shape[1]} tokens, --prompt + --steps asks for {prompt + steps}")
 
-    def held_bytes(policy: str, pool: str, share_heads: bool) -> tuple[int, Any]:
+    def held_bytes(policy: str, pool: str, share_heads: bool) -> tuple[int, Any, float]:
         cache = hf.EvictingCache.from_model(model, policy, budget=budget, recent_window=0.75, sinks=4, pool=pool)
         cache.storage.share_heads = share_heads  # False: the layout before heads shared a buffer
         with torch.no_grad():
             for begin in range(0, prompt, 256):
                 model(input_ids=ids[:, begin:min(prompt, begin + 256)], cache=cache, use_cache=True)
+            start = time.perf_counter()
             for t in range(prompt, prompt + steps):
                 model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
-        return cache.storage.nbytes(), cache.held_counts()
+            ms = 1e3 * (time.perf_counter() - start) / steps
+        return cache.storage.nbytes(), cache.held_counts(), ms
 
     hf.attention.install(model)
     for policy in policies:
-        uniform, _ = held_bytes(policy, "head", True)
-        print(f"{policy} budget {budget} pool=head : keys and values {uniform / 1e6:7.3f} MB", flush=True)
+        uniform, _, uniform_ms = held_bytes(policy, "head", True)
+        print(f"{policy} budget {budget} pool=head : keys and values {uniform / 1e6:7.3f} MB, "
+              f"{uniform_ms:.1f} ms a step", flush=True)
         for pool in ("layer", "model"):
-            mine, held = held_bytes(policy, pool, True)
-            per_head, _ = held_bytes(policy, pool, False)
+            mine, held, ms = held_bytes(policy, pool, True)
+            per_head, _, per_head_ms = held_bytes(policy, pool, False)
             print(f"{policy} budget {budget} pool={pool:<5}: keys and values {mine / 1e6:7.3f} MB "
-                  f"({mine / uniform:.3f}x the uniform budget's), buffers per head {per_head / 1e6:7.3f} MB "
-                  f"({per_head / uniform:.3f}x); {int(held.sum())} positions held, the fullest head {int(held.max())}",
-                  flush=True)
+                  f"({mine / uniform:.3f}x the uniform budget's), {ms:.1f} ms a step; buffers per head "
+                  f"{per_head / 1e6:7.3f} MB ({per_head / uniform:.3f}x), {per_head_ms:.1f} ms a step; "
+                  f"{int(held.sum())} positions held, the fullest head {int(held.max())}", flush=True)
     hf.uninstall(model)
     return 0
 
