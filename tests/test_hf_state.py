@@ -217,6 +217,30 @@ def _failing(model, cache, failure):
     return broken, lambda: None, InvalidInputError
 
 
+def _fail_then_match_a_twin(model, cache, failure, forward, check=lambda: True) -> tuple[int, int]:
+    """``forward(model, cache)`` made to fail ``failure``'s way: the cache holds what it
+    held (and ``check()`` holds once transformers' first call of a forward undid it); the
+    same forward and a step after then give an untouched twin's logits.  Returns the
+    cache's memory before and right after the failure."""
+    twin = copy.deepcopy(cache)
+    before, memory = _held(twin), cache.memory_bytes()
+    failing, undo, error = _failing(model, cache, failure)
+    try:
+        with pytest.raises(error):
+            forward(failing, cache)
+    finally:
+        undo()
+    assert _same_held(_held(cache), before)
+    cache.get_seq_length()  # transformers' first call of a forward: an interrupted one is undone here
+    assert check()
+    after = cache.memory_bytes()
+    assert torch.equal(forward(model, cache), forward(model, twin))
+    step = torch.tensor([3, 4])
+    assert torch.equal(hf.decode_step(model, cache, step), hf.decode_step(model, twin, step))
+    assert _same_held(_held(cache), _held(twin))
+    return memory, after
+
+
 CASES = [(family, policy, failure) for family in ("llama", "gemma2") for policy in POLICIES
          for failure in ("interrupt", "observer", "nan")
          if not (failure == "nan" and policy in ("full", "streaming-llm"))]  # these read no attention
@@ -246,21 +270,8 @@ def test_a_failed_forward_leaves_the_cache_as_it_was(family, policy, failure, wh
         turn = torch.tensor([[7, 8, 9], [10, 11, 12]])
         return hf.prefill(m, c, turn, attention_mask=torch.cat([mask, torch.ones(2, 4, dtype=mask.dtype)], 1))
 
-    twin = copy.deepcopy(cache)
-    before, memory = _held(twin), cache.memory_bytes()
-    failing, undo, error = _failing(model, cache, failure)
-    try:
-        with pytest.raises(error):
-            forward(failing, cache)
-    finally:
-        undo()
-    assert _same_held(_held(cache), before)
-    cache.get_seq_length()  # transformers' first call of a forward: an interrupted one is undone here
-    assert cache.memory_bytes() == memory  # nothing the forward grew stays allocated
-    assert torch.equal(forward(model, cache), forward(model, twin))
-    step = torch.tensor([3, 4])
-    assert torch.equal(hf.decode_step(model, cache, step), hf.decode_step(model, twin, step))
-    assert _same_held(_held(cache), _held(twin))
+    memory = _fail_then_match_a_twin(model, cache, failure, forward)
+    assert memory[1] == memory[0]  # nothing the forward grew stays allocated
 
 
 @pytest.mark.parametrize("when", ["step", "chunk"])
@@ -286,21 +297,8 @@ def test_a_failed_forward_of_a_pooled_cache_leaves_what_it_held_in_no_more_memor
         turn = torch.tensor([[7, 8, 9], [10, 11, 12]])
         return hf.prefill(m, c, turn, attention_mask=torch.cat([mask, torch.ones(2, 7, dtype=mask.dtype)], 1))
 
-    twin = copy.deepcopy(cache)
-    before, memory = _held(twin), cache.memory_bytes()
-    failing, undo, error = _failing(model, cache, failure)
-    try:
-        with pytest.raises(error):
-            forward(failing, cache)
-    finally:
-        undo()
-    cache.get_seq_length()
-    assert _same_held(_held(cache), before)
-    assert cache.storage.shared and cache.memory_bytes() <= memory
-    assert torch.equal(forward(model, cache), forward(model, twin))
-    step = torch.tensor([3, 4])
-    assert torch.equal(hf.decode_step(model, cache, step), hf.decode_step(model, twin, step))
-    assert _same_held(_held(cache), _held(twin))
+    memory = _fail_then_match_a_twin(model, cache, failure, forward, lambda: cache.storage.shared)
+    assert memory[1] <= memory[0]
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
