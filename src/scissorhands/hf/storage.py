@@ -777,10 +777,7 @@ class SlotStorage:
         self._note_valid(rows[one], freed[one], False)
         self.counts = n + 1 - victims
         self.free = self._free_where(freed, ~one)
-        if self.compact_every_step:
-            self.compact()
-        elif self.shared:
-            self._relayout_when_wide()
+        self._after_step()
 
     def _apply_one_each(self, slots: np.ndarray, new_slot: np.ndarray) -> None:
         """:meth:`apply_step` when every row evicted exactly one position (``slots``, its
@@ -801,10 +798,7 @@ class SlotStorage:
         check(rc, "apply_step")
         self._note_valid(rows, freed, False)
         self.free = freed  # the counts stay: one token in, one position out, every row
-        if self.compact_every_step:
-            self.compact()
-        elif self.shared:
-            self._relayout_when_wide()
+        self._after_step()
 
     def _apply_ragged(self, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
         """:meth:`apply_step` for any number of victims per row (rows sharing a budget),
@@ -834,10 +828,7 @@ class SlotStorage:
         free = np.zeros(self.rows, dtype=np.int64)
         free[evicted] = freed[first[evicted]]
         self.free = self._free_where(free, ~evicted) if not evicted.all() else free
-        if self.compact_every_step:
-            self.compact()
-        elif self.shared:
-            self._relayout_when_wide()
+        self._after_step()
 
     def _free_where(self, free: np.ndarray, needs: np.ndarray) -> np.ndarray:
         """``free`` (each row's next token's slot; a row's first victim's) with the rows
@@ -957,10 +948,7 @@ class SlotStorage:
                 if old is None:
                     continue
                 buffer = old.new_zeros((batch, 1, int(layer_extent[e]) + heads, old.shape[-1]))
-                if old.shape[1] == 1:  # already shared: every head reads column 0 of the head axis
-                    buffer[sequence, 0, column] = old[sequence, 0, slot]
-                else:
-                    buffer[sequence, 0, column] = old[sequence, head, slot]
+                buffer[sequence, 0, column] = self._heads_view(old)[sequence, head, slot]
                 store[e] = buffer
         rope = np.zeros((self.rows, capacity), dtype=np.int64)
         rope[row_of, target] = self.rope[row_of, source]
@@ -980,6 +968,14 @@ class SlotStorage:
         self.shared = True
         self.compactions += 1
         self._mask_stale = True
+
+    def _after_step(self) -> None:
+        """After a decode step's slot changes: the compact strategy gathers every row into
+        kept order; buffers laid out shared are laid out anew when too wide."""
+        if self.compact_every_step:
+            self.compact()
+        elif self.shared:
+            self._relayout_when_wide()
 
     def _relayout_when_wide(self) -> None:
         """Laid out shared, after a step: lay the buffers out anew when they are more than
