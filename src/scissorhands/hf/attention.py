@@ -266,7 +266,11 @@ def install(model: Any) -> str:
 
 
 def uninstall(model: Any) -> None:
-    """Switch ``model`` back to the implementation ours wrapped (nothing if not installed)."""
+    """Switch ``model`` back to the implementation ours wrapped (nothing if not installed),
+    and remove the prompt comparison :mod:`scissorhands.hf.prefix` set on it."""
+    from . import prefix
+
+    prefix.uninstall(model)
     wrapped = installed(model)
     if wrapped is not None:
         model.set_attn_implementation(wrapped)

@@ -51,6 +51,7 @@ from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
+from . import prefix as _prefix
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
@@ -604,6 +605,10 @@ class EvictingCache(Cache):
     pins : sequence of (start, stop), default ()
         Spans of positions no row ever evicts (a system prompt; :meth:`pin`), checked
         by the policies' ``pin`` at construction.
+    prefix : {"reuse", "refuse"}, default "reuse"
+        A prompt that does not continue the token ids the cache has read: reuse the
+        longest common prefix, dropping what is held from the first difference on, or
+        refuse it, nothing changed (:meth:`reuse_prefix`).
 
     Raises
     ------
@@ -670,9 +675,11 @@ class EvictingCache(Cache):
                  cache_mode: str = "reuse", backend: str = "native", positions: str = "original",
                  configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool = False,
                  prefill_budget: int | None = None, observation_window: int | None = None,
-                 pool_kernel: int | None = None, pins: Sequence[tuple[int, int]] = (),
+                 pool_kernel: int | None = None, pins: Sequence[tuple[int, int]] = (), prefix: str = "reuse",
                  **option_values: Any) -> None:
         _check_modes(positions, head_mode, cache_mode)
+        #: What a prompt that does not continue what the cache read does (:meth:`reuse_prefix`).
+        self.prefix = _prefix.check_mode(prefix)
         configs, self.per_sequence = _policy_configs(policy, budget, options, backend, positions, configs,
                                                      option_values)
         self.prompt_aware = _check_prompt_aware(
@@ -729,6 +736,8 @@ class EvictingCache(Cache):
         #: cache has no row), kept from the prompt's chunks until the first decode step
         #: consumes it; None otherwise.
         self._window: np.ndarray | None = None
+        #: The token ids read, per sequence (:mod:`scissorhands.hf.prefix`).
+        self._read_ids = _prefix.TokenIds()
 
     def _build_layers(self, text: Any) -> tuple[list[Any], int]:
         """The cache's layers (evicting ones for full attention) and how many evict; refuses other kinds."""
@@ -775,6 +784,7 @@ class EvictingCache(Cache):
             if cache.rotary is None:
                 raise InvalidInputError(f"positions='cache' needs a rotary embedding; {type(model).__name__} has none")
         attention.install(model)
+        _prefix.install(model)
         return cache
 
     # ------------------------------------------------------------------ pinned spans
@@ -1067,6 +1077,50 @@ class EvictingCache(Cache):
         storage.unplan(forward.plan)
 
     @_outside_graph
+    def reuse_prefix(self, input_ids: Any, attention_mask: Any = None) -> int:
+        """Compare a prompt's full ids with what the cache has read, per sequence, and
+        return how many of its tokens the cache holds: the caller reads
+        ``input_ids[:, n:]`` next (with the full ``attention_mask``).  ``generate`` calls
+        it for every prompt once :meth:`from_model` installed the comparison
+        (:mod:`scissorhands.hf.prefix`); a hand-written loop serving requests calls it.
+
+        A prompt that continues what was read (every sequence's ids, padding included,
+        equal over every position read, and longer) returns ``get_seq_length()`` and
+        changes nothing.  Otherwise, with ``prefix="reuse"``: the sequences' longest
+        common prefix ``p`` with what was read, the shortest over the batch and at most
+        the prompt's length minus one (its last token is read again for its logits),
+        stays; every (sequence, layer, KV head) row forgets what it holds from ``p`` on,
+        its policy state with it (the positions before keep theirs, votes and scores
+        included), and ``p`` tokens count as seen.  Nothing is reused (the cache is
+        ``reset()``, 0 returned) when ``p < 2``, the batch differs, the prompt comes
+        without ids, or a sliding-window layer no longer holds what ``p`` needs.  With
+        ``prefix="refuse"`` such a prompt raises instead, nothing changed.
+
+        Parameters
+        ----------
+        input_ids : array-like of int
+            ``(batch, L)`` or ``(L,)``: every token of the prompt, from position 0.
+        attention_mask : array-like, optional
+            ``(batch, L)``, 0 for padding (compared as padding, not as its token id).
+
+        Returns
+        -------
+        int
+            The positions reused: tokens the cache now counts as seen.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``input_ids`` are not integers.
+        InvalidInputError
+            A shape that is not ``(batch, L)`` with ``L >= 1``, a mask of another shape;
+            with ``prefix="refuse"`` a prompt that does not continue what was read,
+            naming the sequence, the first differing position and ``reset()``; a cache
+            with one configuration per sequence given another batch.  Nothing changes.
+        """
+        return _prefix.reuse_prefix(self, input_ids, attention_mask)
+
+    @_outside_graph
     def end_prompt(self) -> None:
         """``prompt_aware``: end the prompt now, as the first decode step would (every row
         evicted to the budget by the observation-window rule), for a caller whose next
@@ -1268,8 +1322,9 @@ class EvictingCache(Cache):
         """The end of a forward's step: ``q`` tokens seen, the forward dropped, its times
         (from ``start``, ``policy_seconds`` of it in the policies) counted."""
         self.stats.compactions = self.storage.compactions
-        self.seen += q
         forward = self._forward
+        self._read_ids.commit(self.seen, q, self.storage.batch, None if forward is None else forward.pads)
+        self.seen += q
         if forward is not None:
             # A decode step's weights let go now, while what freeing them touches is still
             # in the caches the step just read them through: at the next forward's start
@@ -1427,6 +1482,7 @@ class EvictingCache(Cache):
         self._forward = None
         self._slid = {}
         self._window = None
+        self._read_ids.clear()
 
     def _select(self, index: Any, what: str, name: str = "indices", one_each: bool = False) -> None:
         """Sequences become ``index`` (old sequence numbers, ``name`` in ``what``'s
@@ -1461,6 +1517,7 @@ class EvictingCache(Cache):
             shape = (self.evicting_layers, self.storage.batch, self.policy_heads, *self._window.shape[1:])
             self._window = np.ascontiguousarray(self._window.reshape(shape)[:, array].reshape(-1, *shape[3:]))
         self.storage.select(array)
+        self._read_ids.select(array)
         for layer in self.layers:
             if not isinstance(layer, EvictingLayer):
                 layer.batch_select_indices(torch.from_numpy(array))  # type: ignore[union-attr]

@@ -303,6 +303,41 @@ class PolicyRows:
             parts.append((rows, victims))
         return self._merge(parts)
 
+    def truncated(self, position: int) -> tuple[list[Any], np.ndarray] | None:
+        """The policies as they would be after forgetting every held position at or
+        after ``position`` (a prompt's common prefix with what was read: its state
+        dropped with it, the positions before keep theirs, and the next position
+        admitted may be ``position``), built from each policy's ``state_dict()``
+        without changing the bank; with how many positions each global row drops,
+        ``int64 (rows,)``.  None when a policy keeps no state to rebuild it from (the
+        rows of a hindsight schedule).  :meth:`replace` installs them."""
+        dropped = np.zeros(self.rows, dtype=np.int64)
+        built = []
+        for _, policy, rows, _ in self._each():
+            if not (hasattr(policy, "state_dict") and hasattr(type(policy), "from_state_dict")):
+                return None
+            state = policy.state_dict()
+            per_slot = [k for k in ("votes", "scores", "history", "steps_held") if k in state]
+            for r, kept in enumerate(state["kept"]):
+                n = int(np.searchsorted(np.asarray(kept, dtype=np.int64), position))
+                dropped[rows[r]] = len(kept) - n
+                state["kept"][r] = kept[:n]
+                for key in per_slot:
+                    state[key][r] = state[key][r][:n]
+            state["last_position"] = min(int(state["last_position"]), position - 1)
+            twin = type(policy).from_state_dict(state)
+            twin.threads = policy.threads
+            twin.fit_capacity(max(1, int(np.asarray(twin.counts).max(initial=1))))
+            built.append(twin)
+        return built, dropped
+
+    def replace(self, policies: list[Any]) -> None:
+        """Put ``policies`` (one per group, as :meth:`truncated` built them) in place."""
+        if len(policies) != len(self.policies):
+            raise InvalidInputError(f"{len(policies)} policies for {len(self.policies)} groups")
+        self.policies = list(policies)
+        self._each_of = None
+
     def select(self, index: np.ndarray) -> None:
         """Sequences become ``index`` (old sequence numbers): each policy's rows follow."""
         if len(self.policies) != 1:

@@ -889,6 +889,29 @@ class SlotStorage:
         empty = np.zeros(0, dtype=np.int64)
         self._apply_general(victims, slots, [empty] * self.rows)
 
+    def drop_tail(self, dropped: np.ndarray, extent: int) -> None:
+        """Between forwards: each row forgets its last ``dropped[row]`` held positions in
+        kept order (those at or after a prompt's common prefix with what was read), so
+        that ``extent`` tokens count as seen.  While nothing was ever evicted the layout
+        stays the one transformers expects (slot ``s`` position ``s``, ``[0, extent)``,
+        the buffers narrowed to it and the next token's slot); else the rows lose them
+        as an eviction's victims and are compacted."""
+        if not self.aligned:
+            if not dropped.any():
+                return
+            starts = self.counts - dropped
+            within = np.arange(int(dropped.sum())) - np.repeat(np.cumsum(dropped) - dropped, dropped)
+            self.evict(dropped, np.repeat(starts, dropped) + within)
+            return
+        self.counts = self.counts - self.valid[:, extent:].sum(axis=1)
+        self.valid[:, extent:] = False
+        self.free = np.full(self.rows, extent, dtype=np.int64)
+        self.extent = extent
+        self._masks = {}
+        if self.capacity > extent + 1:
+            self._shrink(extent + 1)
+        self._mask_stale = True
+
     def _apply_general(self, victims: np.ndarray, slots: np.ndarray, new: list[np.ndarray]) -> None:
         """Any admission and eviction, then a compaction into kept order."""
         offsets = np.concatenate(([0], np.cumsum(victims)))
