@@ -52,6 +52,7 @@ from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
+from .recall import Archive, WindowQueries, archive_victims, check_archive, held_positions, recall
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, NUMPY_FLOATS, SLOT_DTYPE, make_storage
@@ -97,7 +98,8 @@ class CacheStats:
     (``positions="cache"``).  ``steps``: single-token forwards; ``chunks``: several-token forwards;
     ``compactions``: rebuilt layouts; ``prompt_ends``: prompt-end evictions
     (``prompt_aware``: the first decode step after a prompt), their time in
-    ``policy_seconds`` and ``bookkeeping_seconds``."""
+    ``policy_seconds`` and ``bookkeeping_seconds``; ``recalled``: archived positions
+    that entered the budget at a prompt's end (``archive``)."""
 
     policy_seconds: float = 0.0
     bookkeeping_seconds: float = 0.0
@@ -108,6 +110,7 @@ class CacheStats:
     chunks: int = 0
     compactions: int = 0
     prompt_ends: int = 0
+    recalled: int = 0
 
 
 #: The library's own decode-step call of the policies (the steady step runs it in C).
@@ -604,6 +607,14 @@ class EvictingCache(Cache):
     pins : sequence of (start, stop), default ()
         Spans of positions no row ever evicts (a system prompt; :meth:`pin`), checked
         by the policies' ``pin`` at construction.
+    archive : {None, "float32", "int8"}, default None
+        The recall tier (:mod:`scissorhands.hf.recall`): what the policies evict is
+        archived (host memory, never attended) and, at every prompt's end, the window
+        scores held and archived positions together, so that a later turn's question
+        can bring back what an earlier prompt's end dropped.  Needs
+        ``prompt_aware=True``, ``positions="original"``, ``head_mode="per-head"``,
+        one unpooled configuration of H2O, TOVA or Scissorhands.  Its bytes:
+        :meth:`archive_bytes` (not in :meth:`memory_bytes`, which is what attention reads).
 
     Raises
     ------
@@ -671,13 +682,16 @@ class EvictingCache(Cache):
                  configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool = False,
                  prefill_budget: int | None = None, observation_window: int | None = None,
                  pool_kernel: int | None = None, pins: Sequence[tuple[int, int]] = (),
-                 **option_values: Any) -> None:
+                 archive: str | None = None, **option_values: Any) -> None:
         _check_modes(positions, head_mode, cache_mode)
         configs, self.per_sequence = _policy_configs(policy, budget, options, backend, positions, configs,
                                                      option_values)
         self.prompt_aware = _check_prompt_aware(
             _prompt_settings(prompt_aware, prefill_budget, observation_window, pool_kernel), configs,
             self.per_sequence)
+        #: ``archive``: what the policies evict is kept here and recalled at a prompt's end.
+        self.archive = check_archive(archive, prompt_aware=self.prompt_aware.enabled, positions=positions,
+                                     head_mode=head_mode, configs=configs, per_sequence=self.per_sequence)
         #: The pinned spans every policy row gets, merged (:meth:`pin`).
         self._pins: list[tuple[int, int]] = _checked_pins(configs, [], _spans(pins))
         _check_pins_leave_room(self._pins, self.prompt_aware, configs)
@@ -729,6 +743,10 @@ class EvictingCache(Cache):
         #: cache has no row), kept from the prompt's chunks until the first decode step
         #: consumes it; None otherwise.
         self._window: np.ndarray | None = None
+        #: ``archive``: the evicted keys and values, and the prompt's last query rows per layer.
+        self._archive = None if self.archive is None else Archive(self.archive)
+        self._queries = (None if self.archive is None else
+                         WindowQueries(evicting, self.prompt_aware.observation_window))
 
     def _build_layers(self, text: Any) -> tuple[list[Any], int]:
         """The cache's layers (evicting ones for full attention) and how many evict; refuses other kinds."""
@@ -981,6 +999,19 @@ class EvictingCache(Cache):
             return 0
         return self.storage.nbytes() + sum(int(p.memory_bytes()) for p in self.policies)
 
+    def archive_bytes(self) -> int:
+        """Bytes of the recall tier's archive (``archive``; 0 without one): archived keys
+        and values (float32, or int8 with a float32 scale each), and their positions."""
+        return 0 if self._archive is None else self._archive.nbytes()
+
+    def archived_positions(self, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
+        """The positions one (layer, sequence, KV head) has archived, ascending (empty
+        without an archive)."""
+        row = self._row(layer, sequence, head)
+        if self._archive is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.sort(self._archive.row_entries(row)[0])
+
     # ------------------------------------------------------------------ the forward
 
     def _start(self, batch: int) -> None:
@@ -1093,6 +1124,14 @@ class EvictingCache(Cache):
             return
         start = time.perf_counter()
         bank, storage = self.bank, self.storage
+        if self._archive is not None and self._queries is not None and self._queries.ready():
+            self.stats.recalled += recall(self)
+            self._window = None
+            self._queries.clear()
+            self.stats.prompt_ends += 1
+            self.stats.compactions = storage.compactions
+            self.stats.bookkeeping_seconds += time.perf_counter() - start
+            return
         repeat = self.num_kv_heads // self.policy_heads
         t0 = time.perf_counter()
         victims, slots = bank.evict_observed(window, self.prompt_aware.pool_kernel)
@@ -1203,7 +1242,7 @@ class EvictingCache(Cache):
         if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
-        if self._decodes(forward) and forward.pending.tensors:
+        if self._decodes(forward) and forward.pending.tensors and self._archive is None:
             # The steady state (every row holds the same count): gather, policy and slot
             # table in one C call; None when it is not that case (nothing changed).
             steady = self._steady_step(forward)
@@ -1226,9 +1265,14 @@ class EvictingCache(Cache):
             weights = None if gathered is None else gathered.reshape(rows, -1)
             if weights is not None and not finite:
                 weights = self._contained(weights)
+            before = None if self._archive is None else held_positions(bank.policies[0])
             t0 = time.perf_counter()
             victims, slots = bank.step(self.seen, weights)
             policy_seconds = time.perf_counter() - t0
+            if before is not None and self._archive is not None:
+                new_slot = np.full(storage.rows, storage.chunk_start) if storage.aligned else storage.free
+                archive_victims(self._archive, storage, before, victims, slots,
+                                [np.array([self.seen])] * storage.rows, [new_slot[r:r + 1] for r in range(storage.rows)])
             if repeat > 1:
                 victims, slots = _repeat_rows(victims, slots, repeat)
             # One victim in every row: the storage's steady path, else the general one.
@@ -1247,6 +1291,7 @@ class EvictingCache(Cache):
             if chunk_weights is not None:
                 chunk_weights = self._contained(chunk_weights)
             aware = self.prompt_aware.enabled
+            before = None if self._archive is None or fresh else held_positions(bank.policies[0])
             t0 = time.perf_counter()
             if aware:  # the prompt is held up to its cap
                 victims, slots = bank.extend(chunk_weights, admit, fresh, q, cap=self.prompt_aware.prefill_budget)
@@ -1258,11 +1303,25 @@ class EvictingCache(Cache):
                 self._window = _next_window(self._window, chunk_weights, admit, forward.held, victims, slots,
                                             self.prompt_aware.observation_window)
             storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
+            if self._archive is not None:
+                self._archive_chunk(before, victims, slots, admit, q)
             if repeat > 1:
                 victims, slots = _repeat_rows(victims, slots, repeat)
             storage.apply_chunk(storage_admit, victims, slots)
             self.stats.chunks += 1
         self._finished(q, start, policy_seconds)
+
+    def _archive_chunk(self, before: tuple[np.ndarray, np.ndarray] | None, victims: np.ndarray,
+                       slots: np.ndarray, admit: np.ndarray | None, q: int) -> None:
+        """``archive``: a chunk's victims archived before their slots are freed."""
+        assert self._archive is not None
+        storage = self.storage
+        if before is None:  # the first chunk: nothing was held before it
+            before = (np.zeros(storage.rows, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        tokens = np.arange(q)
+        joined = [tokens if admit is None else tokens[admit[r]] for r in range(storage.rows)]
+        archive_victims(self._archive, storage, before, victims, slots, [self.seen + j for j in joined],
+                        [storage.chunk_start + j for j in joined])
 
     def _finished(self, q: int, start: float, policy_seconds: float) -> None:
         """The end of a forward's step: ``q`` tokens seen, the forward dropped, its times
@@ -1427,6 +1486,9 @@ class EvictingCache(Cache):
         self._forward = None
         self._slid = {}
         self._window = None
+        if self._archive is not None and self._queries is not None:
+            self._archive.clear()
+            self._queries.clear()
 
     def _select(self, index: Any, what: str, name: str = "indices", one_each: bool = False) -> None:
         """Sequences become ``index`` (old sequence numbers, ``name`` in ``what``'s
@@ -1460,6 +1522,11 @@ class EvictingCache(Cache):
         if self._window is not None:  # the prompt's rows follow their sequences (layer-major rows)
             shape = (self.evicting_layers, self.storage.batch, self.policy_heads, *self._window.shape[1:])
             self._window = np.ascontiguousarray(self._window.reshape(shape)[:, array].reshape(-1, *shape[3:]))
+        if self._archive is not None and self._queries is not None:  # the archive's rows follow too
+            grid = np.arange(self.evicting_layers * self.storage.batch * self.num_kv_heads).reshape(
+                self.evicting_layers, self.storage.batch, self.num_kv_heads)
+            self._archive.select(grid[:, array].reshape(-1))
+            self._queries.select(array)
         self.storage.select(array)
         for layer in self.layers:
             if not isinstance(layer, EvictingLayer):
