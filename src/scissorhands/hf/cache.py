@@ -52,7 +52,7 @@ from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
-from .recall import Archive, WindowQueries, archive_victims, check_archive, held_positions, recall
+from .recall import Archive, WindowQueries, archive_victims, check_archive, held_positions, recall, restore
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, NUMPY_FLOATS, SLOT_DTYPE, make_storage
@@ -99,7 +99,8 @@ class CacheStats:
     ``compactions``: rebuilt layouts; ``prompt_ends``: prompt-end evictions
     (``prompt_aware``: the first decode step after a prompt), their time in
     ``policy_seconds`` and ``bookkeeping_seconds``; ``recalled``: archived positions
-    that entered the budget at a prompt's end (``archive``)."""
+    held after a prompt's end (``archive``: brought back when the prompt began, or chosen
+    over held ones at its end)."""
 
     policy_seconds: float = 0.0
     bookkeeping_seconds: float = 0.0
@@ -745,6 +746,8 @@ class EvictingCache(Cache):
         self._window: np.ndarray | None = None
         #: ``archive``: the evicted keys and values, and the prompt's last query rows per layer.
         self._archive = None if self.archive is None else Archive(self.archive)
+        #: Per row, the positions :func:`~scissorhands.hf.recall.restore` brought back at this prompt's start.
+        self._restored: list[np.ndarray] | None = None
         self._queries = (None if self.archive is None else
                          WindowQueries(evicting, self.prompt_aware.observation_window))
 
@@ -1048,6 +1051,8 @@ class EvictingCache(Cache):
         q = int(key.shape[2])
         if q == 1:
             self._prompt_end()
+        else:
+            self._prompt_start(q)
         plan = storage.plan_state(not fresh and storage.prepare(q))
         pending = self._pending
         if pending is None or pending.size != self.evicting_layers:
@@ -1144,6 +1149,20 @@ class EvictingCache(Cache):
         self.stats.compactions = storage.compactions
         self.stats.policy_seconds += policy_seconds
         self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
+
+    def _prompt_start(self, q: int) -> None:
+        """``archive``: a new prompt (``q`` tokens, the first forward after decode steps or
+        a prompt's end) on a used cache reads over the archived positions too
+        (:func:`~scissorhands.hf.recall.restore`); not part of the forward (a forward that
+        fails keeps it, as it keeps a prompt's end)."""
+        if self._archive is None or self._window is not None or self._forward is not None:
+            return
+        if self.bank is None or not self.storage.started():
+            return
+        start = time.perf_counter()
+        restore(self, q)
+        self.stats.compactions = self.storage.compactions
+        self.stats.bookkeeping_seconds += time.perf_counter() - start
 
     def _mask_sizes(self, q: int) -> tuple[int, int]:
         storage = self.storage
@@ -1271,8 +1290,8 @@ class EvictingCache(Cache):
             policy_seconds = time.perf_counter() - t0
             if before is not None and self._archive is not None:
                 new_slot = np.full(storage.rows, storage.chunk_start) if storage.aligned else storage.free
-                archive_victims(self._archive, storage, before, victims, slots,
-                                [np.array([self.seen])] * storage.rows, [new_slot[r:r + 1] for r in range(storage.rows)])
+                archive_victims(self._archive, storage, before, victims, slots, [np.array([self.seen])] * storage.rows,
+                                [new_slot[r:r + 1] for r in range(storage.rows)])
             if repeat > 1:
                 victims, slots = _repeat_rows(victims, slots, repeat)
             # One victim in every row: the storage's steady path, else the general one.
@@ -1469,6 +1488,8 @@ class EvictingCache(Cache):
             self._settle()
             if query_length == 1:
                 self._prompt_end()
+            else:
+                self._prompt_start(query_length)
         return super().get_mask_sizes(query_length, layer_idx)
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
@@ -1486,6 +1507,7 @@ class EvictingCache(Cache):
         self._forward = None
         self._slid = {}
         self._window = None
+        self._restored = None
         if self._archive is not None and self._queries is not None:
             self._archive.clear()
             self._queries.clear()

@@ -41,7 +41,8 @@ import torch
 from ..errors import InvalidInputError
 from ..options import policy_spec
 
-__all__ = ["ARCHIVE_MODES", "Archive", "WindowQueries", "check_archive"]
+__all__ = ["ARCHIVE_MODES", "Archive", "WindowQueries", "archive_victims", "check_archive", "held_positions", "recall",
+           "restore"]
 
 #: What an archive stores its keys and values as.
 ARCHIVE_MODES = ("float32", "int8")
@@ -356,82 +357,132 @@ def _union_state(state: dict[str, Any], held_counts: np.ndarray, orders: list[np
     return state
 
 
+class _Union:
+    """Every row's held and archived positions together, in position order: the policy
+    state of the union, its keys and values per layer ``(batch, kv_heads, width,
+    head_dim)`` float32, its positions, counts, and which came from the archive."""
+
+    def __init__(self, cache: Any) -> None:
+        bank, storage, archive = cache.bank, cache.storage, cache._archive
+        self.policy = bank.policies[0]
+        state = self.policy.state_dict()
+        self.held_counts = np.asarray(storage.counts, dtype=np.int64).copy()
+        rows, per_layer, heads = storage.rows, storage.batch * storage.heads, storage.heads
+        entries = [archive.row_entries(r) for r in range(rows)]
+        self.union, self.orders, self.sources = [], [], []
+        for r in range(rows):
+            combined = np.concatenate((np.asarray(state["kept"][r], dtype=np.int64), entries[r][0]))
+            order = np.argsort(combined, kind="stable")
+            self.union.append(combined[order])
+            self.orders.append(order)
+            self.sources.append(entries[r][0])
+        self.counts = np.array([len(u) for u in self.union], dtype=np.int64)
+        width = self.width = int(self.counts.max(initial=1))
+        self.dtype = next(k.dtype for k in storage.keys if k is not None)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        #: Each layer's union positions, ``int64 (batch * kv_heads, width)``, past a count the largest int64.
+        self.positions: list[np.ndarray] = []
+        for e in range(storage.layers):
+            k_buf, v_buf = storage.layer_buffers(e)
+            dim = k_buf.shape[-1]
+            keys = torch.zeros((storage.batch, heads, width, dim), dtype=torch.float32)
+            values = torch.zeros((storage.batch, heads, width, dim), dtype=torch.float32)
+            pos = np.full((per_layer, width), np.iinfo(np.int64).max, dtype=np.int64)
+            for i in range(per_layer):
+                r = e * per_layer + i
+                b, h = divmod(i, heads)
+                held = torch.from_numpy(storage.slots[r, : self.held_counts[r]].astype(np.int64))
+                _, ak, av = entries[r]
+                by_position = torch.from_numpy(self.orders[r])
+                keys[b, h, : self.counts[r]] = torch.cat((k_buf[b, h, held].to(torch.float32),
+                                                          ak.reshape(-1, dim)))[by_position]
+                values[b, h, : self.counts[r]] = torch.cat((v_buf[b, h, held].to(torch.float32),
+                                                            av.reshape(-1, dim)))[by_position]
+                pos[i, : self.counts[r]] = self.union[r]
+            self.keys.append(keys)
+            self.values.append(values)
+            self.positions.append(pos)
+        score_key = policy_spec(state["policy"]).score_key
+        self.state = _union_state(state, self.held_counts, self.orders, self.union, score_key)
+
+    def install(self, cache: Any) -> Any:
+        """The union's policy into the bank (returns the policy it replaced)."""
+        bank = cache.bank
+        old = bank.policies[0]
+        bank.policies[0] = type(old).from_state_dict(self.state)
+        bank._each_of = None
+        return old
+
+    def lay_out(self, cache: Any) -> None:
+        """The union's keys and values into the storage, in kept order."""
+        cache.storage.load_rows([k.to(self.dtype) for k in self.keys], [v.to(self.dtype) for v in self.values],
+                                self.counts)
+
+
+def restore(cache: Any, q: int) -> int:
+    """A new prompt of ``q`` tokens begins on a cache with an archive: every archived
+    position re-enters what attention reads while the prompt is read (as held ones, with
+    a new position's policy state), so that the prompt is read over everything the
+    conversation said, as a fresh cache reading it whole would; its end then evicts to
+    the budget by the window rule.  Nothing when the archive is empty or the union and
+    the prompt would pass ``prefill_budget`` (then the prompt's end alone recalls).
+    Returns how many positions re-entered."""
+    archive = cache._archive
+    if archive.total() == 0:
+        return 0
+    if int((cache.storage.counts + archive.counts).max(initial=0)) + q > cache.prompt_aware.prefill_budget:
+        return 0
+    union = _Union(cache)
+    union.install(cache)
+    union.lay_out(cache)
+    total = archive.total()
+    rows = archive.rows
+    dim = int(union.keys[0].shape[-1])
+    archive.clear()
+    archive._ensure(rows, 0, dim)
+    cache._restored = union.sources
+    return total
+
+
 def recall(cache: Any) -> int:
     """The prompt's end with an archive: the window scores the held and archived
     positions of every row together and the union is evicted to the budget by the
     policy's observation-window rule; the displaced positions are archived.  Returns
-    how many archived positions entered the budget (over every row).
+    how many archived positions entered the budget (over every row), counting those
+    :func:`restore` brought back at the prompt's start.
 
     Raises
     ------
     InvalidInputError
         The policy refuses the window (the cache as it was)."""
     bank, storage, archive, queries = cache.bank, cache.storage, cache._archive, cache._queries
-    policy = bank.policies[0]
-    layers, batch, heads = storage.layers, storage.batch, storage.heads
-    rows = storage.rows
+    rows, per_layer, heads = storage.rows, storage.batch * storage.heads, storage.heads
     size = cache.prompt_aware.observation_window
     n_query = int(queries.queries[0].shape[2])
     first = cache.seen - n_query
-    state = policy.state_dict()
-    held_counts = np.asarray(storage.counts, dtype=np.int64)
-    union, orders, sources = [], [], []
-    for r in range(rows):
-        positions, _, _ = archive.row_entries(r)
-        combined = np.concatenate((np.asarray(state["kept"][r], dtype=np.int64), positions))
-        order = np.argsort(combined, kind="stable")
-        union.append(combined[order])
-        orders.append(order)
-        sources.append(positions)
-    counts = np.array([len(u) for u in union], dtype=np.int64)
-    width = int(counts.max(initial=1))
-    dtype = next(k.dtype for k in storage.keys if k is not None)
-    per_layer = batch * heads
-    union_keys: list[torch.Tensor] = []
-    union_values: list[torch.Tensor] = []
-    window = np.zeros((rows, size, width), dtype=np.float32)
-    for e in range(layers):
-        k_buf, v_buf = storage.layer_buffers(e)
-        dim = k_buf.shape[-1]
-        keys = torch.zeros((batch, heads, width, dim), dtype=torch.float32)
-        values = torch.zeros((batch, heads, width, dim), dtype=torch.float32)
-        pos = np.full((per_layer, width), np.iinfo(np.int64).max, dtype=np.int64)
+    union = _Union(cache)
+    restored, cache._restored = cache._restored, None
+    window = np.zeros((rows, size, union.width), dtype=np.float32)
+    for e in range(storage.layers):
+        mine = union.counts[e * per_layer:(e + 1) * per_layer]
+        weights = _window_over(queries, e, union.keys[e], union.positions[e], mine, first)
+        rows_e = weights.reshape(per_layer, n_query, union.width).numpy()
         for i in range(per_layer):
             r = e * per_layer + i
-            b, h = divmod(i, heads)
-            slots = torch.from_numpy(storage.slots[r, : held_counts[r]].astype(np.int64))
-            _, ak, av = archive.row_entries(r)
-            both_k = torch.cat((k_buf[b, h, slots].to(torch.float32), ak.reshape(-1, dim)))
-            both_v = torch.cat((v_buf[b, h, slots].to(torch.float32), av.reshape(-1, dim)))
-            order = torch.from_numpy(orders[r])
-            keys[b, h, : counts[r]] = both_k[order]
-            values[b, h, : counts[r]] = both_v[order]
-            pos[i, : counts[r]] = union[r]
-        rows_e = _window_over(queries, e, keys, pos, counts[e * per_layer:(e + 1) * per_layer], first)
-        rows_e = rows_e.reshape(per_layer, n_query, width).numpy()
-        for i in range(per_layer):
-            r = e * per_layer + i
-            n = int(counts[r])
-            for j in range(size):
-                t = n - size + j
-                if t < 0:
-                    continue
-                q = int(union[r][t]) - first  # the query row of the position at slot t, if it has one
-                if 0 <= q < n_query:
-                    window[r, j] = rows_e[i, q]
-        union_keys.append(keys)
-        union_values.append(values)
-    score_key = policy_spec(state["policy"]).score_key
-    new_policy = type(policy).from_state_dict(_union_state(state, held_counts, orders, union, score_key))
-    bank.policies[0] = new_policy
-    bank._each_of = None
+            t = np.arange(int(union.counts[r]) - size, int(union.counts[r]))
+            j = np.nonzero(t >= 0)[0]
+            q = union.union[r][t[j]] - first  # the query row of the position at slot t, if it has one
+            has = (q >= 0) & (q < n_query)
+            window[r, j[has]] = rows_e[i, q[has]]
+    old = union.install(cache)
     try:
         victims, slots = bank.evict_observed(window, cache.prompt_aware.pool_kernel)
     except BaseException:
-        bank.policies[0] = policy
+        bank.policies[0] = old
         bank._each_of = None
         raise
-    storage.load_rows([k.to(dtype) for k in union_keys], [v.to(dtype) for v in union_values], counts)
+    union.lay_out(cache)
     # The displaced: every row's victims, from the union (held or recalled alike).
     offsets = np.concatenate(([0], np.cumsum(victims)))
     out_rows, out_pos, out_k, out_v = [], [], [], []
@@ -441,16 +492,16 @@ def recall(cache: Any) -> int:
         e, i = divmod(r, per_layer)
         b, h = divmod(i, heads)
         out_rows.append(np.full(len(k), r, dtype=np.int64))
-        out_pos.append(union[r][k])
-        t = torch.from_numpy(k.astype(np.int64))
-        out_k.append(union_keys[e][b, h, t])
-        out_v.append(union_values[e][b, h, t])
-        from_archive = np.isin(union[r], sources[r])
+        out_pos.append(union.union[r][k])
+        gone = torch.from_numpy(k.astype(np.int64))
+        out_k.append(union.keys[e][b, h, gone])
+        out_v.append(union.values[e][b, h, gone])
+        sources = union.sources[r] if restored is None else np.concatenate((union.sources[r], restored[r]))
+        from_archive = np.isin(union.union[r], sources)
         from_archive[k] = False
         entered += int(from_archive.sum())
     archive.clear()
+    archive._ensure(rows, 0, int(union.keys[0].shape[-1]))
     archive.add(np.concatenate(out_rows), np.concatenate(out_pos), torch.cat(out_k), torch.cat(out_v), rows)
-    if archive.rows == 0:  # nothing displaced: still sized for the rows
-        archive._ensure(rows, 0, union_keys[0].shape[-1])
     storage.evict(victims, slots)
     return entered
