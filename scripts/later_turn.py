@@ -12,7 +12,11 @@ twice on one cache, as ``examples/chat.py`` does:
 2. the question turn after it -> the answer (greedy, 16 tokens), scored as the tasks are.
 
 Configurations: ``full``; ``scissorhands+pa`` at ``--fraction`` of the length (the
-recommended recent window 0.75 and 4 sinks, prompt-aware); and ``pinned``: the same
+recommended recent window 0.75 and 4 sinks, prompt-aware); ``archive`` and
+``archive-int8``: the same with the recall tier (``archive="float32"``/``"int8"``: what
+turn 1 evicted comes back when turn 2's question asks for it); ``reread``: the same
+without an archive, turn 2's whole conversation read into a fresh cache (the re-read the
+recall tier stands in for); and ``pinned``: the same
 policy with the first turn's tokens pinned (``pins=[(0, turn)]``), a recent window of
 16, and a budget of the pinned tokens plus ``--room``: what it costs to keep a document for
 later questions.  Prints a Markdown table and the most positions held::
@@ -52,18 +56,25 @@ def run(model: Any, tokenizer: Any, sample: dict[str, Any], config: str, fractio
                                          prompt_aware=True, pins=[(0, pinned)])
     else:
         budget = int(sample["max_length"] * fraction)
+        archive = {"archive": "float32", "archive-int8": "int8"}.get(config)
         cache = EvictingCache.from_model(model, "scissorhands", budget=budget, recent_window=0.75, sinks=4,
-                                         prompt_aware=True)
+                                         prompt_aware=True, archive=archive)
     with torch.no_grad():
         out = model.generate(first, attention_mask=torch.ones_like(first), cache=cache,
                              max_new_tokens=reply_tokens, do_sample=False)
         reply = tokenizer.decode(out[0, first.shape[1]:], skip_special_tokens=True)
         turn2 = [*turn1, {"role": "assistant", "content": reply}, {"role": "user", "content": sample["question"]}]
         second = _ids(tokenizer, turn2, sample["answer_start"])
+        if config == "reread":  # the whole conversation as one prompt into a fresh cache
+            cache = EvictingCache.from_model(model, "scissorhands", budget=budget, recent_window=0.75, sinks=4,
+                                             prompt_aware=True)
         out = model.generate(second, attention_mask=torch.ones_like(second), cache=cache, max_new_tokens=16,
                              do_sample=False)
     answer = tokenizer.decode(out[0, second.shape[1]:], skip_special_tokens=True)
     return score(sample, answer), answer, int(cache.held_counts().max())
+
+
+CONFIGS = ("full", "scissorhands+pa", "archive", "archive-int8", "reread", "pinned")
 
 
 def main() -> None:
@@ -73,6 +84,8 @@ def main() -> None:
     parser.add_argument("--fraction", type=Fraction, default=Fraction(1, 4))
     parser.add_argument("--room", type=int, default=48, help="pinned: budget = pinned tokens + this")
     parser.add_argument("--reply-tokens", type=int, default=24)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS,
+                        help="the configurations to run, in order (default: all)")
     args = parser.parse_args()
 
     from scissorhands.hf import load_model
@@ -81,7 +94,7 @@ def main() -> None:
     model, tokenizer = load_model(progress=False)
     samples = generate("sh_later_turn", tokenizer, [args.length], args.samples)
     print(f"| configuration | right (of {len(samples)}) | most held | seconds |\n|---|---|---|---|")
-    for config in ("full", "scissorhands+pa", "pinned"):
+    for config in args.configs:
         start = time.perf_counter()
         results = [run(model, tokenizer, s, config, args.fraction, args.room, args.reply_tokens) for s in samples]
         right = sum(r[0] for r in results)

@@ -181,6 +181,10 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
         cache = layer.cache
         if cache.positions == "cache":
             layer.note_positions(query, kwargs)
+        if cache._queries is not None and query.shape[2] > 1:  # archive: the prompt's last query rows
+            scaling = kwargs.get("scaling")
+            cache._queries.note(layer.index, query, module.head_dim**-0.5 if scaling is None else scaling,
+                                kwargs.get("softcap"))
         if wrapped == "eager" or not cache.storage.aligned:
             # Weights that come with the output: the model's own eager attention when the
             # model was loaded with it; once positions were evicted under sdpa (whose

@@ -53,6 +53,7 @@ from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFA
 from . import attention
 from . import prefix as _prefix
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
+from .recall import Archive, WindowQueries, archive_victims, check_archive, held_positions, recall, restore
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, NUMPY_FLOATS, SLOT_DTYPE, make_storage
@@ -98,7 +99,9 @@ class CacheStats:
     (``positions="cache"``).  ``steps``: single-token forwards; ``chunks``: several-token forwards;
     ``compactions``: rebuilt layouts; ``prompt_ends``: prompt-end evictions
     (``prompt_aware``: the first decode step after a prompt), their time in
-    ``policy_seconds`` and ``bookkeeping_seconds``."""
+    ``policy_seconds`` and ``bookkeeping_seconds``; ``recalled``: archived positions
+    held after a prompt's end (``archive``: brought back when the prompt began, or chosen
+    over held ones at its end)."""
 
     policy_seconds: float = 0.0
     bookkeeping_seconds: float = 0.0
@@ -109,6 +112,7 @@ class CacheStats:
     chunks: int = 0
     compactions: int = 0
     prompt_ends: int = 0
+    recalled: int = 0
 
 
 #: The library's own decode-step call of the policies (the steady step runs it in C).
@@ -609,6 +613,14 @@ class EvictingCache(Cache):
         A prompt that does not continue the token ids the cache has read: reuse the
         longest common prefix, dropping what is held from the first difference on, or
         refuse it, nothing changed (:meth:`reuse_prefix`).
+    archive : {None, "float32", "int8"}, default None
+        The recall tier (:mod:`scissorhands.hf.recall`): what the policies evict is
+        archived (host memory, never attended) and, at every prompt's end, the window
+        scores held and archived positions together, so that a later turn's question
+        can bring back what an earlier prompt's end dropped.  Needs
+        ``prompt_aware=True``, ``positions="original"``, ``head_mode="per-head"``,
+        one unpooled configuration of H2O, TOVA or Scissorhands.  Its bytes:
+        :meth:`archive_bytes` (not in :meth:`memory_bytes`, which is what attention reads).
 
     Raises
     ------
@@ -676,7 +688,7 @@ class EvictingCache(Cache):
                  configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool = False,
                  prefill_budget: int | None = None, observation_window: int | None = None,
                  pool_kernel: int | None = None, pins: Sequence[tuple[int, int]] = (), prefix: str = "reuse",
-                 **option_values: Any) -> None:
+                 archive: str | None = None, **option_values: Any) -> None:
         _check_modes(positions, head_mode, cache_mode)
         #: What a prompt that does not continue what the cache read does (:meth:`reuse_prefix`).
         self.prefix = _prefix.check_mode(prefix)
@@ -685,6 +697,9 @@ class EvictingCache(Cache):
         self.prompt_aware = _check_prompt_aware(
             _prompt_settings(prompt_aware, prefill_budget, observation_window, pool_kernel), configs,
             self.per_sequence)
+        #: ``archive``: what the policies evict is kept here and recalled at a prompt's end.
+        self.archive = check_archive(archive, prompt_aware=self.prompt_aware.enabled, positions=positions,
+                                     head_mode=head_mode, configs=configs, per_sequence=self.per_sequence)
         #: The pinned spans every policy row gets, merged (:meth:`pin`).
         self._pins: list[tuple[int, int]] = _checked_pins(configs, [], _spans(pins))
         _check_pins_leave_room(self._pins, self.prompt_aware, configs)
@@ -738,6 +753,12 @@ class EvictingCache(Cache):
         self._window: np.ndarray | None = None
         #: The token ids read, per sequence (:mod:`scissorhands.hf.prefix`).
         self._read_ids = _prefix.TokenIds()
+        #: ``archive``: the evicted keys and values, and the prompt's last query rows per layer.
+        self._archive = None if self.archive is None else Archive(self.archive)
+        #: Per row, the positions :func:`~scissorhands.hf.recall.restore` brought back at this prompt's start.
+        self._restored: list[np.ndarray] | None = None
+        self._queries = (None if self.archive is None else
+                         WindowQueries(evicting, self.prompt_aware.observation_window))
 
     def _build_layers(self, text: Any) -> tuple[list[Any], int]:
         """The cache's layers (evicting ones for full attention) and how many evict; refuses other kinds."""
@@ -991,6 +1012,19 @@ class EvictingCache(Cache):
             return 0
         return self.storage.nbytes() + sum(int(p.memory_bytes()) for p in self.policies)
 
+    def archive_bytes(self) -> int:
+        """Bytes of the recall tier's archive (``archive``; 0 without one): archived keys
+        and values (float32, or int8 with a float32 scale each), and their positions."""
+        return 0 if self._archive is None else self._archive.nbytes()
+
+    def archived_positions(self, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
+        """The positions one (layer, sequence, KV head) has archived, ascending (empty
+        without an archive)."""
+        row = self._row(layer, sequence, head)
+        if self._archive is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.sort(self._archive.row_entries(row)[0])
+
     # ------------------------------------------------------------------ the forward
 
     def _start(self, batch: int) -> None:
@@ -1027,6 +1061,8 @@ class EvictingCache(Cache):
         q = int(key.shape[2])
         if q == 1:
             self._prompt_end()
+        else:
+            self._prompt_start(q)
         plan = storage.plan_state(not fresh and storage.prepare(q))
         pending = self._pending
         if pending is None or pending.size != self.evicting_layers:
@@ -1090,7 +1126,7 @@ class EvictingCache(Cache):
         common prefix ``p`` with what was read, the shortest over the batch and at most
         the prompt's length minus one (its last token is read again for its logits),
         stays; every (sequence, layer, KV head) row forgets what it holds from ``p`` on,
-        its policy state with it (the positions before keep theirs, votes and scores
+        its policy state and what it archived with it (the positions before keep theirs, votes and scores
         included), and ``p`` tokens count as seen.  Nothing is reused (the cache is
         ``reset()``, 0 returned) when ``p < 2``, the batch differs, the prompt comes
         without ids, or a sliding-window layer no longer holds what ``p`` needs.  With
@@ -1147,6 +1183,14 @@ class EvictingCache(Cache):
             return
         start = time.perf_counter()
         bank, storage = self.bank, self.storage
+        if self._archive is not None and self._queries is not None and self._queries.ready():
+            self.stats.recalled += recall(self)
+            self._window = None
+            self._queries.clear()
+            self.stats.prompt_ends += 1
+            self.stats.compactions = storage.compactions
+            self.stats.bookkeeping_seconds += time.perf_counter() - start
+            return
         repeat = self.num_kv_heads // self.policy_heads
         t0 = time.perf_counter()
         victims, slots = bank.evict_observed(window, self.prompt_aware.pool_kernel)
@@ -1159,6 +1203,20 @@ class EvictingCache(Cache):
         self.stats.compactions = storage.compactions
         self.stats.policy_seconds += policy_seconds
         self.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
+
+    def _prompt_start(self, q: int) -> None:
+        """``archive``: a new prompt (``q`` tokens, the first forward after decode steps or
+        a prompt's end) on a used cache reads over the archived positions too
+        (:func:`~scissorhands.hf.recall.restore`); not part of the forward (a forward that
+        fails keeps it, as it keeps a prompt's end)."""
+        if self._archive is None or self._window is not None or self._forward is not None:
+            return
+        if self.bank is None or not self.storage.started():
+            return
+        start = time.perf_counter()
+        restore(self, q)
+        self.stats.compactions = self.storage.compactions
+        self.stats.bookkeeping_seconds += time.perf_counter() - start
 
     def _mask_sizes(self, q: int) -> tuple[int, int]:
         storage = self.storage
@@ -1257,7 +1315,7 @@ class EvictingCache(Cache):
         if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
-        if self._decodes(forward) and forward.pending.tensors:
+        if self._decodes(forward) and forward.pending.tensors and self._archive is None:
             # The steady state (every row holds the same count): gather, policy and slot
             # table in one C call; None when it is not that case (nothing changed).
             steady = self._steady_step(forward)
@@ -1280,9 +1338,14 @@ class EvictingCache(Cache):
             weights = None if gathered is None else gathered.reshape(rows, -1)
             if weights is not None and not finite:
                 weights = self._contained(weights)
+            before = None if self._archive is None else held_positions(bank.policies[0])
             t0 = time.perf_counter()
             victims, slots = bank.step(self.seen, weights)
             policy_seconds = time.perf_counter() - t0
+            if before is not None and self._archive is not None:
+                new_slot = np.full(storage.rows, storage.chunk_start) if storage.aligned else storage.free
+                archive_victims(self._archive, storage, before, victims, slots, [np.array([self.seen])] * storage.rows,
+                                [new_slot[r:r + 1] for r in range(storage.rows)])
             if repeat > 1:
                 victims, slots = _repeat_rows(victims, slots, repeat)
             # One victim in every row: the storage's steady path, else the general one.
@@ -1301,6 +1364,7 @@ class EvictingCache(Cache):
             if chunk_weights is not None:
                 chunk_weights = self._contained(chunk_weights)
             aware = self.prompt_aware.enabled
+            before = None if self._archive is None or fresh else held_positions(bank.policies[0])
             t0 = time.perf_counter()
             if aware:  # the prompt is held up to its cap
                 victims, slots = bank.extend(chunk_weights, admit, fresh, q, cap=self.prompt_aware.prefill_budget)
@@ -1312,11 +1376,25 @@ class EvictingCache(Cache):
                 self._window = _next_window(self._window, chunk_weights, admit, forward.held, victims, slots,
                                             self.prompt_aware.observation_window)
             storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
+            if self._archive is not None:
+                self._archive_chunk(before, victims, slots, admit, q)
             if repeat > 1:
                 victims, slots = _repeat_rows(victims, slots, repeat)
             storage.apply_chunk(storage_admit, victims, slots)
             self.stats.chunks += 1
         self._finished(q, start, policy_seconds)
+
+    def _archive_chunk(self, before: tuple[np.ndarray, np.ndarray] | None, victims: np.ndarray,
+                       slots: np.ndarray, admit: np.ndarray | None, q: int) -> None:
+        """``archive``: a chunk's victims archived before their slots are freed."""
+        assert self._archive is not None
+        storage = self.storage
+        if before is None:  # the first chunk: nothing was held before it
+            before = (np.zeros(storage.rows, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        tokens = np.arange(q)
+        joined = [tokens if admit is None else tokens[admit[r]] for r in range(storage.rows)]
+        archive_victims(self._archive, storage, before, victims, slots, [self.seen + j for j in joined],
+                        [storage.chunk_start + j for j in joined])
 
     def _finished(self, q: int, start: float, policy_seconds: float) -> None:
         """The end of a forward's step: ``q`` tokens seen, the forward dropped, its times
@@ -1465,6 +1543,8 @@ class EvictingCache(Cache):
             self._settle()
             if query_length == 1:
                 self._prompt_end()
+            else:
+                self._prompt_start(query_length)
         return super().get_mask_sizes(query_length, layer_idx)
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
@@ -1483,6 +1563,10 @@ class EvictingCache(Cache):
         self._slid = {}
         self._window = None
         self._read_ids.clear()
+        self._restored = None
+        if self._archive is not None and self._queries is not None:
+            self._archive.clear()
+            self._queries.clear()
 
     def _select(self, index: Any, what: str, name: str = "indices", one_each: bool = False) -> None:
         """Sequences become ``index`` (old sequence numbers, ``name`` in ``what``'s
@@ -1516,6 +1600,11 @@ class EvictingCache(Cache):
         if self._window is not None:  # the prompt's rows follow their sequences (layer-major rows)
             shape = (self.evicting_layers, self.storage.batch, self.policy_heads, *self._window.shape[1:])
             self._window = np.ascontiguousarray(self._window.reshape(shape)[:, array].reshape(-1, *shape[3:]))
+        if self._archive is not None and self._queries is not None:  # the archive's rows follow too
+            grid = np.arange(self.evicting_layers * self.storage.batch * self.num_kv_heads).reshape(
+                self.evicting_layers, self.storage.batch, self.num_kv_heads)
+            self._archive.select(grid[:, array].reshape(-1))
+            self._queries.select(array)
         self.storage.select(array)
         self._read_ids.select(array)
         for layer in self.layers:

@@ -244,6 +244,10 @@ def _truncate(cache: EvictingCache, position: int) -> bool:
             layer.cumulative_length = position
     cache.seen = position
     cache._window = None  # prompt-aware: the rows of the prompt that was read are not this one's
+    if cache._archive is not None and cache._queries is not None:  # the recall tier forgets the same tail
+        cache._archive.drop_from(position)
+        cache._queries.clear()
+        cache._restored = None
     cache._read_ids.known = min(cache._read_ids.known, position)
     cache.stats.compactions = cache.storage.compactions
     return True

@@ -1042,6 +1042,32 @@ class SlotStorage:
         self.compactions += 1
         self._mask_stale = True
 
+    def load_rows(self, keys: list[torch.Tensor], values: list[torch.Tensor], counts: np.ndarray) -> None:
+        """Lay the buffers out anew from keys and values given in kept order: layer ``e``'s
+        ``(batch, kv_heads, width, head_dim)`` each, row ``r`` holding ``counts[r]`` (the
+        recall tier's union at a prompt's end); per head, as :meth:`_relayout_per_head`
+        leaves them."""
+        width = int(keys[0].shape[2])
+        capacity = width + 1
+        for e in range(self.layers):
+            for store, given in ((self.keys, keys[e]), (self.values, values[e])):
+                buffer = given.new_zeros((self.batch, self.heads, capacity, given.shape[-1]))
+                buffer[:, :, :width] = given
+                store[e] = buffer
+        self.capacity = capacity
+        self.rope = np.zeros((self.rows, capacity), dtype=np.int64)
+        self.slots = np.zeros((self.rows, capacity), dtype=SLOT_DTYPE)
+        self.slots[:, :width] = np.arange(width)[None, :]
+        self.counts = np.asarray(counts, dtype=np.int64).copy()
+        self.valid = np.ascontiguousarray(np.arange(capacity)[None, :] < self.counts[:, None])
+        self.free = self.counts.copy()
+        self.extent = width
+        self.shared = False
+        self.layer_extent = None
+        self.aligned = False
+        self.compactions += 1
+        self._mask_stale = True
+
     def select(self, index: np.ndarray) -> None:
         """Sequences become ``index`` (old sequence numbers; beams, copies, subsets)."""
         grid = np.arange(self.rows).reshape(self.layers, self.batch, self.heads)
