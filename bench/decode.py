@@ -8,7 +8,10 @@ steps (one token per forward, teacher-forced), with transformers' ``DynamicCache
 with ``EvictingCache.from_model(model, "scissorhands", budget=H, recent_window=0.75,
 sinks=4)`` in both position modes (``original``, ``cache``: at the budget, every step
 evicts) and with budget ``4 H`` (``unevicted``: nothing evicted yet, the rows computed
-beside sdpa); alternately in one process, one torch thread.  ``--batch B`` runs ``B``
+beside sdpa); with ``--archive``, also ``prompt_aware=True`` after a prompt of ``5 H``
+tokens, without (``aware``) and with the recall tier (``archive``: ``archive="float32"``,
+``4 H`` positions archived at the prompt's end), their first decode step (the prompt's
+end) untimed; alternately in one process, one torch thread.  ``--batch B`` runs ``B``
 copies of the text as one batch.  Reported per configuration:
 ms per step, the policy calls and the cache's bookkeeping as a share of the step, the
 rows beside sdpa and the re-rotation (``positions="cache"``) in ms per step.
@@ -35,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--archive", action="store_true",
+                        help="also prompt-aware without and with an archive of 4x the budget")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     check_json(parser, args.json)
@@ -52,15 +57,23 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "dynamic":
             hf.uninstall(model)
             cache = DynamicCache(config=model.config)
+        elif kind in ("aware", "archive"):
+            cache = hf.EvictingCache.from_model(model, "scissorhands", budget=held, recent_window=0.75, sinks=4,
+                                                prompt_aware=True, archive="float32" if kind == "archive" else None)
         else:
             budget = 4 * held if kind == "unevicted" else held
             cache = hf.EvictingCache.from_model(model, "scissorhands", budget=budget, recent_window=0.75, sinks=4,
                                                 positions="cache" if kind == "cache" else "original")
-        prompt = held + 8  # a little over the budget: the decode steps evict
+        # A little over the budget, the decode steps evicting; prompt-aware: 5x, so that the
+        # prompt's end (the first, untimed step) archives 4x the budget.
+        prompt = 5 * held + 1 if kind in ("aware", "archive") else held + 8
         with torch.no_grad():
-            for start in range(0, prompt, args.chunk):
-                piece = ids[start:min(prompt, start + args.chunk)][None].expand(args.batch, -1)
+            end = prompt - 1 if kind in ("aware", "archive") else prompt
+            for start in range(0, end, args.chunk):
+                piece = ids[start:min(end, start + args.chunk)][None].expand(args.batch, -1)
                 model(input_ids=piece, cache=cache, use_cache=True)
+            if end < prompt:  # the prompt's end
+                model(input_ids=ids[end:prompt][None].expand(args.batch, -1), cache=cache, use_cache=True)
             before = None if kind == "dynamic" else (cache.stats.policy_seconds, cache.stats.bookkeeping_seconds,
                                                      cache.stats.rows_seconds, cache.stats.rerotate_seconds)
             start_time = time.perf_counter()
@@ -85,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
           "use --steps 24 or more", flush=True)
     rows = []
     for held in args.held:
-        for kind in ("dynamic", "unevicted", "original", "cache"):
+        kinds = ("dynamic", "unevicted", "original", "cache") + (("aware", "archive") if args.archive else ())
+        for kind in kinds:
             row = run(held, kind)
             rows.append(row)
             extra = "" if kind == "dynamic" else (

@@ -108,9 +108,10 @@ def test_the_c_path_and_the_reference_recall_the_same_positions(archive):
         cache = _cache(model, archive, backend)
         out, _ = _two_turns(model, cache)
         kept = [cache.kept_positions(*row).tolist() for row in _rows(cache)]
-        results.append((out.tolist(), kept, cache.stats.recalled))
+        archived = [cache.archived_positions(*row).tolist() for row in _rows(cache)]
+        results.append((out.tolist(), kept, archived, cache.stats.recalled))
     assert results[0] == results[1]
-    assert results[0][2] > 0
+    assert results[0][3] > 0
 
 
 def test_a_later_prompt_brings_back_positions_an_earlier_prompt_end_archived(monkeypatch):

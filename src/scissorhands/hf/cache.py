@@ -53,7 +53,16 @@ from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFA
 from . import attention
 from . import prefix as _prefix
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
-from .recall import Archive, WindowQueries, archive_victims, check_archive, held_positions, recall, restore
+from .recall import (
+    Archive,
+    WindowQueries,
+    archive_step,
+    archive_victims,
+    check_archive,
+    held_positions,
+    recall,
+    restore,
+)
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .storage import CACHE_MODES, NUMPY_FLOATS, SLOT_DTYPE, make_storage
@@ -1315,7 +1324,7 @@ class EvictingCache(Cache):
         if not all(forward.observed):
             raise InvalidInputError(_OUT_OF_SYNC)
         rows = self.evicting_layers * self.storage.batch * self.policy_heads
-        if self._decodes(forward) and forward.pending.tensors and self._archive is None:
+        if self._decodes(forward) and forward.pending.tensors:
             # The steady state (every row holds the same count): gather, policy and slot
             # table in one C call; None when it is not that case (nothing changed).
             steady = self._steady_step(forward)
@@ -1457,12 +1466,22 @@ class EvictingCache(Cache):
         got = self.bank.step_with(self.seen, call)
         if got is None:
             return None
-        stepped, policy_seconds, victims, victim_slots = got
+        stepped, policy_seconds, victims, victim_slots, positions = got
         if stepped == 2:
             assert freed is not None
+            if self._archive is not None:  # one victim a row, its key and value still in the freed slot
+                archive_step(self._archive, storage, positions, freed)
             storage.stepped_steady(freed, freed_c)
         else:  # the policy stepped, the slot table did not (not one victim a row): the general path
             assert victims is not None and victim_slots is not None
+            if self._archive is not None and victim_slots.size:
+                rows = np.repeat(np.arange(storage.rows), victims)
+                index = victim_slots.astype(np.int64)
+                admitted = index >= storage.counts[rows]  # the step's own token (kept index count)
+                new_slot = np.full(storage.rows, storage.chunk_start) if storage.aligned else storage.free
+                held = np.where(admitted, new_slot[rows],
+                                storage.slots[rows, np.minimum(index, storage.slots.shape[1] - 1)])
+                archive_step(self._archive, storage, positions, held.astype(np.int64), victims)
             if freed is None and not victim_slots.size:  # before the first eviction, none now
                 storage.stepped_aligned()
             else:

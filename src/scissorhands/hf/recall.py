@@ -304,6 +304,19 @@ def _gather(storage: Any, rows: np.ndarray, physical: np.ndarray) -> tuple[torch
     return keys, values
 
 
+def archive_step(archive: Archive, storage: Any, positions: np.ndarray, physical: np.ndarray,
+                 counts: np.ndarray | None = None) -> None:
+    """A steady decode step's victims archived before the storage frees them:
+    ``positions`` row after row (``counts`` per row; None: one each) at physical slots
+    ``physical``, read straight from the slot table and the policy's victims."""
+    if len(positions) == 0:
+        return
+    rows = (np.arange(storage.rows, dtype=np.int64) if counts is None
+            else np.repeat(np.arange(storage.rows, dtype=np.int64), counts))
+    keys, values = _gather(storage, rows, np.asarray(physical, dtype=np.int64))
+    archive.add(rows, np.asarray(positions, dtype=np.int64), keys, values, storage.rows)
+
+
 def archive_victims(archive: Archive, storage: Any, before: tuple[np.ndarray, np.ndarray],
                     victims: np.ndarray, slots: np.ndarray, new_positions: list[np.ndarray],
                     new_physical: list[np.ndarray]) -> None:

@@ -242,25 +242,27 @@ class PolicyRows:
         return self._merge(parts)
 
     def step_with(self, pos: int, call: Callable[..., tuple[int, float]]
-                  ) -> tuple[int, float, np.ndarray | None, np.ndarray | None] | None:
+                  ) -> tuple[int, float, np.ndarray | None, np.ndarray | None, np.ndarray] | None:
         """:meth:`step` run inside the cache's own C call (``sh_cache_step_steady``, which
         gathers the weights and steps the slot table around the policy's step), for one C
         policy whose rows are the global rows: ``call`` as the policy's ``_step_with``
-        takes it.  Returns ``(done, policy_seconds, counts, slots)``, the victims as
-        :meth:`step` returns them (None when ``done`` is 2: the call took them to the slot
-        table), or None when that is not the case or nothing changed (then :meth:`step` is
-        the way)."""
+        takes it.  Returns ``(done, policy_seconds, counts, slots, positions)``, the
+        victims as :meth:`step` returns them (None when ``done`` is 2: the call took them
+        to the slot table) and their positions row after row (``uint32``, a buffer the
+        next step overwrites), or None when that is not the case or nothing changed (then
+        :meth:`step` is the way)."""
         if not self._plain:
             return None
         fused = getattr(self.policies[0], "_step_with", None)
         got = None if fused is None else fused(pos, self.configs[0].budget, call)
         if got is None:
             return None
-        done, seconds, k, slots = got
+        done, seconds, k, slots, victims = got
         self.seconds[0] += seconds
+        positions = victims[: self.rows * k]
         if done == 2:  # the cache's C call took the victims to the slot table itself
-            return done, seconds, None, None
-        return done, seconds, self._every_row(k), slots[: self.rows * k]
+            return done, seconds, None, None, positions
+        return done, seconds, self._every_row(k), slots[: self.rows * k], positions
 
     def extend(self, weights: np.ndarray | None, admit: np.ndarray | None, fresh: bool,
                q: int, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -544,14 +544,15 @@ class NativePolicy:
             self._release()
 
     def _step_with(self, pos: Any, budget: Any, call: Callable[..., tuple[int, float]]
-                   ) -> tuple[int, float, int, np.ndarray] | None:
+                   ) -> tuple[int, float, int, np.ndarray, np.ndarray] | None:
         """The transformers cache's steady decode step, run by the cache's own C call:
         ``call(state, pos, budget, victims, slots, capacity, n_victims)`` (this policy's C
         state and reusable output buffers) steps this policy inside
         ``sh_cache_step_steady`` and returns ``(done, policy_seconds)``, ``done`` 0 when
-        nothing changed.  Returns ``(done, policy_seconds, k, slots)`` (every row evicted
-        ``k``; their kept-order indices row after row are the first ``heads * k`` of
-        ``slots``, a buffer the next call overwrites), or None when the call is not this
+        nothing changed.  Returns ``(done, policy_seconds, k, slots, victims)`` (every row
+        evicted ``k``; their kept-order indices row after row are the first ``heads * k``
+        of ``slots``, their positions the first ``heads * k`` of ``victims``: buffers the
+        next call overwrites), or None when the call is not this
         case (an ``int`` position in range, the configured budget, rows of equal counts, no
         pooled budget, a policy that reads attention) or changed nothing: the caller then
         takes its general path, which validates and raises."""
@@ -572,7 +573,7 @@ class NativePolicy:
             k = self._n_victims[0]
             self._n += 1 - k  # every row admitted pos and evicted k
             self._last = pos
-            return done, seconds, k, self._slots
+            return done, seconds, k, self._slots, self._victims
         finally:
             self._release()
 
