@@ -176,6 +176,21 @@ def test_prompt_aware_model_args_are_parsed_and_reach_the_cache():
     assert "prompt_aware" not in pop_cache_config({"policy": "h2o", "budget": 64}).cache_kwargs()
 
 
+def test_the_archive_model_arg_is_parsed_and_reaches_the_cache():
+    """archive=int8 with prompt_aware: labelled and handed to the cache; none is no archive; refused without it."""
+    args = {"policy": "scissorhands", "budget": 128, "prompt_aware": "true", "archive": "INT8"}
+    config = pop_cache_config(args)
+    assert args == {}
+    assert config.cache_kwargs()["archive"] == "int8" and config.label().endswith("archive=int8")
+    assert config.prompt_args()["archive"] == "int8"
+    off = pop_cache_config({"policy": "scissorhands", "budget": 128, "prompt_aware": "true", "archive": "none"})
+    assert "archive" not in off.cache_kwargs()
+    with pytest.raises(InvalidInputError, match="archive=float32 needs prompt_aware=true"):
+        pop_cache_config({"policy": "h2o", "budget": 64, "archive": "float32"})
+    with pytest.raises(InvalidInputError, match="archive must be one of none, off, float32, int8, got 'float16'"):
+        pop_cache_config({"policy": "h2o", "budget": 64, "prompt_aware": True, "archive": "float16"})
+
+
 def test_a_prompt_aware_cache_decides_at_the_prompts_end_in_every_request(loaded, monkeypatch):
     """prompt_aware: every request's cache holds the whole prompt while reading it (cap
     above it), then evicts to the budget at the prompt's end: before the first generated

@@ -25,7 +25,9 @@ __all__ = ["CACHE_ARGS", "CacheConfig", "pop_cache_config"]
 
 #: The ``--model_args`` keys this model takes beside the policy options and lm-eval's own.
 CACHE_ARGS = ("policy", "budget", "prefill_chunk", "backend", "head_mode", "positions", "attention", "prompt_aware",
-              "prefill_budget", "observation_window", "pool_kernel")
+              "prefill_budget", "observation_window", "pool_kernel", "archive")
+#: What ``archive=`` takes (``none``/``off``: no recall tier).
+ARCHIVE_VALUES = ("none", "off", "float32", "int8")
 #: The prompt-aware settings among them (:class:`~scissorhands.prompt_aware.PromptAware`).
 PROMPT_ARGS = ("prefill_budget", "observation_window", "pool_kernel")
 #: Prompt tokens per forward while an evicting cache reads a prompt (None: one forward).
@@ -57,6 +59,8 @@ class CacheConfig:
     prompt : PromptAware
         ``prompt_aware``, ``prefill_budget``, ``observation_window``, ``pool_kernel``
         (checked against the policy and budget).
+    archive : {None, "float32", "int8"}
+        The recall tier (:mod:`scissorhands.hf.recall`; needs ``prompt_aware``).
     """
 
     policy: str = "full"
@@ -68,6 +72,7 @@ class CacheConfig:
     positions: str = "original"
     attention: str = "sdpa"
     prompt: PromptAware = field(default_factory=PromptAware)
+    archive: str | None = None
 
     @property
     def evicts(self) -> bool:
@@ -85,6 +90,8 @@ class CacheConfig:
             return self.policy
         resolved = SPECS[self.policy].check(self.budget or 0, self.options.values(self.policy, self.budget))
         aware = f" {self.prompt.label()}" if self.prompt.enabled else ""
+        if self.archive is not None:
+            aware += f" archive={self.archive}"
         return f"{self.policy} budget={self.budget} {config_label(self.policy, resolved)}{aware}"
 
     def prompt_args(self) -> dict[str, Any]:
@@ -92,8 +99,9 @@ class CacheConfig:
         if not self.prompt.enabled:
             return {}
         prompt = self.prompt
-        return {"prompt_aware": True, "prefill_budget": prompt.prefill_budget,
+        args = {"prompt_aware": True, "prefill_budget": prompt.prefill_budget,
                 "observation_window": prompt.observation_window, "pool_kernel": prompt.pool_kernel}
+        return args if self.archive is None else {**args, "archive": self.archive}
 
     def cache_kwargs(self) -> dict[str, Any]:
         """Keywords of :meth:`scissorhands.hf.EvictingCache.from_model`."""
@@ -102,6 +110,8 @@ class CacheConfig:
         if self.prompt.enabled:
             kwargs.update(prompt_aware=True, prefill_budget=self.prompt.prefill_budget,
                           observation_window=self.prompt.observation_window, pool_kernel=self.prompt.pool_kernel)
+        if self.archive is not None:
+            kwargs["archive"] = self.archive
         return kwargs
 
 
@@ -146,6 +156,26 @@ def _prompt_aware(args: MutableMapping[str, Any], policy: str, budget: Any,
     return PromptAware(enabled, **given).check(policy, budget, PolicyOptions(**values))
 
 
+def _archive(raw: Any, prompt_aware: bool, policy: str) -> str | None:
+    """``archive=``: none/off, float32 or int8, with ``prompt_aware=true`` and a policy
+    that evicts by attention (the rest is checked when the cache is built)."""
+    if raw is None:
+        return None
+    text = str(raw).strip().lower()
+    if text not in ARCHIVE_VALUES:
+        raise InvalidInputError(f"archive must be one of {', '.join(ARCHIVE_VALUES)}, got {raw!r}")
+    if text in ("none", "off"):
+        return None
+    if not prompt_aware:
+        raise InvalidInputError(f"archive={text} needs prompt_aware=true (what is archived comes back at a "
+                                "prompt's end)")
+    spec = SPECS[policy]
+    if not (spec.evicts and spec.reads_attention):
+        raise InvalidInputError(f"archive={text} needs a policy that evicts by attention (scissorhands, h2o, "
+                                f"tova), not {policy!r}")
+    return text
+
+
 def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
     """Take this model's keys (:data:`CACHE_ARGS` and every policy option) out of
     ``args`` and return the checked configuration; the other keys stay for lm-eval.
@@ -177,12 +207,13 @@ def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
     elif budget is not None:
         budget = None  # the full cache keeps everything: a budget means nothing to it
     prompt = _prompt_aware(args, policy, budget, values)
+    archive = _archive(args.pop("archive", None), prompt.enabled, policy)
     chunk = _positive_or_none("prefill_chunk", args.pop("prefill_chunk", DEFAULT_PREFILL_CHUNK))
     config = CacheConfig(
         policy=policy, budget=budget, values=values, prefill_chunk=chunk,
         backend=str(args.pop("backend", "native")), head_mode=str(args.pop("head_mode", "per-head")),
         positions=str(args.pop("positions", "original")), attention=str(args.pop("attention", "sdpa")),
-        prompt=prompt)
+        prompt=prompt, archive=archive)
     if config.backend not in BACKENDS:
         raise InvalidInputError(f"backend must be one of {', '.join(BACKENDS)}, got {config.backend!r}")
     return config

@@ -54,7 +54,8 @@ DEFAULT_TASKS = ("niah_single_1", "niah_multikey_2", *GENERATORS)
 #: at the policy's defaults).  ``scissorhands`` is the recommended configuration
 #: (docs/eval.md), ``scissorhands-seed`` the seed's defaults; a ``+pa`` name is the
 #: same configuration with prompt-aware eviction (the prompt held up to the cap, and
-#: decided at its end by its last rows' attention: :mod:`scissorhands.prompt_aware`).
+#: decided at its end by its last rows' attention: :mod:`scissorhands.prompt_aware`);
+#: ``scissorhands+archive`` adds the recall tier (:mod:`scissorhands.hf.recall`).
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "full": ("full", {}),
     "streaming-llm": ("streaming-llm", {}),
@@ -65,6 +66,8 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "h2o+pa": ("h2o", {"prompt_aware": True}),
     "tova+pa": ("tova", {"prompt_aware": True}),
     "scissorhands+pa": ("scissorhands", {"recent_window": "0.75x", "sinks": 4, "prompt_aware": True}),
+    "scissorhands+archive": ("scissorhands", {"recent_window": "0.75x", "sinks": 4, "prompt_aware": True,
+                                              "archive": "float32"}),
 }
 DEFAULT_LENGTHS = (512, 1024)
 DEFAULT_BUDGETS = (Fraction(1, 8), Fraction(1, 4), Fraction(1, 2))

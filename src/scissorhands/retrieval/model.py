@@ -30,7 +30,9 @@ name; default SmolLM2-135M-Instruct; or a loaded model object with ``tokenizer``
 name, ``prefill_chunk`` (default 64; ``none``: one forward), ``backend``, ``head_mode``,
 ``positions``, ``attention`` (sdpa or eager), ``prompt_aware`` (true/false) with
 ``prefill_budget``, ``observation_window`` and ``pool_kernel`` (:mod:`scissorhands.prompt_aware`),
-``quiet`` (no progress bars), and any of ``HFLM``'s own.
+``archive`` (none, float32 or int8: the recall tier, :mod:`scissorhands.hf.recall`; each
+request is one prompt on a fresh cache, so it changes what is held only where a request's
+context is read as several prompts), ``quiet`` (no progress bars), and any of ``HFLM``'s own.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ class ScissorhandsLM(HFLM):
             raise InvalidInputError(f"unknown model argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
                                     "neither a cache option (policy, budget, the policy's options, prefill_chunk, "
                                     "backend, head_mode, positions, attention, prompt_aware, prefill_budget, "
-                                    "observation_window, pool_kernel; docs/tasks.md) nor an argument of "
+                                    "observation_window, pool_kernel, archive; docs/tasks.md) nor an argument of "
                                     "lm-eval's HFLM")
         if pretrained is None or isinstance(pretrained, (str, os.PathLike)):
             from ..hf import load_model
@@ -149,6 +151,8 @@ class ScissorhandsLM(HFLM):
             info["scissorhands_cache"].update(prompt_aware=True, prefill_budget=prompt.prefill_budget,
                                               observation_window=prompt.observation_window,
                                               pool_kernel=prompt.pool_kernel)
+        if config.archive is not None:
+            info["scissorhands_cache"]["archive"] = config.archive
         return info
 
     # ------------------------------------------------------------------ generation
