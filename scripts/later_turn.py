@@ -80,6 +80,7 @@ CONFIGS = ("full", "scissorhands+pa", "archive", "archive-int8", "reread", "pinn
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1234, help="the samples' seed (default: 1234, the tasks' own)")
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--fraction", type=Fraction, default=Fraction(1, 4))
     parser.add_argument("--room", type=int, default=48, help="pinned: budget = pinned tokens + this")
@@ -92,7 +93,7 @@ def main() -> None:
     from scissorhands.retrieval.data import generate
 
     model, tokenizer = load_model(progress=False)
-    samples = generate("sh_later_turn", tokenizer, [args.length], args.samples)
+    samples = generate("sh_later_turn", tokenizer, [args.length], args.samples, seed=args.seed)
     print(f"| configuration | right (of {len(samples)}) | most held | seconds |\n|---|---|---|---|")
     for config in args.configs:
         start = time.perf_counter()
