@@ -19,6 +19,14 @@ forward (teacher-forced); the key and value bytes each holds are printed beside 
 uniform budget's, and beside what buffers per KV head (as wide as a layer's fullest
 head, the layout before heads shared one) hold, with the milliseconds per decode step of
 each (the model loaded with sdpa, one torch thread: a ratio within one run).
+
+``python -m bench.memory --archive [--budget 256] [--prompt 1024] [--steps 64]``
+
+The recall tier: one prompt-aware Scissorhands cache (``recent_window=0.75, sinks=4``) per
+archive mode (``float32``, ``int8``) reads the first ``--prompt`` tokens in chunks of 256,
+then ``--steps`` more one per forward; printed: what attention reads (``memory_bytes()``),
+the archive's bytes (``archive_bytes()``), the positions it holds and its bytes per
+archived position and KV head, and int8's bytes against float32's.
 """
 
 from __future__ import annotations
@@ -44,7 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--at-budget", action="store_true", help="the key and value bytes at the budget per pool")
     parser.add_argument("--prompt", type=int, default=1024, help="--at-budget: tokens read in chunks of 256")
     parser.add_argument("--steps", type=int, default=64, help="--at-budget: tokens read one per forward after it")
+    parser.add_argument("--archive", action="store_true", help="the recall tier's bytes, float32 and int8")
     args = parser.parse_args(argv)
+    if args.archive:
+        if args.budget == parser.get_default("budget"):
+            args.budget = 256
+        if not 1 <= args.budget < args.prompt or args.steps < 1:
+            parser.error(f"--archive needs 1 <= --budget < --prompt and --steps >= 1, got budget={args.budget}, "
+                         f"prompt={args.prompt}, steps={args.steps}")
+        return archive_bytes(args.budget, args.prompt, args.steps, parser)
     if args.at_budget:
         if args.budget == parser.get_default("budget"):
             args.budget = 256
@@ -123,6 +139,35 @@ def at_budget(policies: list[str], budget: int, prompt: int, steps: int, parser:
                   f"({mine / uniform:.3f}x the uniform budget's), {ms:.1f} ms a step; buffers per head "
                   f"{per_head / 1e6:7.3f} MB ({per_head / uniform:.3f}x), {per_head_ms:.1f} ms a step; "
                   f"{int(held.sum())} positions held, the fullest head {int(held.max())}", flush=True)
+    hf.uninstall(model)
+    return 0
+
+
+def archive_bytes(budget: int, prompt: int, steps: int, parser: argparse.ArgumentParser) -> int:
+    """The ``--archive`` table (see the module docstring)."""
+    import torch
+
+    from scissorhands import hf
+
+    model, _, ids = load_smollm2()
+    if prompt + steps > ids.shape[1]:
+        parser.error(f"the text has {ids.shape[1]} tokens, --prompt + --steps asks for {prompt + steps}")
+    per_position = {}
+    for mode in ("float32", "int8"):
+        cache = hf.EvictingCache.from_model(model, "scissorhands", budget=budget, recent_window=0.75, sinks=4,
+                                            prompt_aware=True, archive=mode)
+        with torch.no_grad():
+            for begin in range(0, prompt, 256):
+                model(input_ids=ids[:, begin:min(prompt, begin + 256)], cache=cache, use_cache=True)
+            for t in range(prompt, prompt + steps):
+                model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
+        archived = sum(int(cache.archived_positions(e, 0, h).size) for e in range(cache.evicting_layers)
+                       for h in range(cache.num_kv_heads))
+        per_position[mode] = cache.archive_bytes() / archived
+        print(f"archive={mode:<7} budget {budget}, {prompt + steps} tokens read: attention reads "
+              f"{cache.memory_bytes() / 1e6:7.3f} MB; archive {cache.archive_bytes() / 1e6:7.3f} MB for {archived} "
+              f"positions (every layer and KV head), {per_position[mode]:.1f} bytes allocated per position", flush=True)
+    print(f"int8 / float32 bytes per archived position: {per_position['int8'] / per_position['float32']:.3f}")
     hf.uninstall(model)
     return 0
 

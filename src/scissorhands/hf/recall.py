@@ -142,7 +142,7 @@ class Archive:
                                     f"width {dim}: reset() the cache before another model")
         if need <= self.capacity and (self.keys is not None or need == 0):
             return
-        capacity = max(need, self.capacity * 2, 16)
+        capacity = max(need, self.capacity + self.capacity // 4, 16)  # a quarter more: the archive is the larger part
         pad = capacity - self.capacity
         self.positions = np.pad(self.positions, ((0, 0), (0, pad)))
         dtype = torch.int8 if self.mode == "int8" else torch.float32
