@@ -170,6 +170,7 @@ def test_generate_takes_one_value_per_option_and_the_prompt_after_it(monkeypatch
     assert main(["generate", "--recent-window", "75%", "--vote-rate", "on", "hello"]) == 0
     assert requests[0].values == {"recent_window": "75%", "vote_rate": True}
     assert requests[0].prompt == "hello"
+    assert (requests[0].policy, requests[0].budget, requests[0].budget_defaulted) == ("recommended", 512, True)
     assert main(["generate", "--help"]) == 0
     out = capsys.readouterr().out
     assert "several values" not in out and "runs both" not in out

@@ -181,6 +181,21 @@ def test_generate_prompt_aware_holds_the_prompt_then_the_budget(tiny_model, caps
     assert cache.stats.prompt_ends == 1 and cache.prompt_aware.pool_kernel == 3
 
 
+def test_generate_runs_the_recommendation_by_name_and_says_so(tiny_model, capsys, monkeypatch):
+    """policy="recommended" builds Scissorhands rw 0.75 sinks 4 prompt-aware, and says the default budget."""
+    caches = []
+    build = hf.EvictingCache.from_model
+    monkeypatch.setattr(hf.EvictingCache, "from_model", lambda *a, **k: caches.append(build(*a, **k)) or caches[-1])
+    status, _, err = _generate(capsys, model=tiny_model, policy="recommended", budget=32, budget_defaulted=True,
+                               prompt=" ".join(["colour"] * 40), prefill_chunk=8, max_new_tokens=4)
+    assert status == 0, err
+    assert ("configuration: recommended = --policy scissorhands --recent-window 75% --sinks 4 --prompt-aware, "
+            "budget 32 (the default; --budget N to change it)") in err
+    (cache,) = caches
+    assert cache.configs[0].policy == "scissorhands" and cache.prompt_aware.enabled is True
+    assert (cache.configs[0].options.recent_window, cache.configs[0].options.sinks) == (0.75, 4)
+
+
 def test_pin_system_keeps_the_system_prompt_through_a_long_generation(tiny_model, capsys, monkeypatch):
     """--pin-system: the template's system message (and the user turn's header) is pinned
     and every row still holds it after a long prompt and answer at a small budget."""

@@ -38,7 +38,7 @@ from typing import Any
 
 from .errors import ScissorhandsError
 from .models import DEFAULT_MODEL, MODEL_NAMES
-from .options import BACKENDS, MODEL_POLICIES, OPTIONS, POLICY_NAMES, policy_spec
+from .options import BACKENDS, DEFAULT_BUDGET, MODEL_POLICIES, OPTIONS, POLICY_NAMES, PRESETS, RECOMMENDED, policy_spec
 from .prompt_aware import parse_odd
 
 __all__ = ["build_parser", "main"]
@@ -213,14 +213,22 @@ def _add_generate(sub: Any, common: Any) -> None:
         "streams to stdout, one summary line (tokens/s, KV held against a full cache, peak RSS) "
         "goes to stderr. With a tokenizer that has a chat template (an instruct model, such as the "
         "default), the prompt is sent as one user message through it, as transformers' chat command "
-        "and llama.cpp's conversation mode do; --no-chat sends it as written.")
+        "and llama.cpp's conversation mode do; --no-chat sends it as written. "
+        f"By default it runs the recommendation, {RECOMMENDED.describe()} (docs/configuration.md), "
+        f"at budget {DEFAULT_BUDGET}, and says so on stderr. Each run is one turn on a fresh cache: to chat "
+        "across turns, pass the whole conversation so far as the prompt (with --no-chat, in the model's "
+        "chat format), or in Python keep one EvictingCache and pass model.generate the whole conversation "
+        "each turn (examples/chat.py; --pin-system keeps the system prompt).")
     gen.add_argument("prompt", nargs="?", default=None,
                      help="the prompt (default: --file, or stdin)")
     gen.add_argument("--file", metavar="PATH", help="read the prompt from a UTF-8 file ('-': stdin)")
-    gen.add_argument("--policy", default="scissorhands", choices=POLICY_NAMES,
-                     help="eviction policy (default: scissorhands)")
-    gen.add_argument("--budget", type=_positive_int, default=512, metavar="N",
-                     help="positions each layer and KV head keeps (default: 512)")
+    gen.add_argument("--policy", default=RECOMMENDED.name, choices=(*PRESETS, *POLICY_NAMES),
+                     help=f"eviction policy, or {RECOMMENDED.name}: {RECOMMENDED.describe()}, the flags "
+                     f"given overriding it (default: {RECOMMENDED.name}; scissorhands alone is the paper's "
+                     "seed defaults, recent window 32, no sinks)")
+    gen.add_argument("--budget", type=_positive_int, default=None, metavar="N",
+                     help=f"positions each layer and KV head keeps (default: {DEFAULT_BUDGET}, said on stderr; "
+                     f"the recommendation's rule: {RECOMMENDED.budget_rule})")
     group = gen.add_argument_group("policy options (one value each)")
     _option_flags(group, several=False)
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N",
@@ -385,7 +393,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     one_each = {name: value for name, value in option_values(args).items() if value is not None}
     return run_generate(GenerateRequest(
-        prompt=args.prompt, file=args.file, policy=args.policy, budget=args.budget,
+        prompt=args.prompt, file=args.file, policy=args.policy,
+        budget=DEFAULT_BUDGET if args.budget is None else args.budget, budget_defaulted=args.budget is None,
         values=one_each, max_new_tokens=args.max_new_tokens, sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions,
