@@ -531,3 +531,26 @@ def test_longctx_and_record_check_the_model_before_loading_and_before_any_part(t
     monkeypatch.setattr(hf, "long_context_run", lambda *a, **k: pytest.fail("a part ran"))
     assert main([*long, "--pool", "3"]) == 2
     assert "got --pool=3" in capsys.readouterr().err
+
+
+def test_the_main_job_shows_the_recommendation_beside_the_seeds_defaults(tiny_model, tmp_path, capsys):
+    """eval without option flags adds the recommended row at every budget, says which row to read, prints the
+    next commands, and stores the preset in the JSON."""
+    from scissorhands.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--model", tiny_model, "--tokens", "64", "--prompt-tokens", "8", "--budgets", "24", "40",
+                 "--no-progress", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [line.split()[:2] for line in printed.splitlines() if line.startswith(("recommended ", "scissorhands "))]
+    said = " ".join(printed.split())  # the lines under the table wrap to the terminal
+    # The seed's recent window of 32 does not fit budget 24: only the recommendation runs there.
+    assert rows == [["recommended", "24"], ["scissorhands", "40"], ["recommended", "40"]]
+    assert "read: row recommended at budget 40, column perplexity" in said
+    assert "against streaming-llm " in said and "the seed's scissorhands rw=32 sinks=0 " in said
+    assert "next: python -m scissorhands generate" in printed
+    document = json.loads(out.read_text())
+    assert document["config"]["presets"]["recommended"]["prompt_aware"] is True
+    ours = [r for r in document["results"] if r.get("preset") == "recommended"]
+    assert [(r["policy"], r["budget"], r["recent_window"], r["sinks"]) for r in ours] == [
+        ("scissorhands", 24, 18, 4), ("scissorhands", 40, 30, 4)]

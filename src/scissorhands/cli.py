@@ -88,9 +88,9 @@ def _policy_list(text: str) -> list[str]:
         name = raw.strip().lower()
         if not name:
             continue
-        if name not in POLICY_NAMES:
+        if name not in POLICY_NAMES and name not in PRESETS:
             raise argparse.ArgumentTypeError(
-                f"unknown policy {raw.strip()!r}; choose from {', '.join(POLICY_NAMES)}")
+                f"unknown policy {raw.strip()!r}; choose from {', '.join((*POLICY_NAMES, *PRESETS))}")
         if name not in names:
             names.append(name)
     if not names:
@@ -128,8 +128,10 @@ def _policy_parser() -> argparse.ArgumentParser:
     group = policy_opts.add_argument_group("policies")
     group.add_argument(
         "--policies", type=_policy_list, default=None, metavar="NAMES",
-        help=f"comma-separated registry names (default: replay {','.join(POLICY_NAMES)}; eval "
-        f"and longctx {','.join(MODEL_POLICIES)})")
+        help=f"comma-separated registry names, and in eval {RECOMMENDED.name} ({RECOMMENDED.describe()}) "
+        f"(default: replay {','.join(POLICY_NAMES)}; eval {','.join((*MODEL_POLICIES, RECOMMENDED.name))}, "
+        f"without {RECOMMENDED.name} when an option flag is given; "
+        f"longctx {','.join(MODEL_POLICIES)})")
     group.add_argument(
         "--budgets", type=_positive_int, nargs="+", default=None, metavar="N",
         help="cache budgets in positions (replay default: 256 512 1024 on decode-4096, "
@@ -368,8 +370,19 @@ def _require_matplotlib() -> None:
 # Dispatch
 
 
+def _no_presets(args: argparse.Namespace) -> None:
+    """Refuse a preset in ``--policies`` of a command that sweeps registry names only."""
+    named = [name for name in args.policies or () if name in PRESETS]
+    if named:
+        raise ScissorhandsError(f"--policies {named[0]} is a preset of eval, generate and tasks; {args.command} "
+                                f"takes registry names ({', '.join(POLICY_NAMES)}) with option flags, such as "
+                                "--policies scissorhands --recent-window 75%% --sinks 4".replace("%%", "%"))
+
+
 def _run_replay(args: argparse.Namespace) -> int:
     from .replay import run_replay
+
+    _no_presets(args)
 
     return run_replay(args.policies or list(POLICY_NAMES), args.budgets, option_values(args), backend=args.backend,
                       trace=args.trace, json_path=args.json, plot=args.plot,
@@ -408,6 +421,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 def _run_longctx(args: argparse.Namespace) -> int:
     from .longctx import DEFAULT_LENGTHS, LongContextRequest, run_longctx
 
+    _no_presets(args)
     return run_longctx(LongContextRequest(
         lengths=args.lengths or DEFAULT_LENGTHS, window=args.window,
         budgets=args.budgets or (1024, 2048), policies=args.policies or list(MODEL_POLICIES),
@@ -420,9 +434,13 @@ def _run_longctx(args: argparse.Namespace) -> int:
 def _run_eval(args: argparse.Namespace) -> int:
     from . import evaluate
 
-    policies = args.policies or list(MODEL_POLICIES)
+    # The main job (no option flags) shows the recommendation beside the seed's defaults;
+    # a sweep of option flags runs the registry's policies with them.
+    swept = any(value is not None for value in option_values(args).values())
+    policies = args.policies or list(MODEL_POLICIES if swept else evaluate.EvalRequest.policies)
     for name in policies:
-        policy_spec(name)
+        if name not in PRESETS:
+            policy_spec(name)
     request = evaluate.EvalRequest(
         tokens=args.tokens, prompt_tokens=args.prompt_tokens, budgets=args.budgets,
         policies=policies, values=option_values(args), head_mode=args.head_mode,

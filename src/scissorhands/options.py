@@ -815,6 +815,8 @@ class Run:
     budget: int | None
     values: Mapping[str, Any]
     window_spec: str | None = None
+    #: The preset this configuration is (``"recommended"``), or None.
+    preset: str | None = None
 
     @property
     def options(self) -> PolicyOptions:
@@ -823,13 +825,42 @@ class Run:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data: ``policy``, ``budget``, each option value (the recent window
-        followed by ``recent_window_spec`` when it came from a fraction)."""
+        followed by ``recent_window_spec`` when it came from a fraction), and
+        ``preset`` when the run is one."""
         out: dict[str, Any] = {"policy": self.policy, "budget": self.budget}
         for name, value in self.values.items():
             out[name] = value
             if name == "recent_window" and self.window_spec is not None:
                 out["recent_window_spec"] = self.window_spec
+        if self.preset is not None:
+            out["preset"] = self.preset
         return out
+
+
+def with_presets(runs: list[Run], presets: Sequence[Preset], budgets: Sequence[int],
+                 notes: list[str]) -> list[Run]:
+    """``runs`` (a :func:`sweep` by budget) with each preset's run at every budget,
+    after that budget's runs; a run the sweep already has is marked as the preset
+    instead of repeated, and a budget the preset does not fit is noted and skipped."""
+    out = list(runs)
+    for chosen in presets:
+        spec = SPECS[chosen.policy]
+        for budget in dict.fromkeys(budgets):
+            try:
+                resolved = spec.check(budget, chosen.options.values(chosen.policy, budget))
+            except ScissorhandsError as exc:
+                notes.append(f"skipped {chosen.name} at budget {budget}: {flag_text(exc)}")
+                continue
+            same = next((i for i, run in enumerate(out) if run.policy == chosen.policy and run.budget == budget
+                         and dict(run.values) == resolved), None)
+            window = chosen.values.get("recent_window")
+            spec_text = f"{window:.0%}" if isinstance(window, float) else None
+            if same is not None:
+                out[same] = dataclasses.replace(out[same], preset=chosen.name)
+                continue
+            last = max((i for i, run in enumerate(out) if run.budget == budget), default=len(out) - 1)
+            out.insert(last + 1, Run(chosen.policy, budget, resolved, spec_text, chosen.name))
+    return out
 
 
 def shown_values(policy: str, values: Mapping[str, Any]) -> dict[str, Any]:
