@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInputError, ScissorhandsError
-from ..options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec
+from ..options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec, preset
 from ..prompt_aware import PromptAware, parse_flag
 
 __all__ = ["CACHE_ARGS", "CacheConfig", "pop_cache_config"]
@@ -57,6 +57,9 @@ class CacheConfig:
     prompt : PromptAware
         ``prompt_aware``, ``prefill_budget``, ``observation_window``, ``pool_kernel``
         (checked against the policy and budget).
+    preset : str or None
+        The preset named as the policy (``policy=recommended``), resolved into the
+        fields above; None for a policy's name.
     """
 
     policy: str = "full"
@@ -68,6 +71,7 @@ class CacheConfig:
     positions: str = "original"
     attention: str = "sdpa"
     prompt: PromptAware = field(default_factory=PromptAware)
+    preset: str | None = None
 
     @property
     def evicts(self) -> bool:
@@ -149,6 +153,8 @@ def _prompt_aware(args: MutableMapping[str, Any], policy: str, budget: Any,
 def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
     """Take this model's keys (:data:`CACHE_ARGS` and every policy option) out of
     ``args`` and return the checked configuration; the other keys stay for lm-eval.
+    A preset's name as the policy (``policy=recommended``) stands for its policy, option
+    values and ``prompt_aware``, each under the keys given explicitly.
 
     Raises
     ------
@@ -158,6 +164,10 @@ def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
         named as given.
     """
     policy = str(args.pop("policy", "full")).strip().lower()
+    chosen = preset(policy)
+    if chosen is not None:
+        policy = chosen.policy
+        args.setdefault("prompt_aware", chosen.prompt_aware)
     spec = policy_spec(policy)
     budget = args.pop("budget", None)
     values: dict[str, Any] = {}
@@ -168,6 +178,8 @@ def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
                 raise InvalidInputError(f"policy {policy} takes no {option.name} (it takes "
                                         f"{', '.join(o.name for o in spec.options) or 'no option'})")
             values[option.name] = _value(option, raw)
+    if chosen is not None:
+        values = {**chosen.values, **values}
     if spec.evicts:
         if budget is None:
             raise InvalidInputError(f"policy {policy} needs a budget (budget=N positions per layer and KV head)")
@@ -182,7 +194,7 @@ def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
         policy=policy, budget=budget, values=values, prefill_chunk=chunk,
         backend=str(args.pop("backend", "native")), head_mode=str(args.pop("head_mode", "per-head")),
         positions=str(args.pop("positions", "original")), attention=str(args.pop("attention", "sdpa")),
-        prompt=prompt)
+        prompt=prompt, preset=None if chosen is None else chosen.name)
     if config.backend not in BACKENDS:
         raise InvalidInputError(f"backend must be one of {', '.join(BACKENDS)}, got {config.backend!r}")
     return config
