@@ -554,3 +554,16 @@ def test_the_main_job_shows_the_recommendation_beside_the_seeds_defaults(tiny_mo
     ours = [r for r in document["results"] if r.get("preset") == "recommended"]
     assert [(r["policy"], r["budget"], r["recent_window"], r["sinks"]) for r in ours] == [
         ("scissorhands", 24, 18, 4), ("scissorhands", 40, 30, 4)]
+
+
+def test_generate_past_the_trained_context_is_refused_naming_positions_cache(tiny_model, capsys):
+    """A prompt past the model's trained context (96 here) with true positions is refused with the library's error
+    naming --positions cache, before generating; with --positions cache it runs."""
+    prompt = " ".join(["colour"] * 100)
+    status, out, err = _generate(capsys, model=tiny_model, budget=20, values={"recent_window": 0.75, "sinks": 4},
+                                 prompt=prompt, prefill_chunk=8, max_new_tokens=6)
+    assert status == 2 and out == ""
+    assert "tokens) is past the model's trained context of 96" in err and "--positions cache" in err
+    status, _, err = _generate(capsys, model=tiny_model, budget=20, values={"recent_window": 0.75, "sinks": 4},
+                               prompt=prompt, prefill_chunk=8, max_new_tokens=6, positions="cache")
+    assert status == 0, err

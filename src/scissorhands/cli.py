@@ -323,11 +323,17 @@ def build_parser() -> argparse.ArgumentParser:
     common, policy_opts, model_opts = _common_parser(), _policy_parser(), _model_parser()
     parser = argparse.ArgumentParser(
         prog=_PROG,
-        description="KV-cache eviction policies (Scissorhands, H2O, TOVA, StreamingLLM): replay "
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="KV-cache eviction policies (Scissorhands, H2O, TOVA, StreamingLLM): replay\n"
         "attention traces, evaluate on a real model.",
-        epilog="Without a subcommand the arguments are replay's ('python -m scissorhands "
-        "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own "
-        "with --help.")
+        epilog="Without a subcommand the arguments are replay's ('python -m scissorhands\n"
+        "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own\n"
+        "with --help.\n\n"
+        "lm-eval's own command line, with this package's model and tasks (docs/tasks.md):\n"
+        "  python -m scissorhands.retrieval --model scissorhands \\\n"
+        "      --model_args policy=recommended,budget=128 --tasks niah_single_1 \\\n"
+        "      --apply_chat_template --device cpu --limit 10 --metadata '{\"max_seq_lengths\": [512]}'\n"
+        "(every lm-eval argument works; 'tasks' above runs a grid of them).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     _add_replay(sub, common, policy_opts)

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from .errors import ScissorhandsError
 from .evaluate import _checkpoint_config
-from .models import model_problem
+from .models import context_problem, model_problem
 from .options import DEFAULT_BUDGET, PolicyOptions, flag_text, make_policy, policy_spec, preset
 from .paths import input_problem
 
@@ -439,7 +439,16 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
         cache = _build_cache(hf, model, request, options)
         if request.pin_system:
             _pin_system(cache, tokenizer, chat)
-        return _generate(request, model, tokenizer, cache, _inputs(tokenizer, prompt, chat), chat, stream)
+        inputs = _inputs(tokenizer, prompt, chat)
+        text_config = model.config.get_text_config(decoder=True)
+        problem = context_problem(getattr(text_config, "max_position_embeddings", None),
+                                  int(inputs["input_ids"].shape[1]), request.max_new_tokens, request.positions,
+                                  policy_spec(request.policy).evicts)
+        if problem and problem[1]:
+            raise _Refused(problem[0])
+        if problem:
+            print(problem[0], file=sys.stderr)
+        return _generate(request, model, tokenizer, cache, inputs, chat, stream)
     except _Refused as exc:
         return _fail(str(exc), usage)
     except ScissorhandsError as exc:  # refused by the cache while generating
