@@ -2,9 +2,11 @@
 request.
 
 Importing this module registers the model with lm-eval's registry (``@register_model``;
-nothing of lm-eval is patched), so that ``lm_eval.simple_evaluate(model="scissorhands",
+importing patches nothing of lm-eval), so that ``lm_eval.simple_evaluate(model="scissorhands",
 model_args="policy=h2o,budget=128")`` and ``python -m scissorhands.retrieval --model
-scissorhands ...`` find it.  It overrides only what an evicting cache changes:
+scissorhands ...`` find it.  (The command line and ``tasks`` run lm-eval inside
+:func:`quiet_lm_eval`, which swaps two of its functions for the block only, to keep
+lines that read as errors off the output.)  It overrides only what an evicting cache changes:
 
 * generation (``generate_until``): the model's own ``generate`` runs with a fresh
   :class:`~scissorhands.hf.EvictingCache` for the request, the prompt read in forwards of
