@@ -841,7 +841,25 @@ def with_presets(runs: list[Run], presets: Sequence[Preset], budgets: Sequence[i
                  notes: list[str]) -> list[Run]:
     """``runs`` (a :func:`sweep` by budget) with each preset's run at every budget,
     after that budget's runs; a run the sweep already has is marked as the preset
-    instead of repeated, and a budget the preset does not fit is noted and skipped."""
+    instead of repeated, and a budget the preset does not fit is noted and skipped.
+
+    Parameters
+    ----------
+    runs : list of Run
+        The sweep's runs, the full cache first, then budget by budget.
+    presets : sequence of Preset
+        The presets to add (their ``prompt_aware`` is the caller's to apply or note).
+    budgets : sequence of int
+        The budgets the sweep ran at.
+    notes : list of str
+        Appended to: one line per budget a preset is skipped at, saying why.
+
+    Returns
+    -------
+    list of Run
+        A new list; each added run has ``preset`` set, its ``recent_window`` resolved
+        at the budget and ``window_spec`` the fraction it came from (``"75%"``).
+    """
     out = list(runs)
     for chosen in presets:
         spec = SPECS[chosen.policy]
