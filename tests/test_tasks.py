@@ -418,3 +418,21 @@ def test_the_command_finds_the_tokenizer_by_the_model_and_says_no_false_error(ti
     assert "-1|" not in done.stdout.replace(" ", "")
     for noise in ("fatal:", "not of type `str`", "already-initialized", "Traceback"):
         assert noise not in done.stderr
+
+
+def test_the_command_line_adds_the_models_tokenizer_to_the_metadata_unless_one_is_named(tiny):
+    """--metadata without a tokenizer gets the model's, saved to a folder that lasts the run; one named is kept."""
+    from scissorhands.retrieval.__main__ import with_tokenizer
+
+    args = ["run", "--model", "scissorhands", "--model_args", f"pretrained={tiny},policy=recommended,budget=64",
+            "--metadata", '{"max_seq_lengths": [320]}']
+    with with_tokenizer(args) as out:
+        metadata = json.loads(out[out.index("--metadata") + 1])
+        assert metadata["max_seq_lengths"] == [320]
+        assert os.path.isfile(os.path.join(metadata["tokenizer"], "tokenizer_config.json"))
+    assert not os.path.exists(metadata["tokenizer"])
+    named = [*args[:-1], json.dumps({"max_seq_lengths": [320], "tokenizer": tiny})]
+    with with_tokenizer(named) as out:
+        assert out == named
+    with with_tokenizer(["run", "--model", "hf", "--tasks", "x"]) as out:
+        assert out == ["run", "--model", "hf", "--tasks", "x"]
