@@ -9,7 +9,7 @@ from scissorhands.hf import EvictingCache, load_model
 
 torch.set_num_threads(1)
 model, tokenizer = load_model(progress=False)  # sdpa attention, as transformers loads by default
-cache = EvictingCache.from_model(model, "scissorhands", budget=96, recent_window=0.75, sinks=4)
+cache = EvictingCache.from_model(model, "recommended", budget=96)
 
 messages = [{"role": "user", "content": "Name a planet of the solar system."}]
 for follow_up in ("Name another one.", None):

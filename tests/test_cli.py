@@ -170,6 +170,7 @@ def test_generate_takes_one_value_per_option_and_the_prompt_after_it(monkeypatch
     assert main(["generate", "--recent-window", "75%", "--vote-rate", "on", "hello"]) == 0
     assert requests[0].values == {"recent_window": "75%", "vote_rate": True}
     assert requests[0].prompt == "hello"
+    assert (requests[0].policy, requests[0].budget, requests[0].budget_defaulted) == ("recommended", 512, True)
     assert main(["generate", "--help"]) == 0
     out = capsys.readouterr().out
     assert "several values" not in out and "runs both" not in out
@@ -554,3 +555,11 @@ def test_generate_summary_counts_one_token_in_the_singular():
     assert one.startswith("1 token in 1.0 s: the first after 0.50 s (prompt of 1 token), then -;"), one
     many = _summary(Held(), 3, 7, 0.0, 2.0, [0.5])
     assert many.startswith("3 tokens in 2.0 s: the first after 0.50 s (prompt of 7 tokens), then 1.3 tokens/s;"), many
+
+
+def test_help_lists_the_lm_eval_command_line_with_the_recommendation():
+    """python -m scissorhands --help names python -m scissorhands.retrieval (lm-eval's own command line), run with
+    the recommendation by name."""
+    text = build_parser().format_help()
+    assert "python -m scissorhands.retrieval --model scissorhands" in text
+    assert "--model_args policy=recommended,budget=128" in text

@@ -61,3 +61,12 @@ def test_every_seed_call_is_mapped():
     """No seed call name goes unmapped (a new one would otherwise raise KeyError late)."""
     seen = {step["call"] for p in CASES for step in p.values[1]["steps"]}
     assert seen <= set(CALLS)
+
+
+def test_the_skip_without_the_shared_folder_says_what_is_missing_and_what_still_runs(monkeypatch, tmp_path):
+    """Without ../shared the skip names the folder as outside the clone and says the project's own vectors run."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "SHARED_CONFORMANCE", tmp_path / "absent")
+    with pytest.raises(pytest.skip.Exception, match=r"beside the clone, not in it.*project's own vectors"):
+        conftest.load_conformance("trace-prefix.json")

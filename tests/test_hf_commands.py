@@ -181,6 +181,21 @@ def test_generate_prompt_aware_holds_the_prompt_then_the_budget(tiny_model, caps
     assert cache.stats.prompt_ends == 1 and cache.prompt_aware.pool_kernel == 3
 
 
+def test_generate_runs_the_recommendation_by_name_and_says_so(tiny_model, capsys, monkeypatch):
+    """policy="recommended" builds Scissorhands rw 0.75 sinks 4 prompt-aware, and says the default budget."""
+    caches = []
+    build = hf.EvictingCache.from_model
+    monkeypatch.setattr(hf.EvictingCache, "from_model", lambda *a, **k: caches.append(build(*a, **k)) or caches[-1])
+    status, _, err = _generate(capsys, model=tiny_model, policy="recommended", budget=32, budget_defaulted=True,
+                               prompt=" ".join(["colour"] * 40), prefill_chunk=8, max_new_tokens=4)
+    assert status == 0, err
+    assert ("configuration: recommended = --policy scissorhands --recent-window 75% --sinks 4 --prompt-aware, "
+            "budget 32 (the default; --budget N to change it)") in err
+    (cache,) = caches
+    assert cache.configs[0].policy == "scissorhands" and cache.prompt_aware.enabled is True
+    assert (cache.configs[0].options.recent_window, cache.configs[0].options.sinks) == (0.75, 4)
+
+
 def test_pin_system_keeps_the_system_prompt_through_a_long_generation(tiny_model, capsys, monkeypatch):
     """--pin-system: the template's system message (and the user turn's header) is pinned
     and every row still holds it after a long prompt and answer at a small budget."""
@@ -516,3 +531,39 @@ def test_longctx_and_record_check_the_model_before_loading_and_before_any_part(t
     monkeypatch.setattr(hf, "long_context_run", lambda *a, **k: pytest.fail("a part ran"))
     assert main([*long, "--pool", "3"]) == 2
     assert "got --pool=3" in capsys.readouterr().err
+
+
+def test_the_main_job_shows_the_recommendation_beside_the_seeds_defaults(tiny_model, tmp_path, capsys):
+    """eval without option flags adds the recommended row at every budget, says which row to read, prints the
+    next commands, and stores the preset in the JSON."""
+    from scissorhands.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--model", tiny_model, "--tokens", "64", "--prompt-tokens", "8", "--budgets", "24", "40",
+                 "--no-progress", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [line.split()[:2] for line in printed.splitlines() if line.startswith(("recommended ", "scissorhands "))]
+    said = " ".join(printed.split())  # the lines under the table wrap to the terminal
+    # The seed's recent window of 32 does not fit budget 24: only the recommendation runs there.
+    assert rows == [["recommended", "24"], ["scissorhands", "40"], ["recommended", "40"]]
+    assert "read: row recommended at budget 40, column perplexity" in said
+    assert "against streaming-llm " in said and "the seed's scissorhands rw=32 sinks=0 " in said
+    assert "next: python -m scissorhands generate" in printed
+    document = json.loads(out.read_text())
+    assert document["config"]["presets"]["recommended"]["prompt_aware"] is True
+    ours = [r for r in document["results"] if r.get("preset") == "recommended"]
+    assert [(r["policy"], r["budget"], r["recent_window"], r["sinks"]) for r in ours] == [
+        ("scissorhands", 24, 18, 4), ("scissorhands", 40, 30, 4)]
+
+
+def test_generate_past_the_trained_context_is_refused_naming_positions_cache(tiny_model, capsys):
+    """A prompt past the model's trained context (96 here) with true positions is refused with the library's error
+    naming --positions cache, before generating; with --positions cache it runs."""
+    prompt = " ".join(["colour"] * 100)
+    status, out, err = _generate(capsys, model=tiny_model, budget=20, values={"recent_window": 0.75, "sinks": 4},
+                                 prompt=prompt, prefill_chunk=8, max_new_tokens=6)
+    assert status == 2 and out == ""
+    assert "tokens) is past the model's trained context of 96" in err and "--positions cache" in err
+    status, _, err = _generate(capsys, model=tiny_model, budget=20, values={"recent_window": 0.75, "sinks": 4},
+                               prompt=prompt, prefill_chunk=8, max_new_tokens=6, positions="cache")
+    assert status == 0, err

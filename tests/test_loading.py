@@ -578,3 +578,19 @@ def test_a_path_that_is_not_a_model_is_refused_by_the_library(tmp_path, kind, mo
         hf.load_model(str(path), progress=False)
     assert main(["generate", "--no-progress", "--model", str(path), "hi"]) == 2
     assert "is not a model transformers can load" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@torch_needed
+def test_the_one_time_conversion_says_on_stderr_what_it_does_and_how_long(gguf_stub, capsys):
+    """The first load of a GGUF (a silent wait of a minute on Gemma-3) says a one-time conversion runs and about
+    how long; the load from the converted checkpoint says nothing; load_tokenizer reads it without the model."""
+    from scissorhands.hf.loading import load_model, load_tokenizer
+
+    path, parsed, _ = gguf_stub
+    load_model(str(path), progress=False, threads=None)
+    said = capsys.readouterr().err
+    assert "converting tiny.gguf once into a transformers checkpoint" in said and "15-60 s" in said
+    _, tokenizer = load_model(str(path), progress=False, threads=None)
+    assert "converting" not in capsys.readouterr().err
+    assert load_tokenizer(str(path))("the dog")["input_ids"] == tokenizer("the dog")["input_ids"]
+    assert parsed == ["tiny.gguf"]

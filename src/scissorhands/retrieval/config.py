@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInputError, ScissorhandsError
-from ..options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec
+from ..options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec, preset
 from ..prompt_aware import PromptAware, parse_flag
 
 __all__ = ["CACHE_ARGS", "CacheConfig", "pop_cache_config"]
@@ -61,6 +61,9 @@ class CacheConfig:
         (checked against the policy and budget).
     archive : {None, "float32", "int8"}
         The recall tier (:mod:`scissorhands.hf.recall`; needs ``prompt_aware``).
+    preset : str or None
+        The preset named as the policy (``policy=recommended``), resolved into the
+        fields above; None for a policy's name.
     """
 
     policy: str = "full"
@@ -73,6 +76,7 @@ class CacheConfig:
     attention: str = "sdpa"
     prompt: PromptAware = field(default_factory=PromptAware)
     archive: str | None = None
+    preset: str | None = None
 
     @property
     def evicts(self) -> bool:
@@ -179,6 +183,8 @@ def _archive(raw: Any, prompt_aware: bool, policy: str) -> str | None:
 def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
     """Take this model's keys (:data:`CACHE_ARGS` and every policy option) out of
     ``args`` and return the checked configuration; the other keys stay for lm-eval.
+    A preset's name as the policy (``policy=recommended``) stands for its policy, option
+    values and ``prompt_aware``, each under the keys given explicitly.
 
     Raises
     ------
@@ -188,6 +194,10 @@ def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
         named as given.
     """
     policy = str(args.pop("policy", "full")).strip().lower()
+    chosen = preset(policy)
+    if chosen is not None:
+        policy = chosen.policy
+        args.setdefault("prompt_aware", chosen.prompt_aware)
     spec = policy_spec(policy)
     budget = args.pop("budget", None)
     values: dict[str, Any] = {}
@@ -198,6 +208,8 @@ def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
                 raise InvalidInputError(f"policy {policy} takes no {option.name} (it takes "
                                         f"{', '.join(o.name for o in spec.options) or 'no option'})")
             values[option.name] = _value(option, raw)
+    if chosen is not None:
+        values = {**chosen.values, **values}
     if spec.evicts:
         if budget is None:
             raise InvalidInputError(f"policy {policy} needs a budget (budget=N positions per layer and KV head)")
@@ -213,7 +225,7 @@ def pop_cache_config(args: MutableMapping[str, Any]) -> CacheConfig:
         policy=policy, budget=budget, values=values, prefill_chunk=chunk,
         backend=str(args.pop("backend", "native")), head_mode=str(args.pop("head_mode", "per-head")),
         positions=str(args.pop("positions", "original")), attention=str(args.pop("attention", "sdpa")),
-        prompt=prompt, archive=archive)
+        prompt=prompt, archive=archive, preset=None if chosen is None else chosen.name)
     if config.backend not in BACKENDS:
         raise InvalidInputError(f"backend must be one of {', '.join(BACKENDS)}, got {config.backend!r}")
     return config

@@ -338,10 +338,10 @@ def _run_grid(args: argparse.Namespace, grid: Mapping[str, Any], model: Any, tok
     from lm_eval.tasks import TaskManager
 
     from . import TASKS_DIR
-    from .model import ScissorhandsLM
+    from .model import ScissorhandsLM, quiet_lm_eval
 
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tokenizer_dir:
+    with tempfile.TemporaryDirectory() as tokenizer_dir, quiet_lm_eval():
         tokenizer.save_pretrained(tokenizer_dir)
         for length in grid["lengths"]:
             manager = TaskManager(include_path=TASKS_DIR, metadata={

@@ -2,9 +2,11 @@
 request.
 
 Importing this module registers the model with lm-eval's registry (``@register_model``;
-nothing of lm-eval is patched), so that ``lm_eval.simple_evaluate(model="scissorhands",
+importing patches nothing of lm-eval), so that ``lm_eval.simple_evaluate(model="scissorhands",
 model_args="policy=h2o,budget=128")`` and ``python -m scissorhands.retrieval --model
-scissorhands ...`` find it.  It overrides only what an evicting cache changes:
+scissorhands ...`` find it.  (The command line and ``tasks`` run lm-eval inside
+:func:`quiet_lm_eval`, which swaps two of its functions for the block only, to keep
+lines that read as errors off the output.)  It overrides only what an evicting cache changes:
 
 * generation (``generate_until``): the model's own ``generate`` runs with a fresh
   :class:`~scissorhands.hf.EvictingCache` for the request, the prompt read in forwards of
@@ -37,8 +39,12 @@ context is read as several prompts), ``quiet`` (no progress bars), and any of ``
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import os
+import subprocess
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,7 +55,7 @@ from ..errors import InvalidInputError
 from . import NLTK_DIR
 from .config import CacheConfig, pop_cache_config
 
-__all__ = ["ScissorhandsLM", "check_modes", "use_offline_nltk"]
+__all__ = ["ScissorhandsLM", "check_modes", "quiet_lm_eval", "use_offline_nltk"]
 
 #: What lm-eval's HFLM takes by name; any other model argument left after the cache's own
 #: would go to its ``**kwargs``, which a loaded model ignores, so a misspelt option would
@@ -65,6 +71,77 @@ def use_offline_nltk() -> None:
 
     if NLTK_DIR not in nltk.data.path:
         nltk.data.path.append(NLTK_DIR)
+
+
+#: What lm-eval's HFLM logs when handed a loaded model, which this model always hands it
+#: (it loads the model itself, through :func:`scissorhands.hf.load_model`): true of HFLM's
+#: loading arguments, which this model refuses (:data:`_LOADING_ARGUMENTS`), not of the
+#: cache's, which it reads itself.
+_LOADED_MODEL_WARNINGS = ("`pretrained` model kwarg is not of type `str`",
+                          "Passed an already-initialized model through `pretrained`")
+#: HFLM's arguments that only load a model (ignored for a loaded one).
+_LOADING_ARGUMENTS = ("revision", "subfolder", "dtype", "trust_remote_code", "parallelize", "max_memory_per_gpu",
+                      "max_cpu_memory", "offload_folder", "tp_plan", "peft", "delta", "autogptq", "gptqmodel",
+                      "gguf_file")
+
+
+class _DropLoadedModelWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_LOADED_MODEL_WARNINGS)
+
+
+def _git_commit_hash() -> str | None:
+    """lm-eval's ``get_git_commit_hash`` without git's ``fatal: not a git repository``
+    on stderr outside a checkout: the same value (``git describe --always``, else the
+    working directory's ``.git``), git's complaint discarded."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"],
+                                       stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
+
+
+def _asked_lengths_only(simple_evaluate: Callable[..., Any]) -> Callable[..., Any]:
+    """``simple_evaluate`` whose results drop RULER's unasked lengths: its tasks score
+    every sample at 4096 as ``-1`` too (lm-eval's ``DEFAULT_SEQ_LENGTHS``), which
+    aggregates to ``-1`` with no samples, a row ``4096 | -1 | N/A`` beside the lengths
+    asked for."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = simple_evaluate(*args, **kwargs)
+        for metrics in (out or {}).get("results", {}).values():
+            for key in [k for k, v in metrics.items() if v == -1 and k.split(",")[0].isdigit()]:
+                metrics.pop(key)
+                metrics.pop(key.replace(",", "_stderr,", 1), None)
+        return out
+
+    return run
+
+
+@contextlib.contextmanager
+def quiet_lm_eval() -> Iterator[None]:
+    """Within the block, lm-eval's runs print no line that reads as an error and
+    is not one: its git lookup (for the results' ``git_hash``) keeps git's ``fatal:
+    not a git repository`` off stderr, and ``lm_eval.simple_evaluate`` (what its command
+    line calls) drops RULER's per-length metrics at lengths no sample has (``-1``).
+    Every other value is lm-eval's own; both are restored on leaving."""
+    import lm_eval
+    import lm_eval.evaluator as evaluator
+
+    git_hash = evaluator.get_git_commit_hash
+    had_own = "simple_evaluate" in vars(lm_eval)
+    saved = lm_eval.simple_evaluate
+    evaluator.get_git_commit_hash = _git_commit_hash
+    lm_eval.simple_evaluate = _asked_lengths_only(evaluator.simple_evaluate)
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = git_hash
+        if had_own:
+            lm_eval.simple_evaluate = saved
+        else:
+            del lm_eval.simple_evaluate
 
 
 def check_modes(config: CacheConfig) -> None:
@@ -120,13 +197,24 @@ class ScissorhandsLM(HFLM):
                                     "backend, head_mode, positions, attention, prompt_aware, prefill_budget, "
                                     "observation_window, pool_kernel, archive; docs/tasks.md) nor an argument of "
                                     "lm-eval's HFLM")
+        loading = [name for name in _LOADING_ARGUMENTS if name in args]
+        if loading:
+            raise InvalidInputError(f"model argument {loading[0]}={args[loading[0]]!r} is one of lm-eval's HFLM "
+                                    "loading arguments, which this model does not use: it loads the model with "
+                                    "scissorhands.hf.load_model (CPU, float32); pass pretrained=NAME_OR_PATH")
         if pretrained is None or isinstance(pretrained, (str, os.PathLike)):
             from ..hf import load_model
 
             pretrained, args["tokenizer"] = load_model(pretrained, attn_implementation=config.attention,
                                                        progress=False)
         args.setdefault("device", "cpu")
-        super().__init__(pretrained=pretrained, batch_size=1, **args)
+        hf_logger = logging.getLogger(HFLM.__module__)
+        drop = _DropLoadedModelWarnings()
+        hf_logger.addFilter(drop)
+        try:
+            super().__init__(pretrained=pretrained, batch_size=1, **args)
+        finally:
+            hf_logger.removeFilter(drop)
         self.cache_config = config
         self.quiet = quiet
         self._splits: dict[tuple[int, ...], int] | None = None
@@ -146,6 +234,8 @@ class ScissorhandsLM(HFLM):
         config = self.cache_config
         info["scissorhands_cache"] = {"label": config.label(), "policy": config.policy, "budget": config.budget,
                                       **dict(config.values), "prefill_chunk": config.prefill_chunk}
+        if config.preset is not None:
+            info["scissorhands_cache"]["preset"] = config.preset
         if config.prompt.enabled:
             prompt = config.prompt
             info["scissorhands_cache"].update(prompt_aware=True, prefill_budget=prompt.prefill_budget,
