@@ -567,3 +567,43 @@ def test_generate_past_the_trained_context_is_refused_naming_positions_cache(tin
     status, _, err = _generate(capsys, model=tiny_model, budget=20, values={"recent_window": 0.75, "sinks": 4},
                                prompt=prompt, prefill_chunk=8, max_new_tokens=6, positions="cache")
     assert status == 0, err
+
+
+def _stock_chat(path, turns, max_new_tokens=12):
+    """Each turn's answer by the model's own generate on a fresh DynamicCache, the whole conversation each turn."""
+    model, tokenizer = hf.load_model(path, progress=False)
+    messages, answers = [], []
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                               return_dict=True)
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id)
+        answers.append(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+        messages.append({"role": "assistant", "content": answers[-1]})
+    return answers
+
+
+@pytest.mark.parametrize("archive", [None, "float32"])
+def test_generate_chat_turns_on_one_cache_answer_as_fresh_stock_caches(tiny_model, capsys, archive):
+    """--chat-turns: without eviction every turn's answer is the stock cache's on the whole conversation."""
+    turns = ["Name a colour.", "Name another one."]
+    status, text, err = _generate(capsys, model=tiny_model, budget=90, prompt=turns[0], chat_turns=turns[1:],
+                                  prompt_aware=True, archive=archive)
+    assert status == 0, err
+    first, second = _stock_chat(tiny_model, turns)
+    assert text == f"{first}\n\n>>> {turns[1]}\n{second}\n"
+    assert len([line for line in err.splitlines() if SUMMARY.match(line)]) == 2
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(chat_turns=["again"], chat=False), "--chat-turns renders the conversation through the chat template"),
+    (dict(chat_turns=["  "]), "--chat-turns: turn 2 is empty"),
+    (dict(policy="scissorhands", archive="int8"), "--archive int8 needs --prompt-aware"),
+])
+def test_generate_refuses_chat_turns_and_archives_it_cannot_run(tiny_model, capsys, kwargs, message, monkeypatch):
+    """Refused before the model loads, naming the flag."""
+    monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    status, _, err = _generate(capsys, model=tiny_model, budget=64, prompt=PROMPT, **kwargs)
+    assert status == 2 and message in err

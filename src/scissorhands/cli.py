@@ -217,10 +217,12 @@ def _add_generate(sub: Any, common: Any) -> None:
         "default), the prompt is sent as one user message through it, as transformers' chat command "
         "and llama.cpp's conversation mode do; --no-chat sends it as written. "
         f"By default it runs the recommendation, {RECOMMENDED.describe()} (docs/configuration.md), "
-        f"at budget {DEFAULT_BUDGET}, and says so on stderr. Each run is one turn on a fresh cache: to chat "
-        "across turns, pass the whole conversation so far as the prompt (with --no-chat, in the model's "
-        "chat format), or in Python keep one EvictingCache and pass model.generate the whole conversation "
-        "each turn (examples/chat.py; --pin-system keeps the system prompt).")
+        f"at budget {DEFAULT_BUDGET}, and says so on stderr. To chat across turns on one cache, give the "
+        "later user turns with --chat-turns (each asked after the previous answer, the conversation rendered "
+        "again each turn and its read prefix reused; --archive float32 keeps what each turn's end evicted, "
+        "so a later question can bring it back), or in Python keep one EvictingCache and pass "
+        "model.generate the whole conversation each turn (examples/chat.py; --pin-system keeps the system "
+        "prompt).")
     gen.add_argument("prompt", nargs="?", default=None,
                      help="the prompt (default: --file, or stdin)")
     gen.add_argument("--file", metavar="PATH", help="read the prompt from a UTF-8 file ('-': stdin)")
@@ -263,6 +265,12 @@ def _add_generate(sub: Any, common: Any) -> None:
                        help="the prompt's last rows whose attention decides at its end (default: 16)")
     aware.add_argument("--pool-kernel", type=_argtype(parse_odd, "--pool-kernel"), default=None, metavar="N",
                        help="max-pooling kernel over held positions, odd; 1: no pooling (default: 15)")
+    gen.add_argument("--chat-turns", nargs="+", default=(), metavar="TURN",
+                     help="later user turns, each asked on the same cache after the previous answer (a chat; "
+                     "needs the chat template)")
+    aware.add_argument("--archive", choices=("float32", "int8"), default=None,
+                       help="the recall tier: archive what is evicted (host memory, never attended) and read it "
+                       "again at a later turn's prompt (needs --prompt-aware; int8: about 0.28x the bytes)")
     gen.add_argument("--pin-system", action="store_true",
                      help="never evict what the chat template puts before the message (its system prompt "
                      "and the user turn's header)")
@@ -419,7 +427,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         chat=args.chat, prefill_chunk=args.prefill_chunk, positions=args.positions,
         prompt_aware=args.prompt_aware, prefill_budget=args.prefill_budget,
         observation_window=args.observation_window, pool_kernel=args.pool_kernel, pin_system=args.pin_system,
-        model=args.model,
+        chat_turns=tuple(args.chat_turns), archive=args.archive, model=args.model,
         attention=args.attention, threads=args.threads, backend=args.backend,
         progress=not args.no_progress), usage=args.usage)
 

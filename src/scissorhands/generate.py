@@ -18,7 +18,7 @@ import math
 import resource
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -68,6 +68,14 @@ class GenerateRequest:
     pin_system : bool
         Pin what the chat template puts before the user's message (its system message
         and the user turn's header): no eviction takes those positions.
+    chat_turns : sequence of str
+        Later user turns, each asked after the previous answer on the same cache: the
+        whole conversation is rendered through the chat template again each turn (the
+        cache reuses what it has read of it: its longest common prefix), as a chat server
+        does.  Needs the chat template.
+    archive : {None, "float32", "int8"}
+        The recall tier (:mod:`scissorhands.hf.recall`: what is evicted is archived and
+        read again at a later turn); needs ``prompt_aware``.
     model, attention, threads, backend
         As for ``eval``; ``attention`` defaults to sdpa, transformers' default.
     """
@@ -92,6 +100,8 @@ class GenerateRequest:
     observation_window: int | None = None
     pool_kernel: int | None = None
     pin_system: bool = False
+    chat_turns: Sequence[str] = ()
+    archive: str | None = None
     model: str | None = None
     attention: str = "sdpa"
     threads: int | None = 1
@@ -231,6 +241,14 @@ def _check_request(request: GenerateRequest, stdin: TextIO) -> tuple[Any, Policy
         raise _Refused(problem)
     if request.pin_system and request.chat is False:
         raise _Refused("--pin-system pins the chat template's system message: drop --no-chat")
+    if request.chat_turns and request.chat is False:
+        raise _Refused("--chat-turns renders the conversation through the chat template: drop --no-chat")
+    if request.archive is not None and not request.prompt_aware:
+        raise _Refused(f"--archive {request.archive} needs --prompt-aware (what is archived comes back at a "
+                       "prompt's end; the recommendation has it)")
+    empty = [i for i, turn in enumerate(request.chat_turns, 2) if not turn.strip()]
+    if empty:
+        raise _Refused(f"--chat-turns: turn {empty[0]} is empty")
     problem = model_problem(request.model)
     if problem is not None:
         raise _Refused(problem if request.model is None else f"--model {problem}")
@@ -258,6 +276,8 @@ def _build_cache(hf: Any, target: Any, request: GenerateRequest, options: Policy
         its rows, ``--positions cache`` with a pool, ...).
     """
     kwargs: dict[str, Any] = dict(backend=request.backend, positions=request.positions)
+    if request.archive is not None:
+        kwargs["archive"] = request.archive
     try:
         kwargs.update(_prompt_kwargs(request, options))
         if hasattr(target, "generate"):
@@ -311,10 +331,13 @@ def _pin_system(cache: Any, tokenizer: Any, chat: bool) -> None:
         raise _Refused(f"--pin-system (positions {start}..{stop - 1}): {flag_text(exc)}") from None
 
 
-def _inputs(tokenizer: Any, prompt: str, chat: bool) -> Any:
+def _inputs(tokenizer: Any, prompt: str | list[dict[str, str]], chat: bool) -> Any:
+    """The model's inputs for a prompt, or (``chat``) a conversation of messages."""
     if chat:
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                             return_tensors="pt", return_dict=True)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                             return_dict=True)
+    assert isinstance(prompt, str)
     return tokenizer(prompt, return_tensors="pt")
 
 
@@ -428,7 +451,7 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
     try:
         hf, options, prompt = _check_request(request, stdin)
         if said:
-            print(said, file=sys.stderr)
+            print(said + ("" if request.archive is None else f", --archive {request.archive}"), file=sys.stderr)
         hf.set_threads(request.threads)
         try:
             model, tokenizer = hf.load_model(request.model, progress=request.progress,
@@ -439,26 +462,41 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
         cache = _build_cache(hf, model, request, options)
         if request.pin_system:
             _pin_system(cache, tokenizer, chat)
-        inputs = _inputs(tokenizer, prompt, chat)
-        text_config = model.config.get_text_config(decoder=True)
-        problem = context_problem(getattr(text_config, "max_position_embeddings", None),
-                                  int(inputs["input_ids"].shape[1]), request.max_new_tokens, request.positions,
-                                  policy_spec(request.policy).evicts)
-        if problem and problem[1]:
-            raise _Refused(problem[0])
-        if problem:
-            print(problem[0], file=sys.stderr)
-        return _generate(request, model, tokenizer, cache, inputs, chat, stream)
+        if request.chat_turns and not chat:
+            raise _Refused("--chat-turns: the tokenizer has no chat template")
+        messages = [{"role": "user", "content": prompt}]
+        for turn in (None, *request.chat_turns):
+            if turn is not None:  # the next turn, the whole conversation rendered again
+                stream.write(f"\n>>> {turn}\n")  # after the answer's own newline
+                messages.append({"role": "user", "content": turn})
+            inputs = _inputs(tokenizer, messages if chat else prompt, chat)
+            _check_context(request, model, inputs)
+            messages.append({"role": "assistant", "content": _generate(request, model, tokenizer, cache, inputs,
+                                                                        chat, stream)})
+        return 0
     except _Refused as exc:
         return _fail(str(exc), usage)
     except ScissorhandsError as exc:  # refused by the cache while generating
         return _fail(str(exc), usage)
 
 
+def _check_context(request: GenerateRequest, model: Any, inputs: Any) -> None:
+    """Refuse a prompt past the model's trained context (with true positions); a note
+    when only the generated tokens pass it."""
+    text_config = model.config.get_text_config(decoder=True)
+    problem = context_problem(getattr(text_config, "max_position_embeddings", None),
+                              int(inputs["input_ids"].shape[1]), request.max_new_tokens, request.positions,
+                              policy_spec(request.policy).evicts)
+    if problem and problem[1]:
+        raise _Refused(problem[0])
+    if problem:
+        print(problem[0], file=sys.stderr)
+
+
 def _generate(request: GenerateRequest, model: Any, tokenizer: Any, cache: Any, inputs: Any, chat: bool,
-              stream: TextIO) -> int:
+              stream: TextIO) -> str:
     """Stream the answer to ``stream``, then the summary line (and why nothing came,
-    when nothing did) to stderr."""
+    when nothing did) to stderr; returns the answer's text."""
     import torch
 
     kwargs = _generate_kwargs(request, tokenizer)
@@ -483,4 +521,4 @@ def _generate(request: GenerateRequest, model: Any, tokenizer: Any, cache: Any, 
     note = _nothing_came(tokenizer, out[0, prompt_tokens:], chat) if new >= 1 else None
     if note:
         print(note, file=sys.stderr)
-    return 0
+    return str(tokenizer.decode(out[0, prompt_tokens:], skip_special_tokens=True))
