@@ -752,7 +752,10 @@ def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
               dtype: Any = np.uint32) -> np.ndarray:
     """Rows of integers in ``[0, high]``, one after another, as a C-contiguous
     ``dtype`` array."""
-    for row in rows:
+    flat = _numeric_rows(rows, "iu")
+    if flat is not None and (flat.size == 0 or (int(flat.min()) >= 0 and int(flat.max()) <= high)):
+        return np.ascontiguousarray(flat, dtype=dtype)
+    for row in rows:  # the element that is refused, named
         for v in row:
             if isinstance(v, bool) or not isinstance(v, numbers.Integral):
                 raise InvalidTypeError(f"state[{key!r}] must hold integers, found {type(v).__name__}")
@@ -761,8 +764,24 @@ def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
     return np.array([int(v) for row in rows for v in row], dtype=dtype)
 
 
-def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
+def _numeric_rows(rows: list[list[Any]], kinds: str) -> np.ndarray | None:
+    """Every row as one flat array when each is a flat sequence of numbers of a NumPy
+    kind in ``kinds`` (no bools), else None (the element-wise check then runs)."""
+    parts = []
     for row in rows:
+        part = np.asarray(row)
+        if part.ndim != 1 or (part.size and part.dtype.kind not in kinds):
+            return None
+        parts.append(part)
+    nonempty = [part for part in parts if part.size]
+    return np.concatenate(nonempty) if nonempty else np.zeros(0, dtype=np.int64)
+
+
+def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
+    flat = _numeric_rows(rows, "iuf")
+    if flat is not None and bool(np.isfinite(flat).all()) and bool((flat >= 0).all()):
+        return flat.astype(np.float64) + 0.0
+    for row in rows:  # the element that is refused, named
         for v in row:
             if isinstance(v, bool) or not isinstance(v, numbers.Real):
                 raise InvalidTypeError(f"state[{key!r}] must hold real numbers, found {type(v).__name__}")
