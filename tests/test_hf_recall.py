@@ -244,3 +244,24 @@ def test_a_prompt_reusing_a_prefix_forgets_what_was_archived_past_it():
     for row in _rows(cache):
         assert set(cache.archived_positions(*row).tolist()) | set(cache.kept_positions(*row).tolist()) \
             == set(range(int((mask[row[1]] == 0).sum()), 20))
+
+
+def test_past_prefill_budget_the_prompt_end_scores_held_and_archived_together(monkeypatch):
+    """When held, archived and the new prompt pass prefill_budget nothing is restored at its start; its end
+    scores both (both backends alike), keeps the budget and loses nothing."""
+    model = _model("llama", "sdpa")
+    restored = []
+    monkeypatch.setattr(cache_module, "restore", lambda c, q: restored.append(restore(c, q)) or restored[-1])
+    results = []
+    for b in ("native", "reference"):
+        cache = _cache(model, backend=b, prefill_budget=40)
+        out, mask = _two_turns(model, cache)
+        assert cache.held_counts().max() <= BUDGET and cache.stats.recalled > 0
+        for layer, sequence, head in _rows(cache):
+            held = set(cache.kept_positions(layer, sequence, head).tolist())
+            archived = set(cache.archived_positions(layer, sequence, head).tolist())
+            assert not held & archived
+            assert held | archived == set(range(int((mask[sequence] == 0).sum()), cache.seen))
+        results.append((out.tolist(), [cache.kept_positions(*row).tolist() for row in _rows(cache)]))
+    assert not any(restored)
+    assert results[0] == results[1]

@@ -62,6 +62,7 @@ from .recall import (
     held_positions,
     recall,
     restore,
+    restored_kept,
 )
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
@@ -1198,7 +1199,8 @@ class EvictingCache(Cache):
             return
         start = time.perf_counter()
         bank, storage = self.bank, self.storage
-        if self._archive is not None and self._queries is not None and self._queries.ready():
+        archive = self._archive
+        if archive is not None and self._queries is not None and self._queries.ready() and archive.total():
             self.stats.recalled += recall(self)
             self._window = None
             self._queries.clear()
@@ -1207,13 +1209,21 @@ class EvictingCache(Cache):
             self.stats.bookkeeping_seconds += time.perf_counter() - start
             return
         repeat = self.num_kv_heads // self.policy_heads
+        before = None if archive is None else held_positions(bank.policies[0])
         t0 = time.perf_counter()
         victims, slots = bank.evict_observed(window, self.prompt_aware.pool_kernel)
         policy_seconds = time.perf_counter() - t0
         self._window = None
         if repeat > 1:
             victims, slots = _repeat_rows(victims, slots, repeat)
+        if archive is not None and before is not None:  # nothing archived yet, or all of it restored
+            none = [np.zeros(0, dtype=np.int64)] * storage.rows
+            archive_victims(archive, storage, before, victims, slots, none, none)
+            if self._queries is not None:
+                self._queries.clear()
         storage.evict(victims, slots)
+        if archive is not None and self._restored is not None:
+            self.stats.recalled += restored_kept(self)
         self.stats.prompt_ends += 1
         self.stats.compactions = storage.compactions
         self.stats.policy_seconds += policy_seconds

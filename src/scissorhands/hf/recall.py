@@ -476,6 +476,15 @@ def restore(cache: Any, q: int) -> int:
     return total
 
 
+def restored_kept(cache: Any) -> int:
+    """After a prompt's end: how many of the positions :func:`restore` brought back at
+    its start are still held (over every row); forgets which they were."""
+    restored, cache._restored = cache._restored, None
+    counts, flat = held_positions(cache.bank.policies[0])
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    return sum(int(np.isin(flat[starts[r]:starts[r + 1]], restored[r]).sum()) for r in range(len(restored)))
+
+
 def recall(cache: Any) -> int:
     """The prompt's end with an archive: the window scores the held and archived
     positions of every row together and the union is evicted to the budget by the
