@@ -104,3 +104,24 @@ def test_two_unrelated_generate_calls_with_one_cache_give_what_they_give_without
     for prompt in (_ids(10, 5), _ids(4, 6)):
         assert torch.equal(_generate(model, cache, prompt, None, do_sample=False),
                            _generate(model, None, prompt, None, do_sample=False))
+
+
+def test_the_text_generation_pipeline_with_one_cache_answers_each_call_as_without_one(smollm2):
+    """The pipeline called twice with one bounded cache (SmolLM2, chat messages): each call's answer is the
+    one it gives with no cache handed in; the second is not a continuation of the first."""
+    from transformers import pipeline
+
+    model, tokenizer = smollm2
+    model.set_attn_implementation("sdpa")
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    questions = ["Name three colours.", "Name three fruits."]
+    kwargs = dict(max_new_tokens=10, do_sample=False, return_full_text=False)
+    try:
+        cache = hf.EvictingCache.from_model(model, "scissorhands", budget=512)
+        ours = [pipe([{"role": "user", "content": q}], cache=cache, **kwargs)[0]["generated_text"] for q in questions]
+        hf.uninstall(model)
+        stock = [pipe([{"role": "user", "content": q}], **kwargs)[0]["generated_text"] for q in questions]
+    finally:
+        hf.uninstall(model)
+    assert ours == stock
+    assert ours[0] != ours[1]
