@@ -520,10 +520,11 @@ def test_extend_on_a_fresh_policy_is_prefill(backend_name, policy, data):
         assert a.state_dict() == b.state_dict() and a.memory_bytes() == b.memory_bytes()
 
 
-def _decode_steps_oracle(cls, params, state, attn, mask, fresh):
+def _decode_steps_oracle(cls, params, state, attn, mask, fresh, unread=False):
     """What a chunk does to one row, written as the decode steps it stands for: a
     single-head policy loaded with the row's state takes on_decode_step for each token the
-    row admits, over the weights of what the row holds at that moment."""
+    row admits, over the weights of what the row holds at that moment (``unread``: with
+    no weights)."""
     p = cls.from_state_dict(state)
     n = len(state["kept"][0])
     first = 0 if fresh else state["last_position"] + 1
@@ -542,16 +543,18 @@ def _decode_steps_oracle(cls, params, state, attn, mask, fresh):
         if not mask[i]:
             continue
         cols = list(range(0 if fresh else n)) + [(0 if fresh else n) + j for j in joined]
-        p.on_decode_step(first + i, attn[i, cols])
+        p.on_decode_step(first + i, None if unread else attn[i, cols])
         joined.append(i)
     return p
 
 
 @pytest.mark.parametrize("backend_name", BACKEND_PATHS)
 @pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("unread", [False, True])
 @given(data=st.data())
-def test_extend_equals_the_decode_steps_of_its_admitted_tokens(backend_name, policy, data):
-    """Each row after extend(attn, admit) holds what its admitted tokens' decode steps give."""
+def test_extend_equals_the_decode_steps_of_its_admitted_tokens(backend_name, policy, data, unread):
+    """Each row after extend(attn, admit) holds what its admitted tokens' decode steps give;
+    with unread=True, the steps without weights (no weight read: NaN everywhere is taken)."""
     with on_path(path_of(backend_name)):
         backend = load_backend(base_backend(backend_name))
         cls = backend.POLICIES[policy]
@@ -569,14 +572,14 @@ def test_extend_equals_the_decode_steps_of_its_admitted_tokens(backend_name, pol
         attn = np.array([[[data.draw(st.sampled_from(GRID)) for _ in range(n + c)] for _ in range(c)]
                          for _ in range(heads)]).reshape(heads, c, n + c)
         mask = np.array([[data.draw(st.booleans()) for _ in range(c)] for _ in range(heads)], dtype=bool)
-        multi.extend(attn, mask)
+        multi.extend(np.full_like(attn, np.nan) if unread else attn, mask, unread=unread)
         got = multi.state_dict()
         single = dict(params, heads=1)
         for h in range(heads):
             row_state = {**state, "params": {**state["params"], "heads": 1},
                          **{k: [state[k][h]] for k in ("kept", "votes", "scores", "history", "steps_held")
                             if k in state}}
-            want = _decode_steps_oracle(cls, single, row_state, attn[h], mask[h], fresh).state_dict()
+            want = _decode_steps_oracle(cls, single, row_state, attn[h], mask[h], fresh, unread).state_dict()
             for key in ("kept", "votes", "scores", "history", "steps_held"):
                 if key in got:
                     assert got[key][h] == want[key][0], f"row {h} {key}"

@@ -1115,10 +1115,11 @@ def expand_preset(policy: Any, options: PolicyOptions | None, option_values: Map
     """A policy name that may be a preset, resolved: ``(policy, options,
     option_values, prompt_aware)`` with the preset's values under whatever was given
     explicitly (an option keyword, ``options``, ``prompt_aware``); a policy name passes
-    through, ``prompt_aware=None`` read as False."""
+    through, ``prompt_aware=None`` read as False and any other value as given (the
+    cache checks it is a bool)."""
     chosen = preset(policy)
     if chosen is None:
-        return policy, options, dict(option_values), bool(prompt_aware) if prompt_aware is not None else False
+        return policy, options, dict(option_values), False if prompt_aware is None else prompt_aware  # checked later
     values = dict(chosen.values)
     if options is not None and isinstance(options, PolicyOptions):
         values.update(options.given())

@@ -796,7 +796,7 @@ class _Policy:
         return self._result(*self._observe(attn, budget, pool_kernel, equal=True), return_indices)
 
     @_locked
-    def extend(self, attn: Any, admit: Any = None) -> None:
+    def extend(self, attn: Any, admit: Any = None, unread: bool = False) -> None:
         """Apply a chunk of ``C`` tokens, each as a decode step over what each row holds
         at that moment (a vote, then admission); no eviction.
 
@@ -817,6 +817,9 @@ class _Policy:
             ``(heads, C)`` (or ``(C,)`` for one head): whether token ``i`` joins row
             ``h``; a token that does not neither votes in the row nor joins it (none of
             its weights there is read).  None: every token joins every row.
+        unread : bool, default False
+            Read no weights (only ``attn``'s shape): the tokens join with a new
+            position's state and the held positions are not updated.
 
         Raises
         ------
@@ -826,10 +829,12 @@ class _Policy:
             A wrong shape (of ``attn``, then of ``admit``); positions passing
             ``2**32 - 1``; a weight read that is NaN, infinite or negative.
         """
+        if not isinstance(unread, bool):
+            raise InvalidTypeError(f"unread must be a bool, got {unread!r}")
         fresh = self._fresh()
         before = [0] * self.heads if fresh else self._counts()
         base = max(before)
-        arr, shape = _weights_or_shape(attn, self._reads_attention,
+        arr, shape = _weights_or_shape(attn, self._reads_attention and not unread,
                                        "extend attn must be a rectangular (heads, C, W) array")
         given = shape
         if len(shape) == 2 and self.heads == 1:

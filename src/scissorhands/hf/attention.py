@@ -171,6 +171,14 @@ def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value
     return output.transpose(1, 2).contiguous(), weights
 
 
+def _last_rows(mask: Any, q: int, w: int) -> Any:
+    """A chunk's mask for its last ``w`` query rows of ``q`` (None, sdpa's causal, stays
+    None: :func:`attention_rows` masks the last ``w`` columns' triangle then)."""
+    if mask is None or not isinstance(mask, torch.Tensor) or mask.dim() < 2 or mask.shape[-2] != q:
+        return mask
+    return mask[..., q - w:, :]
+
+
 def _make_attention(wrapped: str) -> Callable[..., Any]:
     def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
@@ -216,7 +224,11 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
             layer.observe(None)
             return output, weights
         start = time.perf_counter()
-        rows = attention_rows(module, query, key, mask, kwargs)
+        w = layer.window_rows()
+        if w:  # prompt-aware reading: only the rows the prompt's end reads (the chunk's last w)
+            rows = attention_rows(module, query[:, :, -w:], key, _last_rows(mask, query.shape[2], w), kwargs)
+        else:
+            rows = attention_rows(module, query, key, mask, kwargs)
         cache.stats.rows_seconds += time.perf_counter() - start
         layer.observe(rows)
         return output, weights

@@ -202,7 +202,7 @@ class _Forward:
     ranks, computed once at the first layer that needs them."""
 
     __slots__ = ("columns", "fresh", "gathered", "held", "masks", "observed", "pads", "pending", "plan", "positions",
-                 "q", "rope", "rotations", "written")
+                 "q", "rope", "rotations", "window_rows", "written")
 
     def __init__(
         self, layers: int, q: int, fresh: bool, plan: tuple[Any, ...], pending: DecodeWeights
@@ -229,6 +229,10 @@ class _Forward:
         #: cache's reusable collector, started at each forward).
         self.pending = pending
         pending.start()
+        #: ``prompt_aware``, a chunk that evicts nothing: only its last ``window_rows``
+        #: query rows' weights are computed (the prompt's end reads no others) and the
+        #: policies read none (:meth:`EvictingCache._window_only`); 0 otherwise.
+        self.window_rows = 0
 
 
 class ObserverHandle:
@@ -351,6 +355,8 @@ class EvictingLayer(CacheLayerMixin):
         start = time.perf_counter()
         if self.index == 0:
             forward.pads = _pads_from(stock, int(query.shape[2]), int(query.shape[0]))
+            if forward.window_rows and forward.pads is not None and forward.pads[:, -forward.window_rows:].any():
+                forward.window_rows = 0  # padding among the last rows (right-padded): every row, as before
         storage = cache.storage
         mask: Any = None
         if structured and not storage.aligned and forward.q != 1:
@@ -363,6 +369,12 @@ class EvictingLayer(CacheLayerMixin):
                 forward.masks = (dtype, every)
         cache.stats.bookkeeping_seconds += time.perf_counter() - start
         return mask
+
+    def window_rows(self) -> int:
+        """How many of this forward's last query rows' weights the policies' step needs
+        (0: every row; :meth:`EvictingCache._window_only`)."""
+        forward = self.cache._forward
+        return 0 if forward is None else forward.window_rows
 
     @_layer_entry
     def note_positions(self, query: torch.Tensor, kwargs: dict[str, Any]) -> None:
@@ -437,10 +449,16 @@ class EvictingLayer(CacheLayerMixin):
             # forward never holds every layer's full-head rows at once (30 layers x 9
             # heads x 256 x 1,280 float32 is 354 MB); per element the same arithmetic as
             # reducing them all together at the last layer, then gathering.
+            if forward.window_rows and weights.shape[2] > forward.window_rows:  # every row came (eager): the last
+                weights = weights[:, :, -forward.window_rows:]
             columns, held, gathered = cache._gather_target(forward)
+            if weights.shape[2] != gathered.shape[1]:
+                raise InvalidInputError(_OUT_OF_SYNC)
             per_layer = len(columns) // cache.evicting_layers
             part = slice(e * per_layer, (e + 1) * per_layer)
-            gather_group_mean(weights.detach().cpu(), cache.policy_heads, columns[part], held[part], gathered[part])
+            first = forward.q - gathered.shape[1]  # the chunk's first row computed (0: every row)
+            gather_group_mean(weights.detach().cpu(), cache.policy_heads, columns[part], held[part] + first,
+                              gathered[part])
         forward.observed[e] = True
         cache.stats.bookkeeping_seconds += time.perf_counter() - start
         if e == cache.evicting_layers - 1:
@@ -1087,11 +1105,31 @@ class EvictingCache(Cache):
         try:
             if fresh:
                 self._start(int(key.shape[0]))
+            self._forward.window_rows = self._window_only(q, fresh)
             storage.plan(q)
         except BaseException:
             self._rollback()
             raise
         return self._forward
+
+    def _window_only(self, q: int, fresh: bool) -> int:
+        """``prompt_aware``: how many of a chunk's last query rows' weights are computed
+        when it evicts nothing (every row's count plus ``q`` within ``prefill_budget``),
+        nothing evicted before it (the model's own attention reads the prompt) and no
+        observer reads the weights: ``min(q, observation_window)``, the only rows the
+        prompt's end reads, the policies reading none of the chunk's (its positions join
+        with a new position's state, ``extend(..., unread=True)``); 0 (every row, as
+        before) otherwise."""
+        aware = self.prompt_aware
+        if not aware.enabled or q < 2 or self._observers or not self._policies_read:
+            return 0
+        storage = self.storage
+        if not fresh and not storage.aligned:
+            return 0
+        held = 0 if fresh else int(storage.counts.max(initial=0))
+        if held + q > aware.prefill_budget:
+            return 0
+        return min(q, aware.observation_window)
 
     def _settle(self) -> None:
         """Before a new forward (or a change of the batch): a forward that did not finish
@@ -1327,7 +1365,9 @@ class EvictingCache(Cache):
             columns = storage.chunk_columns((0 if fresh else storage.most()) + forward.q)[::repeat]
             held = np.zeros(len(columns), dtype=np.int64) if fresh else storage.counts[::repeat].copy()
             forward.columns, forward.held = columns, held
-            forward.gathered = np.empty((len(columns), forward.q, columns.shape[1]), dtype=np.float32)
+            # The rows computed: the chunk's last window_rows under prompt-aware reading, else all.
+            forward.gathered = np.empty((len(columns), forward.window_rows or forward.q, columns.shape[1]),
+                                        dtype=np.float32)
         return forward.columns, forward.held, forward.gathered
 
     def _finish(self, forward: _Forward) -> None:
@@ -1385,21 +1425,23 @@ class EvictingCache(Cache):
                 shape = (self.evicting_layers, self.storage.batch, self.policy_heads, q)
                 admit = np.broadcast_to(per_sequence[None, :, None, :], shape).reshape(rows, q)
                 if chunk_weights is not None:
-                    chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat])
+                    chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat],
+                                                     q - chunk_weights.shape[1])
             if chunk_weights is not None:
                 chunk_weights = self._contained(chunk_weights)
             aware = self.prompt_aware.enabled
             before = None if self._archive is None or fresh else held_positions(bank.policies[0])
             t0 = time.perf_counter()
-            if aware:  # the prompt is held up to its cap
-                victims, slots = bank.extend(chunk_weights, admit, fresh, q, cap=self.prompt_aware.prefill_budget)
+            if aware:  # the prompt is held up to its cap; its window's rows only: no policy reads them
+                victims, slots = bank.extend(chunk_weights, admit, fresh, q, cap=self.prompt_aware.prefill_budget,
+                                             unread=forward.window_rows > 0)
             else:
                 victims, slots = bank.extend(chunk_weights, admit, fresh, q)
             policy_seconds = time.perf_counter() - t0
             if aware:
                 assert chunk_weights is not None and forward.held is not None
                 self._window = _next_window(self._window, chunk_weights, admit, forward.held, victims, slots,
-                                            self.prompt_aware.observation_window)
+                                            self.prompt_aware.observation_window, q)
             storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
             if self._archive is not None:
                 self._archive_chunk(before, victims, slots, admit, q)
@@ -1691,7 +1733,7 @@ class EvictingCache(Cache):
 
 
 def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarray | None, held: np.ndarray,
-                 victims: np.ndarray, slots: np.ndarray, size: int) -> np.ndarray:
+                 victims: np.ndarray, slots: np.ndarray, size: int, q: int | None = None) -> np.ndarray:
     """``prompt_aware``: the rows of the last ``size`` held positions after a chunk.
 
     ``window``: the same before the chunk (None: no rows kept, a fresh prompt or a new
@@ -1703,8 +1745,11 @@ def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarr
     eviction: row ``j`` of row ``r`` is the attention, over ``r``'s held positions in
     kept order, of the position at kept index ``count - size + j``; rows the cache does
     not have (a position read before the kept rows, or before the row held ``size``) are
-    zero, columns past a row's count are zero."""
-    rows, q, _ = weights.shape
+    zero, columns past a row's count are zero.  ``q``: the chunk's tokens, when
+    ``weights`` holds only its last rows (at least the last ``size`` admitted ones')."""
+    rows, computed, _ = weights.shape
+    q = computed if q is None else q
+    first = q - computed  # chunk row t is weights' row t - first
     counts = held.astype(np.int64)
     admitted = np.full(rows, q, dtype=np.int64) if admit is None else admit.sum(axis=1).astype(np.int64)
     after = counts + admitted - victims
@@ -1714,7 +1759,7 @@ def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarr
         # No padding, no eviction: kept order is extend's layout, row by row, and each
         # row's last `size` rows end at its own count (the chunk's last token).
         if q >= size:
-            out[:] = weights[:, q - size:, :out_width]
+            out[:] = weights[:, q - size - first:, :out_width]
         else:
             out[:, size - q:] = weights[:, :, :out_width]
             if window is not None:  # the rows before the chunk, shifted up by q
@@ -1736,7 +1781,9 @@ def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarr
         block = np.zeros((len(last), m), dtype=np.float32)
         new = last >= n
         if new.any():
-            block[new] = weights[r, joined[last[new] - n]][:, columns]
+            computed_row = joined[last[new] - n] - first
+            assert (computed_row >= 0).all(), "a window row of the chunk was not computed"
+            block[new] = weights[r, computed_row][:, columns]
         old = (~new) & (last >= n - size)
         if window is not None and old.any():
             previous = window[r, last[old] - (n - size)]
@@ -1746,18 +1793,19 @@ def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarr
     return out
 
 
-def _without_padding(weights: np.ndarray, admit: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def _without_padding(weights: np.ndarray, admit: np.ndarray, counts: np.ndarray, first: int = 0) -> np.ndarray:
     """A chunk's weights ``(rows, q, width)`` (``extend``'s layout: a row's ``counts`` held
     positions, then the chunk's tokens) with padding's entries zero: the rows of padding
     tokens and the columns of padding keys, which no policy reads (padding is never
     admitted, and attends and is attended with weight 0) but which hold whatever an inf
     or NaN in a padded token's embedding made of them."""
-    rows, q, width = weights.shape
+    rows, _, width = weights.shape  # the chunk's rows from ``first`` on (all of them when 0)
+    q = admit.shape[1]
     token = np.arange(width)[None, :] - counts[:, None]  # the chunk token of each column, (rows, width)
     inside = (token >= 0) & (token < q)
     padding_key = np.zeros((rows, width), dtype=bool)
     padding_key[inside] = ~admit[np.nonzero(inside)[0], token[inside]]
-    drop = padding_key[:, None, :] | ~admit[:, :, None]
+    drop = padding_key[:, None, :] | ~admit[:, first:, None]
     return np.where(drop, np.float32(0.0), weights) if drop.any() else weights
 
 

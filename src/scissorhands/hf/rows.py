@@ -265,24 +265,28 @@ class PolicyRows:
         return done, seconds, self._every_row(k), slots[: self.rows * k], positions
 
     def extend(self, weights: np.ndarray | None, admit: np.ndarray | None, fresh: bool,
-               q: int, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+               q: int, cap: int | None = None, unread: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """A chunk of ``q`` tokens on every row (``weights`` ``(rows, q, W)`` in
-        ``extend``'s layout, or None for policies that read no attention; ``admit``
-        ``(rows, q)`` or None; ``fresh``: nothing admitted yet), then eviction to each
-        budget (or to ``cap`` positions instead, when given: a prompt read by a
-        prompt-aware cache); returns what :meth:`step` returns."""
+        ``extend``'s layout, or None for policies that read no attention or, ``unread``,
+        a chunk whose weights no policy reads; ``admit`` ``(rows, q)`` or None;
+        ``fresh``: nothing admitted yet), then eviction to each budget (or to ``cap``
+        positions instead, when given: a prompt read by a prompt-aware cache); returns
+        what :meth:`step` returns."""
         parts = []
         for g, policy, rows, config in self._each():
             before = int(np.asarray(policy.counts).max(initial=0))
             width = (0 if fresh else before) + q
             a = None if admit is None else (admit if self._plain else admit[rows])
-            if weights is None:  # a policy that reads no attention reads only the shape
+            if weights is None or unread:  # only the shape is read
                 w: Any = np.broadcast_to(np.float32(0.0), (len(rows), q, width))
             else:
                 w = weights if self._plain else weights[rows]
                 w = np.ascontiguousarray(w[:, :, :width])
             start = time.perf_counter()
-            policy.extend(w, a)
+            if unread:
+                policy.extend(w, a, unread=True)
+            else:
+                policy.extend(w, a)
             victims = policy.evict_rows(config.budget if cap is None else cap)
             self.seconds[g] += time.perf_counter() - start
             parts.append((rows, victims))

@@ -810,7 +810,7 @@ class NativePolicy:
         victims = out.victims.reshape(h, k)
         return (victims, out.slots.reshape(h, k)) if return_indices else victims
 
-    def extend(self, attn: Any, admit: Any = None) -> None:
+    def extend(self, attn: Any, admit: Any = None, unread: bool = False) -> None:
         """Apply a chunk of ``C`` tokens, each as a decode step, in one call: for every
         row, each token votes over what the row holds at that moment, then joins it.
         Nothing is evicted (call :meth:`evict_rows` after, as after :meth:`prefill`).
@@ -840,6 +840,11 @@ class NativePolicy:
             shared), which keeps a
             left-padded prompt's padding out; on a fresh policy ``admit[h, 0]`` False
             drops position 0 from row ``h``. None: every token joins every row.
+        unread : bool, default False
+            Read no weights, whatever the policy (only ``attn``'s shape, as StreamingLLM
+            does): the tokens join with a new position's state (0 votes, score 0.0, empty
+            registers) and what the rows held is not updated; for a prompt whose positions
+            are decided at its end by an observation window (prompt-aware eviction).
 
         Raises
         ------
@@ -852,11 +857,13 @@ class NativePolicy:
         MemoryError
             Growing the storage failed (nothing changes).
         """
+        if not isinstance(unread, bool):
+            raise InvalidTypeError(f"unread must be a bool, got {unread!r}")
         with self._lock:
             h = self._heads
             fresh = self._fresh()
             base = 0 if fresh else self._n
-            arr, given = _weights_or_shape(attn, self._reads_attention,  # else only the chunk's shape matters
+            arr, given = _weights_or_shape(attn, self._reads_attention and not unread,  # else only its shape
                                            "extend attn must be a rectangular (heads, C, W) array")
             shape = given
             if len(shape) == 2 and h == 1:
