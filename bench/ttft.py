@@ -3,17 +3,16 @@
 ``python -m bench.ttft [--lengths 1024 2048] [--repeats 1] [--json PATH] [--profile PATH]``
 
 Each length's prompt (the first tokens of :func:`scissorhands.evaluate.default_text`)
-is generated from with ``max_new_tokens=1`` and ``prefill_chunk_size=256`` (what
-``python -m scissorhands generate`` does) once with transformers' ``DynamicCache`` and
-once with ``EvictingCache.from_model(model, "scissorhands", budget=512,
-recent_window=0.75, sinks=4)``, alternately in one process (one torch thread), so that
-their ratio is measured under the same load.  The cache's own stats (rows beside sdpa,
-bookkeeping, policy calls) are reported beside.  ``--profile`` writes a cProfile of the
-evicting runs.  ``--prompt-aware`` adds a third run per length,
-``prompt_aware=True`` (the prompt held up to ``--prefill-budget`` while it is read, decided
-at its end): its time to the first token, then the prompt-end eviction the first decode
-step would run (``end_prompt()``, timed apart), and the positions and bytes held at the
-prompt's end, before it.
+is generated from with ``max_new_tokens=2`` (the second token's forward runs a
+prompt-aware cache's prompt end) and ``prefill_chunk_size=256`` (what ``python -m
+scissorhands generate`` does) with transformers' ``DynamicCache``, with chunked eviction
+(``EvictingCache.from_model(model, "scissorhands", budget=512, recent_window=0.75,
+sinks=4)``) and, with ``--prompt-aware``, the same with ``prompt_aware=True`` (the prompt
+held up to ``--prefill-budget``, decided at its end), one after another in one process
+(one torch thread), so that their ratios are measured under the same load.  Each is split
+into its parts: the model's forward (the rest), the attention weights computed beside it,
+the policy calls and the cache's bookkeeping (the cache's stats).  ``--profile`` writes a
+cProfile of the evicting runs.
 """
 
 from __future__ import annotations
@@ -53,51 +52,54 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, ids = load_smollm2()
     profiler = cProfile.Profile() if args.profile else None
 
-    def run(length: int, evicting: bool, prompt_aware: bool = False) -> tuple[float, Any]:
+    def run(length: int, kind: str) -> tuple[float, Any]:
         prompt = ids[:, :length]
         cache: Any
-        if evicting:
-            cache = hf.EvictingCache.from_model(model, "scissorhands", budget=args.budget,
-                                                recent_window=0.75, sinks=4, prompt_aware=prompt_aware,
-                                                prefill_budget=args.prefill_budget)
-        else:
+        if kind == "dynamic":
             hf.uninstall(model)
             cache = DynamicCache(config=model.config)
+        else:
+            aware = {"prompt_aware": True, "prefill_budget": args.prefill_budget} if kind == "aware" else {}
+            cache = hf.EvictingCache.from_model(model, "scissorhands", budget=args.budget,
+                                                recent_window=0.75, sinks=4, **aware)
         start = time.perf_counter()
-        if profiler is not None and evicting:
+        if profiler is not None and kind != "dynamic":
             profiler.enable()
-        with torch.no_grad():
-            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=1, do_sample=False,
+        with torch.no_grad():  # two tokens: the second's forward runs the prompt's end
+            model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=2, do_sample=False,
                            prefill_chunk_size=args.chunk, cache=cache,
                            pad_token_id=tokenizer.eos_token_id)
-        if profiler is not None and evicting:
+        if profiler is not None and kind != "dynamic":
             profiler.disable()
         return time.perf_counter() - start, cache
 
+    def parts(seconds: float, cache: Any) -> dict[str, float]:
+        if isinstance(cache, DynamicCache):
+            return {"seconds": seconds, "model_s": seconds, "weights_s": 0.0, "policy_s": 0.0, "bookkeeping_s": 0.0}
+        s = cache.stats
+        ours = s.rows_seconds + s.policy_seconds + s.bookkeeping_seconds
+        return {"seconds": seconds, "model_s": seconds - ours, "weights_s": s.rows_seconds,
+                "policy_s": s.policy_seconds, "bookkeeping_s": s.bookkeeping_seconds}
+
+    kinds = ("dynamic", "chunked") + (("aware",) if args.prompt_aware else ())
+    names = {"dynamic": "DynamicCache", "chunked": "chunked eviction", "aware": "prompt-aware"}
     rows = []
     for length in args.lengths:
         for _ in range(args.repeats):
-            stock, _ = run(length, False)
-            ours, cache = run(length, True)
-            s = cache.stats
-            rows.append({"length": length, "dynamic_s": stock, "evicting_s": ours, "ratio": ours / stock,
-                         "rows_s": s.rows_seconds, "bookkeeping_s": s.bookkeeping_seconds,
-                         "policy_s": s.policy_seconds, "update_s": s.update_seconds})
-            print(f"{length:6d} tokens: DynamicCache {stock:7.2f} s, EvictingCache {ours:7.2f} s "
-                  f"({ours / stock:.2f}x); rows {s.rows_seconds:.2f} s, bookkeeping {s.bookkeeping_seconds:.2f} s, "
-                  f"policy {s.policy_seconds:.2f} s", flush=True)
-            if args.prompt_aware:
-                aware, cache = run(length, True, prompt_aware=True)
-                held, held_mb = int(cache.held_counts().max()), cache.memory_bytes() / 2**20
-                start = time.perf_counter()
-                cache.end_prompt()
-                end = time.perf_counter() - start
-                rows[-1].update({"prompt_aware_s": aware, "prompt_aware_ratio": aware / stock,
-                                 "prompt_end_s": end, "prompt_held": held, "prompt_mb": held_mb,
-                                 "after_held": int(cache.held_counts().max())})
-                print(f"        prompt-aware {aware:7.2f} s ({aware / stock:.2f}x the DynamicCache, "
-                      f"{aware / ours:.2f}x chunked eviction); prompt's end {end:.3f} s; held at the prompt's "
-                      f"end {held} positions, {held_mb:.1f} MB, then {rows[-1]['after_held']}", flush=True)
+            row: dict[str, Any] = {"length": length}
+            for kind in kinds:
+                seconds, cache = run(length, kind)
+                row[kind] = parts(seconds, cache)
+                if kind == "aware":
+                    row[kind]["prompt_ends"] = cache.stats.prompt_ends
+                    row[kind]["held_after"] = int(cache.held_counts().max())
+            stock = row["dynamic"]["seconds"]
+            rows.append(row)
+            for kind in kinds:
+                p = row[kind]
+                print(f"{length:6d} tokens, {names[kind]:<17}: {p['seconds']:7.2f} s ({p['seconds'] / stock:.2f}x "
+                      f"the DynamicCache): model {p['model_s']:.2f} s, weights {p['weights_s']:.2f} s, policy "
+                      f"{p['policy_s']:.2f} s, bookkeeping {p['bookkeeping_s']:.2f} s", flush=True)
     if profiler is not None:
         profiler.dump_stats(args.profile)
     if args.json:
