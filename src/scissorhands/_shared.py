@@ -752,7 +752,7 @@ def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
               dtype: Any = np.uint32) -> np.ndarray:
     """Rows of integers in ``[0, high]``, one after another, as a C-contiguous
     ``dtype`` array."""
-    flat = _numeric_rows(rows, "iu")
+    flat = _numeric_rows(rows, (int,))
     if flat is not None and (flat.size == 0 or (int(flat.min()) >= 0 and int(flat.max()) <= high)):
         return np.ascontiguousarray(flat, dtype=dtype)
     for row in rows:  # the element that is refused, named
@@ -764,21 +764,24 @@ def _int_rows(rows: list[list[Any]], key: str, high: int = UINT32_MAX,
     return np.array([int(v) for row in rows for v in row], dtype=dtype)
 
 
-def _numeric_rows(rows: list[list[Any]], kinds: str) -> np.ndarray | None:
-    """Every row as one flat array when each is a flat sequence of numbers of a NumPy
-    kind in ``kinds`` (no bools), else None (the element-wise check then runs)."""
-    parts = []
+def _numeric_rows(rows: list[list[Any]], types: tuple[type, ...]) -> np.ndarray | None:
+    """Every row as one flat array when each holds only Python numbers of exactly the
+    ``types`` given (never bools: ``bool`` is a type of its own here), read at C speed;
+    else None, and the element-wise check runs and names what it refuses."""
+    parts: list[np.ndarray] = []
     for row in rows:
-        part = np.asarray(row)
-        if part.ndim != 1 or (part.size and part.dtype.kind not in kinds):
+        if not isinstance(row, list) or not set(map(type, row)) <= set(types):
             return None
-        parts.append(part)
-    nonempty = [part for part in parts if part.size]
-    return np.concatenate(nonempty) if nonempty else np.zeros(0, dtype=np.int64)
+        if row:
+            parts.append(np.array(row))
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    flat = np.concatenate(parts)
+    return flat if flat.dtype.kind in "iuf" else None
 
 
 def _float_rows(rows: list[list[Any]], key: str) -> np.ndarray:
-    flat = _numeric_rows(rows, "iuf")
+    flat = _numeric_rows(rows, (int, float))
     if flat is not None and bool(np.isfinite(flat).all()) and bool((flat >= 0).all()):
         return flat.astype(np.float64) + 0.0
     for row in rows:  # the element that is refused, named
