@@ -128,7 +128,9 @@ static void copy_row(const sh_policy *p, size_t src, storage *s, size_t rows, si
                n * sizeof(uint32_t));
 }
 
-int sh_grow_capacity(sh_policy *p, uint64_t need)
+/* Grows every row to hold at least need > capacity slots (one doubling at a time),
+   copying what each row holds; on failure (SH_ERR_NOMEM) nothing changes. */
+static int grow_capacity(sh_policy *p, uint64_t need)
 {
     uint64_t cap = p->capacity;
     while (cap < need)
@@ -146,6 +148,11 @@ int sh_grow_capacity(sh_policy *p, uint64_t need)
     storage_install(p, &s);
     p->capacity = (uint32_t)cap;
     return SH_OK;
+}
+
+int sh_ensure_capacity(sh_policy *p, uint64_t need)
+{
+    return need <= p->capacity ? SH_OK : grow_capacity(p, need);
 }
 
 int sh_policy_fit_capacity(sh_policy *p, uint64_t capacity)

@@ -533,15 +533,11 @@ size_t sh_total_count(const sh_policy *p);
    the last position is 0. */
 int sh_is_fresh(const sh_policy *p);
 
-/* Grows every row to hold at least need > capacity slots (one doubling at a time),
-   copying what each row holds; on failure (SH_ERR_NOMEM) nothing changes. */
-int sh_grow_capacity(sh_policy *p, uint64_t need);
-
-/* Makes every row hold at least `need` slots (inline: a step usually has room). */
-static inline int sh_ensure_capacity(sh_policy *p, uint64_t need)
-{
-    return need <= p->capacity ? SH_OK : sh_grow_capacity(p, need);
-}
+/* Makes every row hold at least `need` slots, growing them (one doubling at a time,
+   copying what each row holds) when they hold fewer; on failure (SH_ERR_NOMEM) nothing
+   changes. A function of policy.c, not inline here: a header calls no source file's
+   function, so that the files' order of use has no circle through it. */
+int sh_ensure_capacity(sh_policy *p, uint64_t need);
 
 /* ---------------------------------------------------------------- the step (step.c) */
 

@@ -71,6 +71,40 @@ def test_each_c_file_uses_only_the_files_before_it(tmp_path):
     assert {name: files for name, files in late.items() if files} == {}
 
 
+def _inline_calls(text: str) -> set[str]:
+    """Every name called inside the bodies of the ``static inline`` functions of header
+    ``text``."""
+    called: set[str] = set()
+    depth, inside = 0, False
+    for line in text.splitlines():
+        if line.startswith("static inline"):
+            inside = True
+        if inside:
+            if depth:
+                called.update(re.findall(r"\b(\w+)\s*\(", line))
+            depth += line.count("{") - line.count("}")
+            if depth == 0 and "}" in line:
+                inside = False
+    return called
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None, reason="needs gcc and nm")
+def test_no_header_calls_a_function_of_a_c_file(tmp_path):
+    """A header's inline functions call no function a C file defines: every file that
+    includes the header would use that file, wherever it stands in SOURCES (the circle
+    nm does not see: pins.c -> sh_internal.h -> policy.c -> pins.c)."""
+    defined = set()
+    for name in sources():
+        obj = tmp_path / (name + ".o")
+        subprocess.run(["gcc", "-std=c11", "-O2", "-c", str(CSRC / name), "-I", str(CSRC), "-o", str(obj)],
+                       check=True, capture_output=True)
+        defined |= {r[-1] for r in (line.split() for line in subprocess.run(
+            ["nm", str(obj)], check=True, capture_output=True, text=True).stdout.splitlines()) if r[-2] == "T"}
+    calls = {h.name: sorted(_inline_calls(h.read_text(encoding="utf-8")) & defined) for h in CSRC.glob("*.h")}
+    assert {h: names for h, names in calls.items() if names} == {}
+    assert any(_inline_calls(h.read_text(encoding="utf-8")) for h in CSRC.glob("*.h"))  # the parser sees bodies
+
+
 def test_only_the_kind_table_names_the_kinds():
     """No C file but kinds.c tests or names a policy kind: the shared code reads the
     kind's entry in sh_kinds instead."""
