@@ -46,6 +46,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import InvalidInputError
+from .shape import check_module
 from .storage import ChunkMask, causal_triangle
 
 __all__ = ["PREFIX", "WRAPPED", "attention_rows", "grouped_attention", "install", "installed", "uninstall"]
@@ -179,6 +180,8 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
             inner = _eager_for(module) if wrapped == "eager" else ALL_ATTENTION_FUNCTIONS[wrapped]
             return inner(module, query, key, value, attention_mask, **kwargs)
         cache = layer.cache
+        if layer.index == 0:  # a model of another shape than the cache's: refused, the forward undone
+            check_module(cache, module)
         if cache.positions == "cache":
             layer.note_positions(query, kwargs)
         if wrapped == "eager" or not cache.storage.aligned:

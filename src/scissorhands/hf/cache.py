@@ -54,6 +54,7 @@ from . import attention
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
 from .rope import RankPlan, rank_plan, rank_rotatable
 from .rows import PolicyConfig, PolicyRows, check_pools
+from .shape import ModelShape, check_write, shape_of
 from .storage import CACHE_MODES, NUMPY_FLOATS, SLOT_DTYPE, make_storage
 
 __all__ = ["HEAD_MODES", "POSITION_MODES", "AttentionObserver", "CacheStats", "EvictingCache", "EvictingLayer",
@@ -693,6 +694,8 @@ class EvictingCache(Cache):
         self.groups = self.num_heads // self.num_kv_heads
         layers, evicting = self._build_layers(text)
         super().__init__(layers=layers)
+        #: The model's shape the cache is laid out for (:mod:`scissorhands.hf.shape`).
+        self.shape: ModelShape = shape_of(text)
         self.configs = configs
         #: Whether any policy reads attention (else the cache gathers no weights).
         self._policies_read = any(c.reads_attention for c in configs)
@@ -870,10 +873,14 @@ class EvictingCache(Cache):
         self._observers.append(fn)
         return ObserverHandle(self._observers, fn)
 
+    #: The last model config found to fit :attr:`shape` (:func:`~scissorhands.hf.shape.check_module`).
+    _fitted: Any = None
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_observers"] = []
         state.pop("_observing", None)  # a copy made by an observer calls none
+        state.pop("_fitted", None)
         state["_gathered"] = state["_pending"] = state["_steady_out"] = None
         return state
 
@@ -1372,10 +1379,12 @@ class EvictingCache(Cache):
         if not (isinstance(key_states, torch.Tensor) and isinstance(value_states, torch.Tensor)
                 and key_states.dim() == 4 and value_states.dim() == 4):
             _refuse_states(key_states, value_states)
+        layer: Any = self.layers[layer_idx]
+        if isinstance(layer, EvictingLayer):
+            check_write(self, layer_idx, key_states, value_states)
         if layer_idx == 0:
             self._settle()
             self._slid = {}
-        layer: Any = self.layers[layer_idx]
         if not isinstance(layer, EvictingLayer):
             self._slid.setdefault(layer_idx, (layer.keys, layer.values, getattr(layer, "cumulative_length", None),
                                               layer.is_initialized))

@@ -1,0 +1,95 @@
+"""Kinds of misuse the cache refuses or handles exactly: a cache driven by a model of
+another shape.
+
+On small random models built here and in ``test_hf_dropin.py`` (no download).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
+
+from test_hf_dropin import PAD, VOCAB, _prompts  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from scissorhands import hf  # noqa: E402
+from scissorhands.errors import InvalidInputError  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+_BUILT: dict[str, object] = {}
+
+
+def _llama(layers: int = 2, kv: int = 2, head_dim: int | None = None, rope: dict | None = None,
+           dtype: torch.dtype = torch.float32, impl: str = "sdpa") -> object:
+    """A small random Llama (built once per shape), set to ``impl``."""
+    key = f"{layers}/{kv}/{head_dim}/{rope}/{dtype}"
+    if key not in _BUILT:
+        torch.manual_seed(0)
+        extra = {} if rope is None else {"rope_parameters": rope}
+        config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=kv, head_dim=head_dim,
+                             max_position_embeddings=512, pad_token_id=PAD, **extra)
+        _BUILT[key] = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype).eval()
+    model = _BUILT[key]
+    model.set_attn_implementation(impl)
+    return model
+
+
+def _forward(model, cache, ids):
+    with torch.no_grad():
+        return model(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
+
+
+def _state(cache, memory: bool = True):
+    """What a refusal must leave as it was (a copy's buffers may be sized otherwise: ``memory``)."""
+    return (cache.seen, cache.batch, cache.held_counts().tolist(), cache.memory_bytes() if memory else None,
+            [cache.kept_positions(layer).tolist() for layer in cache.observed_layers] if cache.batch else [])
+
+
+# ----------------------------------------------------------------------------- another model
+
+OTHERS = {"more layers": dict(layers=3), "fewer layers": dict(layers=1), "another head size": dict(head_dim=8),
+          "more KV heads": dict(kv=4), "fewer KV heads": dict(kv=1)}
+
+
+@pytest.mark.parametrize("reset", [False, True])
+@pytest.mark.parametrize("other", list(OTHERS))
+def test_a_model_of_another_shape_is_refused_naming_both_and_changes_nothing(other, reset):
+    """A cache built for one model, driven by a model of another shape (used, or reset),
+    refuses before anything changes, naming both shapes and from_model; its own model
+    then continues exactly as a twin that never saw the other."""
+    model = _llama()
+    ids, _ = _prompts(batch=1, length=9, seed=2)
+    cache = hf.EvictingCache.from_model(model, "h2o", 6, recent_window=2)
+    _forward(model, cache, ids)
+    for t in range(3):
+        _forward(model, cache, torch.tensor([[3 + t]]))
+    if reset:
+        cache.reset()
+    twin = copy.deepcopy(cache)
+    before = _state(cache)
+    stranger = _llama(**OTHERS[other])
+    hf.attention.install(stranger)
+    for step in (ids, torch.tensor([[5]])):
+        with pytest.raises(InvalidInputError, match=r"built for a model of 2 layers \(2 evicting\), 2 KV heads of "
+                                                    r"size 16; the model running it .*EvictingCache\.from_model"):
+            _forward(stranger, cache, step)
+        assert _state(cache) == before
+    step = ids if reset else torch.tensor([[7]])
+    assert torch.equal(_forward(model, cache, step), _forward(model, twin, step))
+    assert _state(cache, memory=False) == _state(twin, memory=False)
+
+
+def test_the_refusal_of_another_shape_names_the_other_models_layers():
+    """The refusal of a three-layer model by a two-layer cache says "3 layers"."""
+    cache = hf.EvictingCache.from_model(_llama(), "h2o", 6, recent_window=2)
+    stranger = _llama(layers=3)
+    hf.attention.install(stranger)
+    with pytest.raises(InvalidInputError, match="the model running it has 3 layers"):
+        _forward(stranger, cache, torch.tensor([[3, 4, 5]]))
+    assert cache.seen == 0 and cache.batch == 0
