@@ -1,5 +1,5 @@
 """Kinds of misuse the cache refuses or handles exactly: a cache driven by a model of
-another shape.
+another shape, a grad-enabled forward.
 
 On small random models built here and in ``test_hf_dropin.py`` (no download).
 """
@@ -93,3 +93,29 @@ def test_the_refusal_of_another_shape_names_the_other_models_layers():
     with pytest.raises(InvalidInputError, match="the model running it has 3 layers"):
         _forward(stranger, cache, torch.tensor([[3, 4, 5]]))
     assert cache.seen == 0 and cache.batch == 0
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("used", [False, True])
+def test_a_grad_enabled_forward_is_refused_before_anything_changes(used):
+    """A forward with gradients on (keys and values requiring grad) is refused with a
+    clear error, the cache as it was; no_grad and inference_mode forwards then give a
+    twin's logits."""
+    model = _llama()
+    ids, _ = _prompts(batch=1, length=9, seed=2)
+    cache = hf.EvictingCache.from_model(model, "h2o", 6, recent_window=2)
+    if used:
+        _forward(model, cache, ids)
+    twin = copy.deepcopy(cache)
+    before = _state(cache)
+    with torch.enable_grad(), pytest.raises(InvalidInputError, match=r"outside autograd.*no_grad.*require grad"):
+        model(input_ids=torch.tensor([[4, 5]]), cache=cache, use_cache=True)
+    assert _state(cache) == before
+    step = torch.tensor([[6]])
+    assert torch.equal(_forward(model, cache, step), _forward(model, twin, step))
+    with torch.inference_mode():
+        ours = model(input_ids=torch.tensor([[8]]), cache=cache, use_cache=True).logits
+        theirs = model(input_ids=torch.tensor([[8]]), cache=twin, use_cache=True).logits
+    assert torch.equal(ours, theirs)

@@ -445,6 +445,20 @@ def _refuse_states(keys: Any, values: Any) -> None:
                                     f"got shape {tuple(states.shape)}")
 
 
+def _refuse_grad(cache: EvictingCache, layer_idx: int) -> None:
+    """Refuse keys or values that require grad (a forward with gradients on and trainable
+    projections): the cache stores detached copies, so the key/value path would drop out
+    of autograd with no error.  The forward in flight is undone first."""
+    if layer_idx:
+        cache._rollback()
+    raise InvalidInputError(
+        "an EvictingCache holds keys and values outside autograd (its buffers are written in place and "
+        "evicted from), so gradients through them would be silently wrong: run the forward under "
+        "torch.no_grad() or torch.inference_mode() (as generate does); for gradients through the "
+        f"attention use transformers' DynamicCache (layer {layer_idx}'s keys or values require grad; "
+        "nothing changed)")
+
+
 def _check_modes(positions: str, head_mode: str, cache_mode: str) -> None:
     """Refuse an unknown positions, head or cache mode (:class:`InvalidInputError`)."""
     if positions not in POSITION_MODES:
@@ -1379,6 +1393,8 @@ class EvictingCache(Cache):
         if not (isinstance(key_states, torch.Tensor) and isinstance(value_states, torch.Tensor)
                 and key_states.dim() == 4 and value_states.dim() == 4):
             _refuse_states(key_states, value_states)
+        if key_states.requires_grad or value_states.requires_grad:
+            _refuse_grad(self, layer_idx)
         layer: Any = self.layers[layer_idx]
         if isinstance(layer, EvictingLayer):
             check_write(self, layer_idx, key_states, value_states)
