@@ -1,5 +1,5 @@
 """Kinds of misuse the cache refuses or handles exactly: a cache driven by a model of
-another shape, a grad-enabled forward.
+another shape, a grad-enabled forward, ``repr`` of a part-built cache.
 
 On small random models built here and in ``test_hf_dropin.py`` (no download).
 """
@@ -7,13 +7,14 @@ On small random models built here and in ``test_hf_dropin.py`` (no download).
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 
-from test_hf_dropin import PAD, VOCAB, _prompts  # noqa: E402
+from test_hf_dropin import PAD, VOCAB, _model, _prompts  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from scissorhands import hf  # noqa: E402
@@ -119,3 +120,35 @@ def test_a_grad_enabled_forward_is_refused_before_anything_changes(used):
         ours = model(input_ids=torch.tensor([[8]]), cache=cache, use_cache=True).logits
         theirs = model(input_ids=torch.tensor([[8]]), cache=twin, use_cache=True).logits
     assert torch.equal(ours, theirs)
+
+
+# ----------------------------------------------------------------------------- repr
+
+
+def _frames_self(error: BaseException) -> list[object]:
+    """The ``self`` of every frame the error passed through (what --showlocals renders)."""
+    found, tb = [], error.__traceback__
+    while tb is not None:
+        if "self" in tb.tb_frame.f_locals:
+            found.append(tb.tb_frame.f_locals["self"])
+        tb = tb.tb_next
+    return found
+
+
+def test_repr_never_raises_even_for_an_object_whose_constructor_was_refused():
+    """repr of an EvictingCache or EvictingLayer whose constructor did not finish (or
+    never ran) returns a string naming the class."""
+    model = _model("llama", "sdpa")
+    try:
+        hf.EvictingCache.from_model(model, "h2o", 6, recent_window=99)
+    except InvalidInputError as error:
+        selves = _frames_self(error)
+    else:  # pragma: no cover
+        pytest.fail("the constructor took a recent window past the budget")
+    selves = [o for o in selves if type(o).__module__.startswith("scissorhands.hf")]
+    objects = [*selves, hf.EvictingCache.__new__(hf.EvictingCache),
+               sys.modules["scissorhands.hf.cache"].EvictingLayer.__new__(
+                   sys.modules["scissorhands.hf.cache"].EvictingLayer)]
+    assert any(isinstance(o, hf.EvictingCache) for o in objects)
+    for obj in objects:
+        assert type(obj).__name__ in repr(obj)

@@ -17,6 +17,8 @@ the reference, each stated once.
   ``admit`` mask of ``extend`` and the row index of ``select_rows``.
 * **State validation**: ``state_dict()`` data checked field by field, before either
   backend builds anything from it.
+* **Object lifecycle**: the ``repr`` of an object whose constructor was refused part-way
+  (:func:`partial_repr`).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ __all__ = [
     "parse_held",
     "parse_history",
     "parse_state",
+    "partial_repr",
     "pinned_budget_error",
     "pinned_outside",
     "pins_budget_error",
@@ -880,3 +883,17 @@ def parse_held(state: Mapping[str, Any], vote_rate: bool, rows: StateRows,
                 raise InvalidInputError("a register of state['history'] has a vote bit older than "
                                         "its state['steps_held']")
     return held
+
+
+# ------------------------------------------------------------------ object lifecycle
+
+def partial_repr(obj: object) -> str:
+    """``Name(<incomplete: a, b>)``: the attributes ``obj`` has (leading underscores
+    dropped), for the ``repr`` of an object whose constructor did not finish (refused
+    part-way, or never run).  Never raises."""
+    try:
+        have = sorted({name.lstrip("_") for name in vars(obj)})
+    except Exception:  # no __dict__ either
+        have = []
+    return f"{type(obj).__name__}(<incomplete: {', '.join(have) or 'nothing set'}>)"
+

@@ -75,6 +75,7 @@ from ._shared import (
     parse_held,
     parse_history,
     parse_state,
+    partial_repr,
     pinned_budget_error,
     pins_budget_error,
     pooled_evict_error,
@@ -1136,9 +1137,13 @@ class _Policy:
         return (type(self).from_state_dict, (self.state_dict(),))
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v}" for k, v in self._params().items())
-        counts = self._counts()
-        held = str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}..{max(counts)}"
+        """Never raises (also for a policy whose constructor was refused part-way)."""
+        try:
+            params = ", ".join(f"{k}={v}" for k, v in self._params().items())
+            counts = self._counts()
+            held = str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}..{max(counts)}"
+        except Exception:  # a partly built object: what it has
+            return partial_repr(self)
         return f"{type(self).__name__}({params}, held={held})"
 
 

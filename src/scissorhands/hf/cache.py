@@ -46,7 +46,7 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from .._native import ffi, lib
-from .._shared import check_int
+from .._shared import check_int, partial_repr
 from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
@@ -1529,9 +1529,13 @@ class EvictingCache(Cache):
         return False
 
     def __repr__(self) -> str:
-        names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
-        return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
-                f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+        """Never raises (also for a cache whose constructor was refused part-way)."""
+        try:
+            names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
+            return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
+                    f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+        except Exception:  # a partly built object: what it has
+            return partial_repr(self)
 
 
 def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarray | None, held: np.ndarray,

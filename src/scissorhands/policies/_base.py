@@ -37,6 +37,7 @@ from scissorhands._shared import (
     parse_held,
     parse_history,
     parse_state,
+    partial_repr,
     pinned_budget_error,
     pins_budget_error,
     pooled_evict_error,
@@ -1269,9 +1270,13 @@ class NativePolicy:
         return (type(self).from_state_dict, (self.state_dict(),))
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v}" for k, v in self._params().items())
-        with self._lock:
-            held = f"{int(self._counts_locked().min())}..{self._n}" if self._ragged else str(self._n)
+        """Never raises (also for a policy whose constructor was refused part-way)."""
+        try:
+            params = ", ".join(f"{k}={v}" for k, v in self._params().items())
+            with self._lock:
+                held = f"{int(self._counts_locked().min())}..{self._n}" if self._ragged else str(self._n)
+        except Exception:  # a partly built object: what it has
+            return partial_repr(self)
         return f"{type(self).__name__}({params}, held={held})"
 
 
