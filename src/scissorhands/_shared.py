@@ -18,7 +18,8 @@ the reference, each stated once.
 * **State validation**: ``state_dict()`` data checked field by field, before either
   backend builds anything from it.
 * **Object lifecycle**: the ``repr`` of an object whose constructor was refused part-way
-  (:func:`partial_repr`).
+  (:func:`partial_repr`), and each object's lock made anew in a forked child
+  (:func:`remake_lock_after_fork`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 import bisect
 import math
 import numbers
+import os
+import weakref
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -82,6 +85,7 @@ __all__ = [
     "read_pins",
     "read_row_index",
     "read_weights",
+    "remake_lock_after_fork",
     "row_candidates",
 ]
 
@@ -897,3 +901,24 @@ def partial_repr(obj: object) -> str:
         have = []
     return f"{type(obj).__name__}(<incomplete: {', '.join(have) or 'nothing set'}>)"
 
+
+#: The live objects whose lock is made anew in a forked child.
+_FORK_LOCKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def remake_lock_after_fork(obj: Any) -> None:
+    """Have ``obj._remake_lock()`` called in the child of every later ``os.fork``.
+
+    A lock held by another thread at the fork stays held in the child, where that thread
+    does not exist, so the child's next call would wait forever; the child's object gets a
+    new, free lock instead.  The object is held weakly (it is forgotten when collected)."""
+    _FORK_LOCKED.add(obj)
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_FORK_LOCKED):
+        obj._remake_lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

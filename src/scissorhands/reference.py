@@ -85,6 +85,7 @@ from ._shared import (
     read_pins,
     read_row_index,
     read_weights,
+    remake_lock_after_fork,
 )
 from .errors import InvalidInputError, InvalidTypeError
 from .options import SPECS, PolicyRegistry, protected_message, shown_values
@@ -207,10 +208,16 @@ class _Policy:
         self.pool = check_pool(self.pool, self.heads)
         self._initial_pins = read_pins(pins)
         self._check_spans(self._initial_pins)
-        self._lock = threading.RLock()
+        self._remake_lock()
+        remake_lock_after_fork(self)
         self._capacity = self._initial_capacity()
         self._threads = 1
         self.reset()
+
+    def _remake_lock(self) -> None:
+        """A new, free lock (at construction, and in a forked child: the parent's may be
+        held by a thread the child does not have)."""
+        self._lock = threading.RLock()
 
     # -- hooks --------------------------------------------------------------------------
 

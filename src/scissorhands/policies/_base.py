@@ -47,6 +47,7 @@ from scissorhands._shared import (
     read_pins,
     read_row_index,
     read_weights,
+    remake_lock_after_fork,
 )
 from scissorhands.errors import InvalidInputError, InvalidTypeError
 from scissorhands.options import SPECS, protected_message, shown_values
@@ -184,10 +185,8 @@ class NativePolicy:
         out = ffi.new("sh_policy **")
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
-        self._lock = threading.Lock()
-        # Bound once: the decode step takes and releases the lock on every call.
-        self._acquire = self._lock.acquire
-        self._release = self._lock.release
+        self._remake_lock()
+        remake_lock_after_fork(self)
         # Mirrors of the C object, read on the hot path: the largest count of a row,
         # whether the rows hold different counts, and the last position.
         self._n = 1
@@ -199,6 +198,14 @@ class NativePolicy:
         self._set_pins(spans)
         #: The spans given at construction: what reset() goes back to.
         self._initial_pins = spans
+
+    def _remake_lock(self) -> None:
+        """A new, free lock (at construction, and in a forked child: the parent's may be
+        held by a thread the child does not have)."""
+        self._lock = threading.Lock()
+        # Bound once: the decode step takes and releases the lock on every call.
+        self._acquire = self._lock.acquire
+        self._release = self._lock.release
 
     def _grow_victims(self, size: int) -> None:
         """(Re)allocate the reusable output buffers and their C views."""
