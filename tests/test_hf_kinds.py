@@ -1,5 +1,5 @@
 """Kinds of misuse the cache refuses or handles exactly: a cache driven by a model of
-another shape, a grad-enabled forward, ``repr`` of a part-built cache.
+another shape, a grad-enabled forward, ``copy.copy`` of a used cache, ``repr`` of a part-built cache.
 
 On small random models built here and in ``test_hf_dropin.py`` (no download).
 """
@@ -120,6 +120,27 @@ def test_a_grad_enabled_forward_is_refused_before_anything_changes(used):
         ours = model(input_ids=torch.tensor([[8]]), cache=cache, use_cache=True).logits
         theirs = model(input_ids=torch.tensor([[8]]), cache=twin, use_cache=True).logits
     assert torch.equal(ours, theirs)
+
+
+# ----------------------------------------------------------------------------- copy.copy
+
+
+def test_a_shallow_copy_of_a_used_cache_is_independent():
+    """copy.copy of a used cache is an independent copy: stepping it leaves the original
+    as it was (its next step equals a deep copy's), and the copy reports its own length."""
+    model = _model("llama", "sdpa")
+    ids, _ = _prompts(batch=1, length=9, seed=2)
+    cache = hf.EvictingCache.from_model(model, "h2o", 6, recent_window=2)
+    _forward(model, cache, ids)
+    shallow, deep = copy.copy(cache), copy.deepcopy(cache)
+    for t in range(3):
+        assert torch.equal(_forward(model, shallow, torch.tensor([[3 + t]])),
+                           _forward(model, deep, torch.tensor([[3 + t]])))
+    assert shallow.seen == shallow.get_seq_length() == cache.seen + 3
+    assert _state(cache, memory=False) != _state(shallow, memory=False)
+    twin = hf.EvictingCache.from_model(model, "h2o", 6, recent_window=2)
+    _forward(model, twin, ids)
+    assert torch.equal(_forward(model, cache, torch.tensor([[9]])), _forward(model, twin, torch.tensor([[9]])))
 
 
 # ----------------------------------------------------------------------------- repr

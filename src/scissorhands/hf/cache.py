@@ -35,6 +35,7 @@ et al., ICLR 2024, arXiv 2309.17453.
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -1527,6 +1528,12 @@ class EvictingCache(Cache):
     @property
     def is_compileable(self) -> bool:
         return False
+
+    def __copy__(self) -> EvictingCache:
+        """``copy.copy``: an independent copy, as ``copy.deepcopy`` gives (the layers, the
+        storage and the policies' state copied; observers not).  A shallow copy sharing
+        the layers would advance the original while reporting its own length."""
+        return copy.deepcopy(self)
 
     def __repr__(self) -> str:
         """Never raises (also for a cache whose constructor was refused part-way)."""
