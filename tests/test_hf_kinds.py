@@ -1,5 +1,6 @@
 """Kinds of misuse the cache refuses or handles exactly: a cache driven by a model of
-another shape, a grad-enabled forward, ``copy.copy`` of a used cache, ``repr`` of a part-built cache.
+another shape, a grad-enabled forward, ``output_attentions``
+under sdpa, ``copy.copy`` of a used cache, ``repr`` of a part-built cache.
 
 On small random models built here and in ``test_hf_dropin.py`` (no download).
 """
@@ -15,7 +16,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 
 from test_hf_dropin import PAD, VOCAB, _model, _prompts  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig  # noqa: E402
 
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError  # noqa: E402
@@ -120,6 +121,29 @@ def test_a_grad_enabled_forward_is_refused_before_anything_changes(used):
         ours = model(input_ids=torch.tensor([[8]]), cache=cache, use_cache=True).logits
         theirs = model(input_ids=torch.tensor([[8]]), cache=twin, use_cache=True).logits
     assert torch.equal(ours, theirs)
+
+
+# ----------------------------------------------------------------------------- output_attentions
+
+
+def _attentions(model, cache, ids, mask):
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, cache=cache, pad_token_id=PAD,
+                             max_new_tokens=8, do_sample=False, output_attentions=True,
+                             return_dict_in_generate=True)
+    return [[a is None for a in step] for step in out.attentions]
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_output_attentions_are_returned_as_the_implementation_returns_them_before_and_after_eviction(impl):
+    """generate(output_attentions=True): each step's attention weights are returned (eager)
+    or not (sdpa) exactly as with DynamicCache, before and after eviction starts."""
+    model = _model("llama", impl)
+    ids, mask = _prompts(batch=2, length=5, seed=3)
+    cache = hf.EvictingCache.from_model(model, "h2o", 8, recent_window=2)
+    ours = _attentions(model, cache, ids, mask)
+    assert cache.held_counts().max() < cache.seen  # eviction started within the call
+    assert ours == _attentions(model, DynamicCache(config=model.config), ids, mask)
 
 
 # ----------------------------------------------------------------------------- copy.copy

@@ -206,7 +206,9 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
             else:
                 output, weights = grouped_attention(module, query, key, value, mask, kwargs)
             layer.observe(weights)
-            return output, weights
+            # The weights returned as the wrapped implementation returns them (sdpa: none),
+            # before and after positions were evicted, as transformers documents for it.
+            return output, (weights if wrapped == "eager" else None)
         # Nothing evicted yet: sdpa itself, so that outputs equal the stock cache's, and
         # the rows computed beside it.
         mask = layer.attention_mask(attention_mask, query, None)
