@@ -1,6 +1,7 @@
-"""Kinds of misuse the cache refuses or handles exactly: a cache driven by a model of
-another shape, a grad-enabled forward, ``output_attentions``
-under sdpa, ``copy.copy`` of a used cache, ``repr`` of a part-built cache.
+"""Kinds of misuse and model variants the cache refuses or handles exactly: a cache driven
+by a model of another shape, a grad-enabled forward, rotary variants under
+``positions="cache"``, ``output_attentions`` under sdpa, ``copy.copy`` of a used cache,
+and ``repr`` of a part-built cache.
 
 On small random models built here and in ``test_hf_dropin.py`` (no download).
 """
@@ -17,9 +18,11 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from test_hf_dropin import PAD, VOCAB, _model, _prompts  # noqa: E402
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError  # noqa: E402
+from scissorhands.options import PolicyOptions  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -121,6 +124,92 @@ def test_a_grad_enabled_forward_is_refused_before_anything_changes(used):
         ours = model(input_ids=torch.tensor([[8]]), cache=cache, use_cache=True).logits
         theirs = model(input_ids=torch.tensor([[8]]), cache=twin, use_cache=True).logits
     assert torch.equal(ours, theirs)
+
+
+# ----------------------------------------------------------------------------- rotary variants
+
+ROPES = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    # An attention factor well away from 1, so that scaling the keys twice shows in bf16.
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+             "attention_factor": 2.0},
+    "longrope": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+                 "long_factor": [2.0] * 8, "original_max_position_embeddings": 128},
+    "llama3": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 128},
+    "proportional": {"rope_type": "proportional", "rope_theta": 10000.0},
+}
+
+
+#: The rotary types re-rotated exactly (one fixed frequency table); the others are refused.
+EXACT = ("default", "linear", "yarn", "llama3", "proportional")
+
+
+def _from_scratch_run(model, cache, steps: int = 10) -> float:
+    """StreamingLLM (one sink) on a one-layer model: at every decode step after an
+    eviction, the largest difference between the cache's logits and a from-scratch
+    forward over the kept tokens at ranks 0..n-1 and the new token at n (one layer: a
+    key depends only on its token and its rotation)."""
+    gen = torch.Generator().manual_seed(7)
+    tokens = torch.randint(2, VOCAB - 1, (1, 8 + steps), generator=gen)
+    worst = 0.0
+    _forward(model, cache, tokens[:, :8])
+    for t in range(8, 8 + steps):
+        kept = cache.kept_positions(0)
+        ours = _forward(model, cache, tokens[:, t:t + 1])
+        scratch = torch.cat((tokens[0, torch.from_numpy(kept.astype('int64'))], tokens[0, t:t + 1]))[None]
+        with torch.no_grad():
+            theirs = model(input_ids=scratch, use_cache=False).logits[:, -1]
+        if len(kept) < t:  # positions were evicted: the keys were turned to their ranks
+            worst = max(worst, float((ours.float() - theirs.float()).abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rope", sorted(set(ROPE_INIT_FUNCTIONS) | {"default"}))
+def test_each_rotary_type_turns_exactly_to_the_ranks_or_is_refused_when_built(rope, dtype):
+    """positions="cache": every rotary type transformers ships either gives, at each step
+    after an eviction, a from-scratch forward's logits at the kept ranks (float32
+    rounding; bf16 within its own noise), or is refused by from_model naming the type."""
+    assert rope in ROPES, f"a rotary type transformers ships is not exercised here: {rope!r}"
+    model = _llama(layers=1, rope=ROPES[rope], dtype=dtype)
+    build = lambda: hf.EvictingCache.from_model(model, "streaming-llm", 6, PolicyOptions(sinks=1),  # noqa: E731
+                                                positions="cache")
+    if rope not in EXACT:
+        with pytest.raises(InvalidInputError, match=rf"rotary embedding is '{rope}'.*positions='original'"):
+            build()
+        return
+    worst = _from_scratch_run(model, build())
+    assert worst < (1e-4 if dtype == torch.float32 else 0.02), worst
+
+
+def _gemma3(dtype: torch.dtype) -> object:
+    key = f"gemma3/{dtype}"
+    if key not in _BUILT:
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        torch.manual_seed(0)
+        config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                  layer_types=["full_attention"], max_position_embeddings=512, pad_token_id=PAD,
+                                  query_pre_attn_scalar=16)
+        _BUILT[key] = Gemma3ForCausalLM(config).to(dtype).eval()
+    model = _BUILT[key]
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma3s_rotary_module_turns_keys_to_their_ranks(dtype):
+    """positions="cache" on Gemma-3 (a rotary module with one table per layer type):
+    decode steps after an eviction run, and give a from-scratch forward's logits at the
+    kept ranks."""
+    model = _gemma3(dtype)
+    cache = hf.EvictingCache.from_model(model, "streaming-llm", 6, PolicyOptions(sinks=1), positions="cache")
+    worst = _from_scratch_run(model, cache)
+    assert worst < (1e-4 if dtype == torch.float32 else 0.02), worst
 
 
 # ----------------------------------------------------------------------------- output_attentions

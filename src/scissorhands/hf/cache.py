@@ -53,7 +53,7 @@ from ..options import PolicyOptions, policy_spec
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
 from . import attention
 from .gqa import DecodeWeights, gather_group_mean, gather_layers
-from .rope import RankPlan, rank_plan, rank_rotatable
+from .rope import RankPlan, rank_plan, rank_rotatable, rotary_frequencies, turns
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .shape import ModelShape, check_write, shape_of
 from .storage import CACHE_MODES, NUMPY_FLOATS, SLOT_DTYPE, make_storage
@@ -783,6 +783,14 @@ class EvictingCache(Cache):
 
         The parameters are the constructor's; the cache is checked before the model is
         touched.
+
+        Raises
+        ------
+        InvalidInputError
+            What the constructor refuses; with ``positions="cache"``, a model without a
+            rotary embedding, or whose rotary type is not one of
+            :data:`scissorhands.hf.rope.EXACT_ROPE_TYPES` (``dynamic``, ``longrope``:
+            their frequencies change with the length, so keys cannot be turned exactly).
         """
         if not hasattr(getattr(model, "config", None), "get_text_config"):
             raise InvalidTypeError(f"from_model needs a transformers model (one with a .config), "
@@ -792,6 +800,7 @@ class EvictingCache(Cache):
             cache.rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
             if cache.rotary is None:
                 raise InvalidInputError(f"positions='cache' needs a rotary embedding; {type(model).__name__} has none")
+            cache._rope_freq = rotary_frequencies(cache.rotary)
         attention.install(model)
         return cache
 
@@ -1138,6 +1147,9 @@ class EvictingCache(Cache):
             extent = storage.extent + q
         return extent, self.seen + q - extent
 
+    #: The rotary module's attribute holding the frequencies the keys turn with (from_model).
+    _rope_freq = "inv_freq"
+
     def _rotations(self, forward: _Forward, query: torch.Tensor,
                    key: torch.Tensor) -> RankPlan | tuple[torch.Tensor, ...]:
         """``positions="cache"``: the forward's rotations.  For float32 keys and queries a
@@ -1152,10 +1164,13 @@ class EvictingCache(Cache):
         if forward.pads is not None:
             admitted = np.broadcast_to((~forward.pads)[None, :, None, :], (layers, batch, heads, q)).reshape(-1, q)
         assert forward.positions is not None
-        inv_freq = getattr(self.rotary, "inv_freq", None)
+        inv_freq = getattr(self.rotary, self._rope_freq, None)
         if isinstance(inv_freq, torch.Tensor) and rank_rotatable(query, key):
             return rank_plan(storage, admitted, forward.positions, inv_freq.detach().cpu().double().numpy(),
                              self.groups, int(key.shape[-1]))
+        if not isinstance(inv_freq, torch.Tensor):
+            raise InvalidInputError("positions='cache' turns keys with the model's rotary embedding: build the cache "
+                                    "with EvictingCache.from_model(model, ...)")
         rank, new_rank = storage.ranks(admitted)
         delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
         delta_query = new_rank[: batch * heads: heads] - forward.positions  # (batch, q)
@@ -1164,7 +1179,7 @@ class EvictingCache(Cache):
         # angle is one product of a frequency and a position), without sorting the deltas.
         deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
         low = int(deltas.min())
-        cos_d, sin_d = self.rotary(query, torch.arange(low, int(deltas.max()) + 1)[None])
+        cos_d, sin_d = turns(inv_freq, torch.arange(low, int(deltas.max()) + 1, device=query.device), query.dtype)
         index = torch.from_numpy(deltas - low)
         cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
         width = cos_all.shape[-1]
