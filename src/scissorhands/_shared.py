@@ -17,6 +17,9 @@ the reference, each stated once.
   ``admit`` mask of ``extend`` and the row index of ``select_rows``.
 * **State validation**: ``state_dict()`` data checked field by field, before either
   backend builds anything from it.
+* **Object lifecycle**: the ``repr`` of an object whose constructor was refused part-way
+  (:func:`partial_repr`), and each object's lock made anew in a forked child
+  (:func:`remake_lock_after_fork`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import bisect
 import math
 import numbers
+import os
+import weakref
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -69,6 +74,7 @@ __all__ = [
     "parse_held",
     "parse_history",
     "parse_state",
+    "partial_repr",
     "pinned_budget_error",
     "pinned_outside",
     "pins_budget_error",
@@ -79,6 +85,7 @@ __all__ = [
     "read_pins",
     "read_row_index",
     "read_weights",
+    "remake_lock_after_fork",
     "row_candidates",
 ]
 
@@ -907,3 +914,38 @@ def parse_held(state: Mapping[str, Any], vote_rate: bool, rows: StateRows,
                 raise InvalidInputError("a register of state['history'] has a vote bit older than "
                                         "its state['steps_held']")
     return held
+
+
+# ------------------------------------------------------------------ object lifecycle
+
+def partial_repr(obj: object) -> str:
+    """``Name(<incomplete: a, b>)``: the attributes ``obj`` has (leading underscores
+    dropped), for the ``repr`` of an object whose constructor did not finish (refused
+    part-way, or never run).  Never raises."""
+    try:
+        have = sorted({name.lstrip("_") for name in vars(obj)})
+    except Exception:  # no __dict__ either
+        have = []
+    return f"{type(obj).__name__}(<incomplete: {', '.join(have) or 'nothing set'}>)"
+
+
+#: The live objects whose lock is made anew in a forked child.
+_FORK_LOCKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def remake_lock_after_fork(obj: Any) -> None:
+    """Have ``obj._remake_lock()`` called in the child of every later ``os.fork``.
+
+    A lock held by another thread at the fork stays held in the child, where that thread
+    does not exist, so the child's next call would wait forever; the child's object gets a
+    new, free lock instead.  The object is held weakly (it is forgotten when collected)."""
+    _FORK_LOCKED.add(obj)
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_FORK_LOCKED):
+        obj._remake_lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -75,6 +75,7 @@ from ._shared import (
     parse_held,
     parse_history,
     parse_state,
+    partial_repr,
     pinned_budget_error,
     pins_budget_error,
     pooled_evict_error,
@@ -84,6 +85,7 @@ from ._shared import (
     read_pins,
     read_row_index,
     read_weights,
+    remake_lock_after_fork,
 )
 from .errors import InvalidInputError, InvalidTypeError
 from .options import SPECS, PolicyRegistry, protected_message, shown_values
@@ -206,10 +208,16 @@ class _Policy:
         self.pool = check_pool(self.pool, self.heads)
         self._initial_pins = read_pins(pins)
         self._check_spans(self._initial_pins)
-        self._lock = threading.RLock()
+        self._remake_lock()
+        remake_lock_after_fork(self)
         self._capacity = self._initial_capacity()
         self._threads = 1
         self.reset()
+
+    def _remake_lock(self) -> None:
+        """A new, free lock (at construction, and in a forked child: the parent's may be
+        held by a thread the child does not have)."""
+        self._lock = threading.RLock()
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -1141,9 +1149,13 @@ class _Policy:
         return (type(self).from_state_dict, (self.state_dict(),))
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v}" for k, v in self._params().items())
-        counts = self._counts()
-        held = str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}..{max(counts)}"
+        """Never raises (also for a policy whose constructor was refused part-way)."""
+        try:
+            params = ", ".join(f"{k}={v}" for k, v in self._params().items())
+            counts = self._counts()
+            held = str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}..{max(counts)}"
+        except Exception:  # a partly built object: what it has
+            return partial_repr(self)
         return f"{type(self).__name__}({params}, held={held})"
 
 

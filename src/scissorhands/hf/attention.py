@@ -46,6 +46,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import InvalidInputError
+from .shape import check_module
 from .storage import ChunkMask, causal_triangle
 
 __all__ = ["PREFIX", "WRAPPED", "attention_rows", "grouped_attention", "install", "installed", "uninstall"]
@@ -187,6 +188,8 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
             inner = _eager_for(module) if wrapped == "eager" else ALL_ATTENTION_FUNCTIONS[wrapped]
             return inner(module, query, key, value, attention_mask, **kwargs)
         cache = layer.cache
+        if layer.index == 0:  # a model of another shape than the cache's: refused, the forward undone
+            check_module(cache, module)
         if cache.positions == "cache":
             layer.note_positions(query, kwargs)
         if cache._queries is not None and query.shape[2] > 1:  # archive: the prompt's last query rows
@@ -215,7 +218,9 @@ def _make_attention(wrapped: str) -> Callable[..., Any]:
             else:
                 output, weights = grouped_attention(module, query, key, value, mask, kwargs)
             layer.observe(weights)
-            return output, weights
+            # The weights returned as the wrapped implementation returns them (sdpa: none),
+            # before and after positions were evicted, as transformers documents for it.
+            return output, (weights if wrapped == "eager" else None)
         # Nothing evicted yet: sdpa itself, so that outputs equal the stock cache's, and
         # the rows computed beside it.
         mask = layer.attention_mask(attention_mask, query, None)

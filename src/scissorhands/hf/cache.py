@@ -35,6 +35,7 @@ et al., ICLR 2024, arXiv 2309.17453.
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,7 +47,7 @@ import torch
 from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
 from .._native import ffi, lib
-from .._shared import check_int
+from .._shared import check_int, partial_repr
 from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions, expand_preset, policy_spec, preset
 from ..prompt_aware import DEFAULT_OBSERVATION_WINDOW, DEFAULT_POOL_KERNEL, DEFAULT_PREFILL_BUDGET, PromptAware
@@ -64,8 +65,9 @@ from .recall import (
     restore,
     restored_kept,
 )
-from .rope import RankPlan, rank_plan, rank_rotatable
+from .rope import RankPlan, rank_plan, rank_rotatable, rotary_frequencies, turns
 from .rows import PolicyConfig, PolicyRows, check_pools
+from .shape import ModelShape, check_write, shape_of
 from .storage import CACHE_MODES, NUMPY_FLOATS, SLOT_DTYPE, make_storage
 
 __all__ = ["HEAD_MODES", "POSITION_MODES", "AttentionObserver", "CacheStats", "EvictingCache", "EvictingLayer",
@@ -477,6 +479,20 @@ def _refuse_states(keys: Any, values: Any) -> None:
                                     f"got shape {tuple(states.shape)}")
 
 
+def _refuse_grad(cache: EvictingCache, layer_idx: int) -> None:
+    """Refuse keys or values that require grad (a forward with gradients on and trainable
+    projections): the cache stores detached copies, so the key/value path would drop out
+    of autograd with no error.  The forward in flight is undone first."""
+    if layer_idx:
+        cache._rollback()
+    raise InvalidInputError(
+        "an EvictingCache holds keys and values outside autograd (its buffers are written in place and "
+        "evicted from), so gradients through them would be silently wrong: run the forward under "
+        "torch.no_grad() or torch.inference_mode() (as generate does); for gradients through the "
+        f"attention use transformers' DynamicCache (layer {layer_idx}'s keys or values require grad; "
+        "nothing changed)")
+
+
 def _check_modes(positions: str, head_mode: str, cache_mode: str) -> None:
     """Refuse an unknown positions, head or cache mode (:class:`InvalidInputError`)."""
     if positions not in POSITION_MODES:
@@ -749,6 +765,8 @@ class EvictingCache(Cache):
         self.groups = self.num_heads // self.num_kv_heads
         layers, evicting = self._build_layers(text)
         super().__init__(layers=layers)
+        #: The model's shape the cache is laid out for (:mod:`scissorhands.hf.shape`).
+        self.shape: ModelShape = shape_of(text)
         self.configs = configs
         #: Whether any policy reads attention (else the cache gathers no weights).
         self._policies_read = any(c.reads_attention for c in configs)
@@ -829,6 +847,14 @@ class EvictingCache(Cache):
 
         The parameters are the constructor's; the cache is checked before the model is
         touched.
+
+        Raises
+        ------
+        InvalidInputError
+            What the constructor refuses; with ``positions="cache"``, a model without a
+            rotary embedding, or whose rotary type is not one of
+            :data:`scissorhands.hf.rope.EXACT_ROPE_TYPES` (``dynamic``, ``longrope``:
+            their frequencies change with the length, so keys cannot be turned exactly).
         """
         if not hasattr(getattr(model, "config", None), "get_text_config"):
             raise InvalidTypeError(f"from_model needs a transformers model (one with a .config), "
@@ -838,6 +864,7 @@ class EvictingCache(Cache):
             cache.rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
             if cache.rotary is None:
                 raise InvalidInputError(f"positions='cache' needs a rotary embedding; {type(model).__name__} has none")
+            cache._rope_freq = rotary_frequencies(cache.rotary)
         attention.install(model)
         _prefix.install(model)
         return cache
@@ -935,10 +962,14 @@ class EvictingCache(Cache):
         self._observers.append(fn)
         return ObserverHandle(self._observers, fn)
 
+    #: The last model config found to fit :attr:`shape` (:func:`~scissorhands.hf.shape.check_module`).
+    _fitted: Any = None
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_observers"] = []
         state.pop("_observing", None)  # a copy made by an observer calls none
+        state.pop("_fitted", None)
         state["_gathered"] = state["_pending"] = state["_steady_out"] = None
         return state
 
@@ -1291,6 +1322,9 @@ class EvictingCache(Cache):
             extent = storage.extent + q
         return extent, self.seen + q - extent
 
+    #: The rotary module's attribute holding the frequencies the keys turn with (from_model).
+    _rope_freq = "inv_freq"
+
     def _rotations(self, forward: _Forward, query: torch.Tensor,
                    key: torch.Tensor) -> RankPlan | tuple[torch.Tensor, ...]:
         """``positions="cache"``: the forward's rotations.  For float32 keys and queries a
@@ -1305,10 +1339,13 @@ class EvictingCache(Cache):
         if forward.pads is not None:
             admitted = np.broadcast_to((~forward.pads)[None, :, None, :], (layers, batch, heads, q)).reshape(-1, q)
         assert forward.positions is not None
-        inv_freq = getattr(self.rotary, "inv_freq", None)
+        inv_freq = getattr(self.rotary, self._rope_freq, None)
         if isinstance(inv_freq, torch.Tensor) and rank_rotatable(query, key):
             return rank_plan(storage, admitted, forward.positions, inv_freq.detach().cpu().double().numpy(),
                              self.groups, int(key.shape[-1]))
+        if not isinstance(inv_freq, torch.Tensor):
+            raise InvalidInputError("positions='cache' turns keys with the model's rotary embedding: build the cache "
+                                    "with EvictingCache.from_model(model, ...)")
         rank, new_rank = storage.ranks(admitted)
         delta_keys = rank - storage.rope[:, : storage.extent]  # (rows, extent)
         delta_query = new_rank[: batch * heads: heads] - forward.positions  # (batch, q)
@@ -1317,7 +1354,7 @@ class EvictingCache(Cache):
         # angle is one product of a frequency and a position), without sorting the deltas.
         deltas = np.concatenate((delta_keys.reshape(-1), delta_query.reshape(-1)))
         low = int(deltas.min())
-        cos_d, sin_d = self.rotary(query, torch.arange(low, int(deltas.max()) + 1)[None])
+        cos_d, sin_d = turns(inv_freq, torch.arange(low, int(deltas.max()) + 1, device=query.device), query.dtype)
         index = torch.from_numpy(deltas - low)
         cos_all, sin_all = cos_d[0].index_select(0, index), sin_d[0].index_select(0, index)
         width = cos_all.shape[-1]
@@ -1582,10 +1619,14 @@ class EvictingCache(Cache):
         if not (isinstance(key_states, torch.Tensor) and isinstance(value_states, torch.Tensor)
                 and key_states.dim() == 4 and value_states.dim() == 4):
             _refuse_states(key_states, value_states)
+        if key_states.requires_grad or value_states.requires_grad:
+            _refuse_grad(self, layer_idx)
+        layer: Any = self.layers[layer_idx]
+        if isinstance(layer, EvictingLayer):
+            check_write(self, layer_idx, key_states, value_states)
         if layer_idx == 0:
             self._settle()
             self._slid = {}
-        layer: Any = self.layers[layer_idx]
         if not isinstance(layer, EvictingLayer):
             self._slid.setdefault(layer_idx, (layer.keys, layer.values, getattr(layer, "cumulative_length", None),
                                               layer.is_initialized))
@@ -1726,10 +1767,20 @@ class EvictingCache(Cache):
     def is_compileable(self) -> bool:
         return False
 
+    def __copy__(self) -> EvictingCache:
+        """``copy.copy``: an independent copy, as ``copy.deepcopy`` gives (the layers, the
+        storage and the policies' state copied; observers not).  A shallow copy sharing
+        the layers would advance the original while reporting its own length."""
+        return copy.deepcopy(self)
+
     def __repr__(self) -> str:
-        names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
-        return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
-                f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+        """Never raises (also for a cache whose constructor was refused part-way)."""
+        try:
+            names = ", ".join(f"{c.policy}@{c.budget}" for c in self.configs)
+            return (f"EvictingCache({names}, layers={self.evicting_layers}, batch={self.batch}, "
+                    f"seen={self.seen}, head_mode={self.head_mode!r}, cache_mode={self.cache_mode!r})")
+        except Exception:  # a partly built object: what it has
+            return partial_repr(self)
 
 
 def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarray | None, held: np.ndarray,

@@ -31,10 +31,53 @@ import numpy as np
 import torch
 
 from .._native import check, ffi, lib
-from ..errors import ScissorhandsError
+from ..errors import InvalidInputError, ScissorhandsError
 from .storage import SLOT_DTYPE, SlotStorage
 
-__all__ = ["RankPlan", "rank_plan", "rank_rotatable"]
+__all__ = ["EXACT_ROPE_TYPES", "RankPlan", "rank_plan", "rank_rotatable", "rotary_frequencies", "turns"]
+
+#: The rotary types (``rope_type``) whose rotation is ``cos``/``sin`` of one fixed frequency
+#: table times the position, times one constant (``attention_scaling``): a key rotated at
+#: ``p`` turns to ``r`` exactly by the unscaled rotation of ``r - p``.  ``dynamic`` and
+#: ``longrope`` change their frequencies with the longest position seen, so keys rotated
+#: before and after a change cannot be turned to their ranks: refused.
+EXACT_ROPE_TYPES = ("default", "linear", "yarn", "llama3", "proportional")
+
+
+def rotary_frequencies(rotary: Any) -> str:
+    """The name of ``rotary``'s attribute holding the frequencies of the full-attention
+    layers (``inv_freq``; ``full_attention_inv_freq`` for a rotary module with one table
+    per layer type, as Gemma-3's), read at each forward (it follows ``model.to``).
+
+    Raises
+    ------
+    InvalidInputError
+        The rotary type is not one of :data:`EXACT_ROPE_TYPES`, or the module has no such
+        frequency table.
+    """
+    kind: Any = getattr(rotary, "rope_type", "default")
+    name = "inv_freq"
+    if isinstance(kind, dict):  # one rotary module for several layer types
+        kind, name = kind.get("full_attention", "default"), "full_attention_inv_freq"
+    if kind not in EXACT_ROPE_TYPES:
+        raise InvalidInputError(
+            f"positions='cache' turns keys to their ranks with one fixed frequency table; the model's rotary "
+            f"embedding is {kind!r} ({type(rotary).__name__}), which it cannot turn exactly (it does "
+            f"{', '.join(EXACT_ROPE_TYPES)}): build the cache with positions='original'")
+    if not isinstance(getattr(rotary, name, None), torch.Tensor):
+        raise InvalidInputError(f"positions='cache': the model's rotary embedding ({type(rotary).__name__}) has no "
+                                f"{name} to turn keys with: build the cache with positions='original'")
+    return name
+
+
+def turns(inv_freq: torch.Tensor, angles: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` ``(1, n, 2 * half)`` in ``dtype`` of the turns by ``angles``
+    ``(n,)`` positions: the rotary module's arithmetic (float32 products and cos/sin,
+    rounded once to ``dtype``) without its ``attention_scaling``, which the keys and
+    query it turns already carry."""
+    freqs = angles[None, :, None].float() * inv_freq.to(device=angles.device, dtype=torch.float)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 #: A table of every angle between the smallest and the largest turn while it has at most
 #: this many rows more than the turns it serves; else the distinct turns only.

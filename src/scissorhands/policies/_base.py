@@ -37,6 +37,7 @@ from scissorhands._shared import (
     parse_held,
     parse_history,
     parse_state,
+    partial_repr,
     pinned_budget_error,
     pins_budget_error,
     pooled_evict_error,
@@ -46,6 +47,7 @@ from scissorhands._shared import (
     read_pins,
     read_row_index,
     read_weights,
+    remake_lock_after_fork,
 )
 from scissorhands.errors import InvalidInputError, InvalidTypeError
 from scissorhands.options import SPECS, protected_message, shown_values
@@ -183,10 +185,8 @@ class NativePolicy:
         out = ffi.new("sh_policy **")
         check(lib.sh_policy_new(cfg, out), type(self).__name__)
         self._ptr = ffi.gc(out[0], lib.sh_policy_free)
-        self._lock = threading.Lock()
-        # Bound once: the decode step takes and releases the lock on every call.
-        self._acquire = self._lock.acquire
-        self._release = self._lock.release
+        self._remake_lock()
+        remake_lock_after_fork(self)
         # Mirrors of the C object, read on the hot path: the largest count of a row,
         # whether the rows hold different counts, and the last position.
         self._n = 1
@@ -198,6 +198,14 @@ class NativePolicy:
         self._set_pins(spans)
         #: The spans given at construction: what reset() goes back to.
         self._initial_pins = spans
+
+    def _remake_lock(self) -> None:
+        """A new, free lock (at construction, and in a forked child: the parent's may be
+        held by a thread the child does not have)."""
+        self._lock = threading.Lock()
+        # Bound once: the decode step takes and releases the lock on every call.
+        self._acquire = self._lock.acquire
+        self._release = self._lock.release
 
     def _grow_victims(self, size: int) -> None:
         """(Re)allocate the reusable output buffers and their C views."""
@@ -1277,9 +1285,13 @@ class NativePolicy:
         return (type(self).from_state_dict, (self.state_dict(),))
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v}" for k, v in self._params().items())
-        with self._lock:
-            held = f"{int(self._counts_locked().min())}..{self._n}" if self._ragged else str(self._n)
+        """Never raises (also for a policy whose constructor was refused part-way)."""
+        try:
+            params = ", ".join(f"{k}={v}" for k, v in self._params().items())
+            with self._lock:
+                held = f"{int(self._counts_locked().min())}..{self._n}" if self._ragged else str(self._n)
+        except Exception:  # a partly built object: what it has
+            return partial_repr(self)
         return f"{type(self).__name__}({params}, held={held})"
 
 
