@@ -54,19 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64, help="--at-budget: tokens read one per forward after it")
     parser.add_argument("--archive", action="store_true", help="the recall tier's bytes, float32 and int8")
     args = parser.parse_args(argv)
-    if args.archive:
+    for flag, on in (("--archive", args.archive), ("--at-budget", args.at_budget)):
+        if not on:
+            continue
         if args.budget == parser.get_default("budget"):
             args.budget = 256
         if not 1 <= args.budget < args.prompt or args.steps < 1:
-            parser.error(f"--archive needs 1 <= --budget < --prompt and --steps >= 1, got budget={args.budget}, "
+            parser.error(f"{flag} needs 1 <= --budget < --prompt and --steps >= 1, got budget={args.budget}, "
                          f"prompt={args.prompt}, steps={args.steps}")
-        return archive_bytes(args.budget, args.prompt, args.steps, parser)
-    if args.at_budget:
-        if args.budget == parser.get_default("budget"):
-            args.budget = 256
-        if not 1 <= args.budget < args.prompt or args.steps < 1:
-            parser.error(f"--at-budget needs 1 <= --budget < --prompt and --steps >= 1, got budget={args.budget}, "
-                         f"prompt={args.prompt}, steps={args.steps}")
+        if args.archive:
+            return archive_bytes(args.budget, args.prompt, args.steps, parser)
         return at_budget(args.policies or ["scissorhands"], args.budget, args.prompt, args.steps, parser)
     args.policies = args.policies or ["scissorhands", "h2o"]
     lengths = sorted(args.lengths)

@@ -403,18 +403,11 @@ def test_a_prompt_with_no_decode_step_is_left_as_read():
 def test_a_compiled_forward_drives_a_prompt_aware_cache_like_an_uncompiled_one():
     """torch.compile(model.forward) (eager backend) with a prompt-aware cache: the tokens
     of the uncompiled forward, the prompt's end evicting outside the traced graph."""
-    from test_hf_state import _greedy_loop
+    from test_hf_state import _compiled_and_plain
 
     model = _model("llama", "sdpa")
     ids = torch.randint(2, 90, (1, 14), generator=torch.Generator().manual_seed(15))
-    plain_cache = _cache(model)
-    plain = _greedy_loop(model.forward, plain_cache, ids)
-    torch._dynamo.reset()
-    try:
-        cache = _cache(model)
-        compiled = _greedy_loop(torch.compile(model.forward, backend="eager"), cache, ids)
-    finally:
-        torch._dynamo.reset()
+    plain, compiled, _, cache = _compiled_and_plain(model, lambda: _cache(model), ids)
     assert torch.equal(compiled, plain)
     assert cache.stats.prompt_ends == 1 and cache.held_counts().max() == 8
 

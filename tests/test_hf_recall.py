@@ -270,18 +270,11 @@ def test_past_prefill_budget_the_prompt_end_scores_held_and_archived_together(mo
 @pytest.mark.slow  # compiling takes about 20 s (eager backend) on two cores
 def test_a_compiled_forward_drives_an_archive_like_an_uncompiled_one():
     """torch.compile(model.forward) (eager backend) with an archive: the uncompiled forward's tokens and archive."""
-    from test_hf_state import _greedy_loop
+    from test_hf_state import _compiled_and_plain
 
     model = _model("llama", "sdpa")
     ids = torch.randint(2, 90, (1, 30), generator=torch.Generator().manual_seed(15))
-    plain_cache = _cache(model)
-    plain = _greedy_loop(model.forward, plain_cache, ids)
-    torch._dynamo.reset()
-    try:
-        cache = _cache(model)
-        compiled = _greedy_loop(torch.compile(model.forward, backend="eager"), cache, ids)
-    finally:
-        torch._dynamo.reset()
+    plain, compiled, plain_cache, cache = _compiled_and_plain(model, lambda: _cache(model), ids)
     assert torch.equal(compiled, plain)
     assert cache.archive_bytes() > 0
     for row in _rows(cache):

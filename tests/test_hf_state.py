@@ -388,6 +388,20 @@ def test_assisted_and_prompt_lookup_decoding_are_refused_before_the_first_forwar
 # ----------------------------------------------------------------------------- torch.compile
 
 
+def _compiled_and_plain(model, make_cache, ids):
+    """Greedy tokens of ``model.forward`` and of ``torch.compile(model.forward)`` (eager
+    backend), each on a cache of ``make_cache()``: ``(plain, compiled, plain_cache, cache)``."""
+    plain_cache = make_cache()
+    plain = _greedy_loop(model.forward, plain_cache, ids)
+    torch._dynamo.reset()
+    try:
+        cache = make_cache()
+        compiled = _greedy_loop(torch.compile(model.forward, backend="eager"), cache, ids)
+    finally:
+        torch._dynamo.reset()
+    return plain, compiled, plain_cache, cache
+
+
 def _greedy_loop(forward, cache, ids, steps=6):
     """Greedy tokens from a loop of ``forward`` calls (the prompt, then one token each)."""
     tokens = []
