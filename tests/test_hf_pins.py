@@ -124,3 +124,17 @@ def test_pinned_positions_survive_the_prompt_end_eviction():
     for t in range(10):
         hf.decode_step(model, cache, torch.tensor([3 + t, 4]))
     assert _held_everywhere(cache, [4, 5, 6]) and cache.held_counts().max() <= 10
+
+
+@pytest.mark.parametrize("backend", ["native", "reference"])
+def test_the_recommendation_pins_a_document_most_of_the_budget_long(backend):
+    """The recommended window (0.75) shares what the pins and sinks leave: a pinned span of
+    3/4 of the budget is accepted, kept through a long generation, and the rest still evicts."""
+    model = _model("llama", "sdpa")
+    ids = torch.randint(2, VOCAB - 1, (1, 40), generator=torch.Generator().manual_seed(2))
+    cache = hf.EvictingCache.from_model(model, "recommended", 40, backend=backend, pins=[(0, 30)],
+                                        observation_window=2)
+    _generate(model, cache, ids, None, do_sample=False, max_new_tokens=30, min_new_tokens=30)
+    assert cache.policies[0].state_dict()["params"]["recent_window"] == int(0.75 * (40 - 26 - 4))
+    assert _held_everywhere(cache, range(30)) and int(cache.held_counts().max()) == 40
+    assert cache.get_seq_length() == 69

@@ -284,3 +284,27 @@ def test_at_most_65536_spans(backend):
     assert len(p.pins) == 65535 and p.pins[0] == (0, 3)
     with pytest.raises(InvalidInputError, match="at most 65536 pinned spans"):
         backend.Full(pins=[*spans, (2 * 65536, 2 * 65536 + 1)])
+
+
+@pytest.mark.parametrize("name", ["scissorhands", "h2o", "tova"])
+def test_a_fractional_window_shares_what_constructor_pins_leave(backend, name):
+    """recent_window=0.75 with a document pinned at construction is 0.75 of what the pins and sinks
+    leave (floor(0.75 * (1024 - 660 - 4)) = 270), so pinning most of the budget still evicts; a count
+    and a fraction without pins resolve as before, and pin() later keeps the window."""
+    sinks = {"sinks": 4} if SPECS[name].takes("sinks") else {}
+    p = backend.POLICIES[name](budget=1024, recent_window=0.75, heads=2, pins=[(0, 664)], **sinks)
+    left = 1024 - (664 - len(sinks) * 4 if sinks else 664) - (4 if sinks else 0)
+    assert p.state_dict()["params"]["recent_window"] == int(0.75 * left)
+    assert backend.POLICIES[name](budget=1024, recent_window=0.75, heads=1, **sinks).state_dict()["params"][
+        "recent_window"] == 768
+    assert backend.POLICIES[name](budget=1024, recent_window=700, heads=1,
+                                  **sinks).state_dict()["params"]["recent_window"] == 700
+    with pytest.raises(InvalidInputError, match="pins leave nothing to evict"):
+        backend.POLICIES[name](budget=1024, recent_window=100, heads=1, pins=[(0, 1000)], **sinks)
+    small = backend.POLICIES[name](budget=16, recent_window=0.5, heads=1, pins=[(0, 8)], **sinks)
+    victims = run(small, 40)
+    assert victims and all(len(v) == 1 for v in victims[16:])  # it evicts
+    assert not set(range(8)) & {x for row in victims for x in row}
+    assert small.state_dict()["params"]["recent_window"] == int(0.5 * (16 - 8))
+    small.pin(30, 31)  # a span pinned later: the window stays as resolved
+    assert small.state_dict()["params"]["recent_window"] == int(0.5 * (16 - 8))

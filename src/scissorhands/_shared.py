@@ -642,6 +642,19 @@ def pinned_outside(spans: list[Span], sinks: int) -> int:
     return sum(stop - max(start, sinks) for start, stop in spans if stop > sinks)
 
 
+def window_beside_pins(raw: Any, spans: list[Span], sinks: int, budget: int) -> int | None:
+    """A recent window given as a fraction (``raw``: a float or ``Fraction``), with
+    spans pinned at construction: that fraction of what the pinned positions and the
+    sinks leave of the budget, ``floor(fraction * (budget - pinned - sinks))`` (at
+    least 0), so that pinning a span smaller than the budget still leaves positions to
+    evict; None (the window as resolved against the budget) without spans or for a
+    count."""
+    if not spans or isinstance(raw, (bool, numbers.Integral)) or not isinstance(raw, numbers.Real):
+        return None
+    left = max(0, budget - pinned_outside(spans, sinks) - sinks)
+    return check_recent_window(raw, left) if left > 0 else 0
+
+
 def pins_budget_error(spans: list[Span], sinks: int, recent_window: int,
                       budget: int) -> InvalidInputError | None:
     """The refusal of ``spans`` that, with the sinks and the recent window, leave

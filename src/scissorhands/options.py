@@ -18,6 +18,7 @@ This module imports no native code and no torch: the reference backend uses it t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import itertools
@@ -706,7 +707,8 @@ def policy_classes(backend: str = "native") -> Mapping[str, type]:
 
 
 def make_policy(name: str, budget: int | None, options: PolicyOptions | None = None, *,
-                heads: int = 1, backend: str = "native", pools: Mapping[str, int] | None = None) -> Any:
+                heads: int = 1, backend: str = "native", pools: Mapping[str, int] | None = None,
+                pins: Any = ()) -> Any:
     """Build one policy of the registry, configured by ``options``.
 
     Parameters
@@ -723,6 +725,9 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
     pools : mapping, optional
         Rows per pool of each scope a ``pool`` option may name (``{"layer": 3,
         "model": 90}``); see :meth:`PolicyOptions.values`.
+    pins : sequence of (start, stop), default ()
+        Spans pinned at construction; a recent window given as a fraction (``0.75``,
+        ``"75%"``) is then that fraction of what the pins and sinks leave of the budget.
 
     Raises
     ------
@@ -740,7 +745,12 @@ def make_policy(name: str, budget: int | None, options: PolicyOptions | None = N
         return cls(budget=budget, heads=heads)
     if budget is None:
         raise InvalidInputError(f"policy {name!r} needs a budget")
-    return cls(budget=budget, heads=heads, **options.values(name, budget, pools))
+    values = options.values(name, budget, pools)
+    window = options.recent_window if spec.takes("recent_window") else None
+    if pins and isinstance(window, str):  # a fraction stays one, to share what the pins leave
+        with contextlib.suppress(InvalidInputError):  # a count written as text: resolved as it was
+            values["recent_window"] = spec_fraction(window)
+    return cls(budget=budget, heads=heads, **values, **({"pins": pins} if pins else {}))
 
 
 # ----------------------------------------------------------------------------- labels

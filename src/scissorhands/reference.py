@@ -86,6 +86,7 @@ from ._shared import (
     read_row_index,
     read_weights,
     remake_lock_after_fork,
+    window_beside_pins,
 )
 from .errors import InvalidInputError, InvalidTypeError
 from .options import SPECS, PolicyRegistry, protected_message, shown_values
@@ -198,6 +199,7 @@ class _Policy:
         as an attribute of the same name."""
         self.budget = check_int("budget", budget, 1, UINT32_MAX)
         self._options = SPECS[self.name].check(self.budget, options)
+        self._given_window = options.get("recent_window")  # a fraction shares what pins leave (_setup)
         for name, value in self._options.items():
             setattr(self, name, value)
 
@@ -207,6 +209,11 @@ class _Policy:
         self.heads = check_int("heads", heads, 1, MAX_HEADS)
         self.pool = check_pool(self.pool, self.heads)
         self._initial_pins = read_pins(pins)
+        shared = window_beside_pins(getattr(self, "_given_window", None), self._initial_pins,
+                                    self._options.get("sinks", 0), self._pin_budget())
+        if shared is not None:  # a fraction of what the spans and the sinks leave
+            self._options["recent_window"] = shared
+            self.recent_window = shared
         self._check_spans(self._initial_pins)
         self._remake_lock()
         remake_lock_after_fork(self)

@@ -552,10 +552,14 @@ def _checked_pins(configs: Sequence[PolicyConfig], held: list[tuple[int, int]],
         return list(held)
     merged: list[tuple[int, int]] = list(held)
     for config in configs:
-        probe = config.build(1, {"layer": 1, "model": 1}) if not config.pooled else \
-            PolicyConfig(config.policy, config.budget, config.options.replace(pool=1), config.backend).build(1, {})
-        for start, stop in [*held, *new]:
-            probe.pin(start, stop)
+        one = config if not config.pooled else \
+            PolicyConfig(config.policy, config.budget, config.options.replace(pool=1), config.backend)
+        if not held:  # the constructor's spans: a fractional recent window shares what they leave
+            probe = one.build(1, {"layer": 1, "model": 1}, new)
+        else:  # spans pinned later: the window as the rows resolved it
+            probe = one.build(1, {"layer": 1, "model": 1}, held)
+            for start, stop in new:
+                probe.pin(start, stop)
         merged = [(int(a), int(b)) for a, b in probe.pins]
     return merged
 
@@ -752,6 +756,8 @@ class EvictingCache(Cache):
                                      head_mode=head_mode, configs=configs, per_sequence=self.per_sequence)
         #: The pinned spans every policy row gets, merged (:meth:`pin`).
         self._pins: list[tuple[int, int]] = _checked_pins(configs, [], _spans(pins))
+        #: The spans given to the constructor: every row's policy is built with them.
+        self._initial_pins = list(self._pins)
         _check_pins_leave_room(self._pins, self.prompt_aware, configs)
         # The options first (the command line checks them with no model yet), then the model.
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
@@ -1104,8 +1110,8 @@ class EvictingCache(Cache):
             else:
                 configs.append(config)
                 counts.append(size)
-        self.bank = PolicyRows(configs, counts, self.evicting_layers, self.policy_heads)
-        for policy in self.bank.policies:
+        self.bank = PolicyRows(configs, counts, self.evicting_layers, self.policy_heads, self._initial_pins)
+        for policy in self.bank.policies:  # the spans pinned after construction
             for start, stop in self._pins:
                 policy.pin(start, stop)
         self.storage.start(batch, self.num_kv_heads)

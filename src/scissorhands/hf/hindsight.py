@@ -65,8 +65,9 @@ class HindsightConfig(PolicyConfig):
         if self.budget != self.schedule.budget:
             raise InvalidInputError(f"budget {self.budget} is not the schedule's ({self.schedule.budget})")
 
-    def build(self, rows: int, pools: dict[str, int]) -> ScheduledPolicy:
-        """The replay of the schedule over ``rows`` rows (one sequence's).
+    def build(self, rows: int, pools: dict[str, int], pins: Any = ()) -> ScheduledPolicy:
+        """The replay of the schedule over ``rows`` rows (one sequence's; ``pins`` as
+        the cache's, which the schedule's replay keeps by its own pin()).
 
         Raises
         ------

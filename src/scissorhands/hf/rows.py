@@ -55,10 +55,12 @@ class PolicyConfig:
             options = options.replace(pool=1)
         make_policy(self.policy, self.budget, options, backend=self.backend)
 
-    def build(self, rows: int, pools: dict[str, int]) -> Any:
+    def build(self, rows: int, pools: dict[str, int], pins: Any = ()) -> Any:
         """The policy object behind ``rows`` rows of this configuration (``pools``: the
-        rows each pool scope stands for, :func:`check_pools`)."""
-        return make_policy(self.policy, self.budget, self.options, heads=rows, backend=self.backend, pools=pools)
+        rows each pool scope stands for, :func:`check_pools`; ``pins``: spans pinned at
+        construction, which a fractional recent window shares the budget with)."""
+        return make_policy(self.policy, self.budget, self.options, heads=rows, backend=self.backend, pools=pools,
+                           pins=pins)
 
     @property
     def pooled(self) -> bool:
@@ -105,10 +107,12 @@ class PolicyRows:
         Sequences per group, in batch order.
     layers, heads : int
         Evicting layers, and policy rows per layer and sequence.
+    pins : sequence of (start, stop), default ()
+        Spans every row pins from construction (:meth:`PolicyConfig.build`).
     """
 
     def __init__(self, configs: Sequence[PolicyConfig], sizes: Sequence[int], layers: int,
-                 heads: int) -> None:
+                 heads: int, pins: Sequence[tuple[int, int]] = ()) -> None:
         self.configs = list(configs)
         self.sizes = [int(s) for s in sizes]
         self.layers = layers
@@ -116,7 +120,7 @@ class PolicyRows:
         self.batch = sum(self.sizes)
         self.starts = np.cumsum([0, *self.sizes])
         pools = check_pools(self.configs, layers, heads)
-        self.policies = [c.build(layers * n * heads, pools) for c, n in zip(self.configs, self.sizes)]
+        self.policies = [c.build(layers * n * heads, pools, list(pins)) for c, n in zip(self.configs, self.sizes)]
         for policy in self.policies:  # their state grows with what they hold, as the keys and values do
             fit = getattr(policy, "fit_capacity", None)  # duck-typed rows (a schedule's) may have none
             if fit is not None:

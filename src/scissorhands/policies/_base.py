@@ -48,6 +48,7 @@ from scissorhands._shared import (
     read_row_index,
     read_weights,
     remake_lock_after_fork,
+    window_beside_pins,
 )
 from scissorhands.errors import InvalidInputError, InvalidTypeError
 from scissorhands.options import SPECS, protected_message, shown_values
@@ -174,6 +175,10 @@ class NativePolicy:
         self._heads = check_int("heads", heads, 1, MAX_HEADS)
         self._pool = check_pool(self._options.get("pool", 1), self._heads)
         spans = read_pins(pins)
+        shared = window_beside_pins(options.get("recent_window"), spans, self._options.get("sinks", 0), self._budget)
+        if shared is not None:  # a fraction of what the spans and the sinks leave
+            self._options["recent_window"] = shared
+            self._protected["recent_window"] = shared
         self._check_spans(spans)
         cfg = ffi.new("sh_config *")
         cfg.kind = self._kind
