@@ -1588,6 +1588,16 @@ def scissorhands_pin_cases() -> list[dict[str, Any]]:
              + [s("evict", 4, raises=IIE), s("evict_rows", 4, raises=IIE), s("step", 8, None, 4, raises=IIE),
                 s("evict", 5, expect=[4, 5, 6]), s("kept", expect=[0, 1, 2, 3, 7])],
              budget=8, recent_window=1, pins=[[0, 4]]),
+        case("pins: a fractional recent window is that fraction of what the pins and sinks leave",
+             "Budget 16, sinks 1, pins (0, 9): 8 pinned outside the sinks leave 16 - 8 - 1 = 7, so "
+             "recent_window=0.5 is floor(3.5) = 3 (0.5 of the budget, 8, would leave nothing to evict). "
+             "17 held, every vote 0: evict takes the lowest unprotected, 9.",
+             [on(t) for t in range(1, 17)]
+             + [s("evict", expect=[9]),
+                s("state_dict", expect=state("scissorhands", {"budget": 16, "recent_window": 3, "heads": 1, "sinks": 1,
+                                                              "pins": [[0, 9]]},
+                                             [[*range(9), *range(10, 17)]], 16, votes=[[0] * 16]))],
+             budget=16, recent_window=0.5, sinks=1, pins=[[0, 9]]),
         *_pin_errors(base, [20, 21], [0, 3],
                      "Budget 6, recent 2, sinks 1: (0, 3) pins 2 outside the sinks (5 < 6); "
                      "one more reaches 6."),
