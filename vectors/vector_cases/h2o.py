@@ -60,31 +60,8 @@ def _h2o_option_cases() -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------
 
 
-def h2o_cases() -> list[dict[str, Any]]:
-    """H2O: each position sums its weights in float64; the lowest sum goes."""
-    spike = [on(1, [1.0]), on(2, [0.0625, 0.9375]), on(3, [0.375, 0.125, 0.5]),
-             on(4, [0.3125, 0.0625, 0.3125, 0.3125])]
-    twin_note = ("Scores after step 3: [2.0, 0.25, 0.25, 0]; evict drops 1 (tie with 2, "
-                 "lower wins). Step 4 -> [2.25, 0.75, 0.25, 0]: drops 3 (slot 2). Step 5 with "
-                 "budget 4 drops nothing -> [2.5, 1.0, 0.5, 0]; evict() then drops 4 (0.5).")
-    twin = [
-        (on(1, [1.0]), s("evict", expect=[])),
-        (on(2, [0.75, 0.25]), s("evict", expect=[])),
-        (on(3, [0.25, 0.0, 0.25]), s("evict", expect=[1])),
-        (on(4, [0.25, 0.5, 0.25]), s("evict", expect=[[3], [2]], return_indices=True)),
-        (on(5, [0.25, 0.25, 0.5]), s("evict", 4, expect=[])),
-    ]
-    as_steps = [
-        s("step", 1, [1.0], expect=[]),
-        s("step", 2, [0.75, 0.25], expect=[]),
-        s("step", 3, [0.25, 0.0, 0.25], expect=[1]),
-        s("step", 4, [0.25, 0.5, 0.25], expect=[[3], [2]], return_indices=True),
-        s("step", 5, [0.25, 0.25, 0.5], 4, expect=[]),
-    ]
-    twin_tail = [s("scores", expect=[2.5, 1.0, 0.5, 0.0]), s("kept", expect=[0, 2, 4, 5]),
-                 s("evict", expect=[4]), s("kept", expect=[0, 2, 5])]
-    prompt = [[-1.0, -1.0, -1.0], [1.0, -1.0, -1.0], [0.75, 0.25, -1.0]]
-    tiny = 2.0**-30
+def _h2o_cases_1(tiny: Any) -> list[dict[str, Any]]:
+    """Part 1 of :func:`h2o_cases`'s cases, in order."""
     return [
         case("first step: position 0 scores the whole weight",
              "Unlike a vote, a sum counts the first step: score(0) = 1.0.",
@@ -123,6 +100,12 @@ def h2o_cases() -> list[dict[str, Any]]:
               s("kept", expect=[0, 1, 2]), on(3, [0.25, 0.25, 0.5]),
               s("scores", expect=[1.25, 0.25, 0.5, 0.0]), s("evict", expect=[1])],
              budget=3, recent_window=1),
+    ]
+
+
+def _h2o_cases_2(as_steps: Any, spike: Any, twin: Any, twin_note: Any, twin_tail: Any) -> list[dict[str, Any]]:
+    """Part 2 of :func:`h2o_cases`'s cases, in order."""
+    return [
         case("the recent window protects a position with the lowest score of all",
              "Scores [2.125, 0.75, 0.125, 0]; only {0,1} may go, so 1 goes.",
              [on(1, [1.0]), on(2, [0.75, 0.25]), on(3, [0.375, 0.5, 0.125]),
@@ -160,11 +143,49 @@ def h2o_cases() -> list[dict[str, Any]]:
               s("scores", expect=[[1.75, 0.0], [0.75, 0.0]]), s("score_of", 0, 1, expect=-1.0),
               s("memory_bytes", expect=64 + 2 * 4 + 4 * 2 * 13)],
              budget=3, recent_window=1, heads=2),
+    ]
+
+
+def _h2o_cases_3(prompt: Any) -> list[dict[str, Any]]:
+    """Part 3 of :func:`h2o_cases`'s cases, in order."""
+    return [
         case("prefill is the decode steps 1..P-1; diagonal and upper triangle unread",
              "Row 1 adds 1.0 to position 0, row 2 adds 0.75 and 0.25.",
              [s("prefill", prompt, dtype="float32"), s("scores", expect=[1.75, 0.25, 0.0]),
               s("prefill", prompt, raises=IIE)],
              budget=4, recent_window=1),
     ] + _constructor_errors("recent_window") + _state_errors(
-        "h2o", {"budget": 4, "recent_window": 1, "heads": 1}, "scores", 0.5, -0.5) + _h2o_option_cases() + \
-        _h2o_rows_cases()
+        "h2o", {"budget": 4, "recent_window": 1, "heads": 1}, "scores", 0.5, -0.5) + _h2o_option_cases() + (
+        _h2o_rows_cases())
+
+
+def h2o_cases() -> list[dict[str, Any]]:
+    """H2O: each position sums its weights in float64; the lowest sum goes."""
+    spike = [on(1, [1.0]), on(2, [0.0625, 0.9375]), on(3, [0.375, 0.125, 0.5]),
+             on(4, [0.3125, 0.0625, 0.3125, 0.3125])]
+    twin_note = ("Scores after step 3: [2.0, 0.25, 0.25, 0]; evict drops 1 (tie with 2, "
+                 "lower wins). Step 4 -> [2.25, 0.75, 0.25, 0]: drops 3 (slot 2). Step 5 with "
+                 "budget 4 drops nothing -> [2.5, 1.0, 0.5, 0]; evict() then drops 4 (0.5).")
+    twin = [
+        (on(1, [1.0]), s("evict", expect=[])),
+        (on(2, [0.75, 0.25]), s("evict", expect=[])),
+        (on(3, [0.25, 0.0, 0.25]), s("evict", expect=[1])),
+        (on(4, [0.25, 0.5, 0.25]), s("evict", expect=[[3], [2]], return_indices=True)),
+        (on(5, [0.25, 0.25, 0.5]), s("evict", 4, expect=[])),
+    ]
+    as_steps = [
+        s("step", 1, [1.0], expect=[]),
+        s("step", 2, [0.75, 0.25], expect=[]),
+        s("step", 3, [0.25, 0.0, 0.25], expect=[1]),
+        s("step", 4, [0.25, 0.5, 0.25], expect=[[3], [2]], return_indices=True),
+        s("step", 5, [0.25, 0.25, 0.5], 4, expect=[]),
+    ]
+    twin_tail = [s("scores", expect=[2.5, 1.0, 0.5, 0.0]), s("kept", expect=[0, 2, 4, 5]),
+                 s("evict", expect=[4]), s("kept", expect=[0, 2, 5])]
+    prompt = [[-1.0, -1.0, -1.0], [1.0, -1.0, -1.0], [0.75, 0.25, -1.0]]
+    tiny = 2.0**-30
+    return (
+        _h2o_cases_1(tiny)
+        + _h2o_cases_2(as_steps, spike, twin, twin_note, twin_tail)
+        + _h2o_cases_3(prompt)
+    )

@@ -20,17 +20,9 @@ def _observed_params(policy: str, **over: Any) -> dict[str, Any]:
     return params
 
 
-def observed_cases(policy: str) -> list[dict[str, Any]]:
-    """evict_observed / evict_observed_rows (SnapKV's pooled window scores), the same
-    rule for every policy that evicts; Full checks the arguments and evicts nothing."""
-    evicts = policy != "full"
-    nothing = [[0], [], []]
-    spike = [[0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 3
-    tiny = 2.0**-53
-    order = [[0.0, 1.0, 1.0, 5.0, 0.0, 0.0, 0.0], [0.0, tiny, 0.0, 5.0, 0.0, 0.0, 0.0],
-             [0.0, tiny, 0.0, 5.0, 0.0, 0.0, 0.0]]
-    bad = -1.0  # JSON holds no NaN: a negative weight is the refused value
-    cases = [
+def _observed_cases_1(evicts: Any, nothing: Any, order: Any, policy: Any, spike: Any) -> list[dict[str, Any]]:
+    """Part 1 of :func:`observed_cases`'s cases, in order."""
+    return [
         case("evict_observed: a pooled spike keeps its neighbours, equal pooled scores evict the lower",
              "First, holding {0} with a 5-row window: nothing to evict. Then 0..9 held, W = 3 (slots "
              "7, 8, 9, each reading the slots before it), every row weighting slot 4: its score is 3, "
@@ -53,6 +45,12 @@ def observed_cases(policy: str) -> list[dict[str, Any]]:
              + [s("evict_observed", order, None, 1, return_indices=True, dtype="float32",
                   expect=[[1], [1]] if evicts else [[], []])],
              **_observed_params(policy)),
+    ]
+
+
+def _observed_cases_2(bad: Any, evicts: Any, nothing: Any, policy: Any) -> list[dict[str, Any]]:
+    """Part 2 of :func:`observed_cases`'s cases, in order."""
+    return [
         case("evict_observed: refusals leave the state, unread weights are not checked",
              "0..9 held, budget 6: every refusal is checked before anything changes: budget 0, an "
              "even or bool pool_kernel, a width that is not the 10 held, no window rows. A 9-row "
@@ -87,6 +85,22 @@ def observed_cases(policy: str) -> list[dict[str, Any]]:
               s("kept_row", 1, expect=[0, 4, 6, 7] if evicts else [0, 1, 3, 4, 6, 7])],
              **_observed_params(policy, budget=4, heads=2)),
     ]
+
+
+def observed_cases(policy: str) -> list[dict[str, Any]]:
+    """evict_observed / evict_observed_rows (SnapKV's pooled window scores), the same
+    rule for every policy that evicts; Full checks the arguments and evicts nothing."""
+    evicts = policy != "full"
+    nothing = [[0], [], []]
+    spike = [[0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]] * 3
+    tiny = 2.0**-53
+    order = [[0.0, 1.0, 1.0, 5.0, 0.0, 0.0, 0.0], [0.0, tiny, 0.0, 5.0, 0.0, 0.0, 0.0],
+             [0.0, tiny, 0.0, 5.0, 0.0, 0.0, 0.0]]
+    bad = -1.0  # JSON holds no NaN: a negative weight is the refused value
+    cases = (
+        _observed_cases_1(evicts, nothing, order, policy, spike)
+        + _observed_cases_2(bad, evicts, nothing, policy)
+    )
     if SPECS_TAKE_POOL.get(policy):
         cases.append(case(
             "evict_observed refuses pooled budgets",

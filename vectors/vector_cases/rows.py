@@ -12,23 +12,8 @@ from vector_cases.writing import IIE, ITE, RAGGED_NOTE, U32, case, on, s, state
 
 
 
-def _scissorhands_rows_cases() -> list[dict[str, Any]]:
-    """Scissorhands with rows of different counts, chunks and row selection."""
-    two = {"budget": 3, "recent_window": 1, "heads": 2}
-    pad = {"budget": 8, "recent_window": 1, "heads": 2}
-    four = {"budget": 4, "recent_window": 1, "heads": 1}
-    four2 = dict(four, heads=2)
-    rated = {"budget": 4, "recent_window": 1, "heads": 2, "history_window": 3, "vote_rate": True}
-    prompt = [[-1.0, -1.0, -1.0, -1.0],
-              [1.0, -1.0, -1.0, -1.0],
-              [0.75, 0.25, -1.0, -1.0],
-              [0.5, 0.25, 0.25, -1.0]]
-    x = -1.0  # a weight no step reads: negative, so that reading it would raise
-    padded = [[[x] * 4, [x] * 4, [x] * 4, [x, x, 1.0, x]],
-              [[x] * 4, [1.0, x, x, x], [0.25, 0.75, x, x], [0.5, 0.25, 0.25, x]]]
-    later = [[[0.5, 0.25, 0.25, x, x, x, x], [0.25, 0.25, 0.25, 0.25, x, x, x]],
-             [[x] * 7, [0.125, 0.125, 0.125, 0.125, 0.5, x, x]]]
-    good = [[[0.5, 0.5, x, x]], [[0.25, 0.25, 0.5, x]]]
+def _scissorhands_rows_cases_1(two: Any, x: Any) -> list[dict[str, Any]]:
+    """Part 1 of :func:`_scissorhands_rows_cases`'s cases, in order."""
     return [
         case("rows of different counts: a state loads them; each row reads its own count of weights",
              "Rows [0,2,5] (votes [1,0,0]) and [2,5] (votes [2,0]). kept_count, kept, votes and "
@@ -64,6 +49,12 @@ def _scissorhands_rows_cases() -> list[dict[str, Any]]:
               s("state_dict", expect=state("scissorhands", two, [[0, 7, 8], [2, 6, 8]], 8,
                                            votes=[[2, 1, 0], [4, 2, 0]]))],
              state=state("scissorhands", two, [[0, 2, 5], [2, 5]], 5, votes=[[1, 0, 0], [2, 0]])),
+    ]
+
+
+def _scissorhands_rows_cases_2(x: Any) -> list[dict[str, Any]]:
+    """Part 2 of :func:`_scissorhands_rows_cases`'s cases, in order."""
+    return [
         case("rows of different counts: an empty row votes nothing and admits as usual",
              "Row 0 holds nothing, row 1 [0, 3] (votes [1, 0]). Step 4: row 0 reads no weight "
              "(its -5 and 7 are never read); row 1 (share 1/2) votes 0. Step 5 with step_rows: "
@@ -93,6 +84,13 @@ def _scissorhands_rows_cases() -> list[dict[str, Any]]:
               s("kept", expect=[0, 10]), s("votes", expect=[6, 0])],
              state=state("scissorhands", {"budget": 3, "recent_window": 1, "heads": 1},
                          [[0, 2, 5, 7, 8, 9]], 9, votes=[[5, 2, 0, 1, 4, 0]])),
+    ]
+
+
+def _scissorhands_rows_cases_3(four: Any, later: Any, pad: Any, padded: Any, prompt: Any,
+                               x: Any) -> list[dict[str, Any]]:
+    """Part 3 of :func:`_scissorhands_rows_cases`'s cases, in order."""
+    return [
         case("extend on a fresh policy is prefill; then a chunk after the held positions",
              "Fresh, the chunk's tokens are positions 0..3 and token 0 is the position 0 already "
              "held: rows 2 and 3 vote 0, as prefill gives ([2,0,0,0]; the -1 entries are never "
@@ -130,6 +128,12 @@ def _scissorhands_rows_cases() -> list[dict[str, Any]]:
               s("kept", expect=[[2, 4, 5, 6], [1, 3, 4, 6]]), s("votes", expect=[[2, 0, 0, 0], [1, 1, 1, 0]]),
               s("memory_bytes", expect=64 + 2 * 4 + 9 * 2 * 9)],
              **pad),
+    ]
+
+
+def _scissorhands_rows_cases_4(four: Any, four2: Any, good: Any, x: Any) -> list[dict[str, Any]]:
+    """Part 4 of :func:`_scissorhands_rows_cases`'s cases, in order."""
+    return [
         case("extend: a first token left out drops position 0, and the policy is no longer fresh",
              "A one-token chunk on a fresh policy: row 0 does not admit it, so it holds nothing; "
              "row 1 keeps position 0. prefill then refuses (not fresh), and the next chunk takes "
@@ -165,6 +169,12 @@ def _scissorhands_rows_cases() -> list[dict[str, Any]]:
               s("state_dict", expect=state("scissorhands", four2, [[0, 2, 4], [1, 2, 3]], 4,
                                            votes=[[0, 0, 0], [0, 0, 0]]))],
              state=state("scissorhands", four2, [[0, 2], [1, 2, 3]], 3, votes=[[0, 0], [0, 0, 0]])),
+    ]
+
+
+def _scissorhands_rows_cases_5(four: Any, x: Any) -> list[dict[str, Any]]:
+    """Part 5 of :func:`_scissorhands_rows_cases`'s cases, in order."""
+    return [
         case("extend: the chunk's positions must stay within 2**32 - 1",
              "Last position 2**32-2: two tokens would reach 2**32 and raise; one takes 2**32-1 "
              "(share 1/2: no vote), after which no chunk fits. admit is checked before the "
@@ -197,6 +207,12 @@ def _scissorhands_rows_cases() -> list[dict[str, Any]]:
               s("select_rows", 0, raises=IIE), s("select_rows", "0", raises=ITE),
               s("select_rows", None, raises=ITE), s("kept", expect=[0, 1, 3])],
              budget=3, recent_window=1, heads=2),
+    ]
+
+
+def _scissorhands_rows_cases_6(rated: Any, x: Any) -> list[dict[str, Any]]:
+    """Part 6 of :func:`_scissorhands_rows_cases`'s cases, in order."""
+    return [
         case("select_rows copies registers, steps held and counts",
              "Window 3 with a vote rate: rows [0,2,3] and [1,3]. [1,1,0] makes three rows. "
              "step_rows 4: row 0 (share 1/2) votes 3: registers 3<<1 = 6, 2<<1|1 = 5 (2 votes "
@@ -220,6 +236,33 @@ def _scissorhands_rows_cases() -> list[dict[str, Any]]:
              state=state("scissorhands", rated, [[0, 2, 3], [1, 3]], 3, votes=[[1, 0, 0], [2, 1]],
                          history=[[1, 0, 0], [3, 2]], steps_held=[[2, 1, 0], [3, 2]])),
     ]
+
+
+def _scissorhands_rows_cases() -> list[dict[str, Any]]:
+    """Scissorhands with rows of different counts, chunks and row selection."""
+    two = {"budget": 3, "recent_window": 1, "heads": 2}
+    pad = {"budget": 8, "recent_window": 1, "heads": 2}
+    four = {"budget": 4, "recent_window": 1, "heads": 1}
+    four2 = dict(four, heads=2)
+    rated = {"budget": 4, "recent_window": 1, "heads": 2, "history_window": 3, "vote_rate": True}
+    prompt = [[-1.0, -1.0, -1.0, -1.0],
+              [1.0, -1.0, -1.0, -1.0],
+              [0.75, 0.25, -1.0, -1.0],
+              [0.5, 0.25, 0.25, -1.0]]
+    x = -1.0  # a weight no step reads: negative, so that reading it would raise
+    padded = [[[x] * 4, [x] * 4, [x] * 4, [x, x, 1.0, x]],
+              [[x] * 4, [1.0, x, x, x], [0.25, 0.75, x, x], [0.5, 0.25, 0.25, x]]]
+    later = [[[0.5, 0.25, 0.25, x, x, x, x], [0.25, 0.25, 0.25, 0.25, x, x, x]],
+             [[x] * 7, [0.125, 0.125, 0.125, 0.125, 0.5, x, x]]]
+    good = [[[0.5, 0.5, x, x]], [[0.25, 0.25, 0.5, x]]]
+    return (
+        _scissorhands_rows_cases_1(two, x)
+        + _scissorhands_rows_cases_2(x)
+        + _scissorhands_rows_cases_3(four, later, pad, padded, prompt, x)
+        + _scissorhands_rows_cases_4(four, four2, good, x)
+        + _scissorhands_rows_cases_5(four, x)
+        + _scissorhands_rows_cases_6(rated, x)
+    )
 
 
 def _h2o_rows_cases() -> list[dict[str, Any]]:

@@ -16,15 +16,8 @@ from vector_cases.shared import (
 from vector_cases.writing import IIE, ITE, U32, case, on, s, state
 
 
-def _scissorhands_option_cases() -> list[dict[str, Any]]:
-    """Scissorhands with sinks and with a history window."""
-    sink_steps = [on(1, [1.0]), on(2, [0.5, 0.5]), on(3, [0.0, 0.0, 1.0]),
-                  on(4, [0.0, 0.0, 0.5, 0.5]), on(5, [0.0, 0.0, 0.25, 0.25, 0.5]),
-                  s("votes", expect=[0, 0, 3, 2, 1, 0])]
-    burst_steps = [on(1, [1.0]), on(2, [0.25, 0.75]), on(3, [0.0, 1.0, 0.0]),
-                   on(4, [0.5, 0.0, 0.5, 0.0]), on(5, [0.375, 0.0, 0.3125, 0.3125, 0.0])]
-    h3 = {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 3}
-    h64 = {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 64}
+def _scissorhands_option_cases_1(sink_steps: Any) -> list[dict[str, Any]]:
+    """Part 1 of :func:`_scissorhands_option_cases`'s cases, in order."""
     return [
         case("sinks: the first positions held stay although they have the fewest votes",
              "Shares 1, 1/2, 1/3, 1/4, 1/5 give votes [0,0,3,2,1,0]. Sinks {0,1} (0 votes "
@@ -60,6 +53,12 @@ def _scissorhands_option_cases() -> list[dict[str, Any]]:
               on(1), on(2), on(3), on(4), on(5), s("evict", 4, expect=[2, 3]),
               s("kept", expect=[0, 1, 4, 5]), s("evict", 10, expect=[]), s("evict", expect=[])],
              budget=5, recent_window=1, sinks=2),
+    ]
+
+
+def _scissorhands_option_cases_2(burst_steps: Any) -> list[dict[str, Any]]:
+    """Part 2 of :func:`_scissorhands_option_cases`'s cases, in order."""
+    return [
         case("sinks: sink_count is min(sinks, held), and sinks are recorded in the state",
              "Holding 1, 2, 3, 4 positions with sinks = 3.",
              [s("sink_count", expect=1), on(1), s("sink_count", expect=2), on(2),
@@ -99,6 +98,12 @@ def _scissorhands_option_cases() -> list[dict[str, Any]]:
                   "scissorhands", {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 2},
                   [[1, 2, 3, 6]], 6, votes=[[1, 1, 1, 0]], history=[[2, 1, 1, 0]]))],
              budget=4, recent_window=1, history_window=2),
+    ]
+
+
+def _scissorhands_option_cases_3(h3: Any, h64: Any) -> list[dict[str, Any]]:
+    """Part 3 of :func:`_scissorhands_option_cases`'s cases, in order."""
+    return [
         case("history_window: a state with registers round-trips and continues",
              "Window 3, registers [5,4,0] (votes [2,1,0]). Step 3 (share 1/3) votes 1 and 2: "
              "registers (5<<1)&7=2, (4<<1|1)&7=1, 1 -> votes [1,1,1,0]. Step 4 votes 3: "
@@ -138,6 +143,12 @@ def _scissorhands_option_cases() -> list[dict[str, Any]]:
               s("memory_bytes", expect=268), s("reset"), s("kept", expect=[0]),
               s("votes", expect=[0]), s("memory_bytes", expect=268)],
              budget=2, recent_window=0, history_window=4),
+    ]
+
+
+def _scissorhands_option_cases_4() -> list[dict[str, Any]]:
+    """Part 4 of :func:`_scissorhands_option_cases`'s cases, in order."""
+    return [
         case("history_window with the default budget: 513 slots of 17 bytes",
              "The register adds 8 bytes to the 9 of a slot.",
              [s("memory_bytes", expect=64 + 513 * 17)], history_window=64),
@@ -170,39 +181,25 @@ def _scissorhands_option_cases() -> list[dict[str, Any]]:
     ] + _sinks_option_errors("scissorhands", "votes", 0) + _history_errors() + _vote_rate_cases()
 
 
-def _vote_rate_cases() -> list[dict[str, Any]]:
-    """Scissorhands ranking by votes per step held, and the states it refuses."""
-    rate = {"budget": 3, "recent_window": 1, "heads": 1, "vote_rate": True}
-    head_start = [on(1, [1.0]), on(2, [1.0, 0.0]), on(3, [1.0, 0.0, 0.0]),
-                  on(4, [0.0, 0.0, 0.5, 0.5]), on(5, [0.0, 0.0, 0.0, 0.5, 0.5])]
-    tie = state("scissorhands", rate, [[0, 1, 2, 3]], 3, votes=[[2, 1, 0, 0]],
-                steps_held=[[4, 2, 1, 0]])
-    capped = {"budget": 2, "recent_window": 1, "heads": 1, "history_window": 2, "vote_rate": True}
+def _scissorhands_option_cases() -> list[dict[str, Any]]:
+    """Scissorhands with sinks and with a history window."""
+    sink_steps = [on(1, [1.0]), on(2, [0.5, 0.5]), on(3, [0.0, 0.0, 1.0]),
+                  on(4, [0.0, 0.0, 0.5, 0.5]), on(5, [0.0, 0.0, 0.25, 0.25, 0.5]),
+                  s("votes", expect=[0, 0, 3, 2, 1, 0])]
+    burst_steps = [on(1, [1.0]), on(2, [0.25, 0.75]), on(3, [0.0, 1.0, 0.0]),
+                   on(4, [0.5, 0.0, 0.5, 0.0]), on(5, [0.375, 0.0, 0.3125, 0.3125, 0.0])]
+    h3 = {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 3}
+    h64 = {"budget": 4, "recent_window": 1, "heads": 1, "history_window": 64}
+    return (
+        _scissorhands_option_cases_1(sink_steps)
+        + _scissorhands_option_cases_2(burst_steps)
+        + _scissorhands_option_cases_3(h3, h64)
+        + _scissorhands_option_cases_4()
+    )
 
-    def st(votes: Any = None, held: Any = None, history: Any = None, **over: Any) -> dict[str, Any]:
-        d = state("scissorhands", dict(rate), [[0, 2]], 5, votes=votes or [[1, 0]],
-                  steps_held=held or [[3, 1]])
-        if history is not None:
-            d["history"] = history
-        d.update(over)
-        return d
 
-    no_held = st()
-    del no_held["steps_held"]
-    no_rate = st()
-    del no_rate["params"]["vote_rate"]
-    bad_state: list[tuple[str, str, dict[str, Any]]] = [
-        ("steps_held missing although vote_rate is set", IIE, no_held),
-        ("steps_held without vote_rate", IIE, no_rate),
-        ("more votes than steps held", IIE, st(votes=[[2, 0]], held=[[1, 1]])),
-        ("a register bit older than the steps held", IIE,
-         st(held=[[1, 1]], history=[[2, 0]], params=dict(rate, history_window=2))),
-        ("a negative steps_held", IIE, st(held=[[-1, 1]])),
-        ("steps_held above 2**32-1", IIE, st(held=[[2**32, 1]])),
-        ("a float steps_held", ITE, st(held=[[3.0, 1]])),
-        ("steps_held of the wrong length", IIE, st(held=[[3]])),
-        ("a non-bool vote_rate", ITE, st(params=dict(rate, vote_rate=1))),
-    ]
+def _vote_rate_cases_1(capped: Any, head_start: Any, rate: Any, tie: Any) -> list[dict[str, Any]]:
+    """Part 1 of :func:`_vote_rate_cases`'s cases, in order."""
     return [
         case("vote_rate: an old position's head start in votes stops protecting it",
              "Position 0 votes on steps 2 and 3 only; later steps vote 2, 3 and 4. After step "
@@ -242,6 +239,12 @@ def _vote_rate_cases() -> list[dict[str, Any]]:
               s("steps_held", expect=[2, 1, 0, 0]), on(4, [0.25, 0.25, 0.25, 0.25]),
               s("steps_held", expect=[3, 2, 1, 1, 0]), s("reset"), s("steps_held", expect=[0])],
              budget=4, recent_window=1, vote_rate=True),
+    ]
+
+
+def _vote_rate_cases_2(bad_state: Any) -> list[dict[str, Any]]:
+    """Part 2 of :func:`_vote_rate_cases`'s cases, in order."""
+    return [
         case("vote_rate off: steps_held is not kept",
              "Only a policy built with vote_rate=True counts the steps held.",
              [s("steps_held", raises=IIE)], budget=4, recent_window=1),
@@ -256,41 +259,52 @@ def _vote_rate_cases() -> list[dict[str, Any]]:
          for name, err, d in bad_state]
 
 
+def _vote_rate_cases() -> list[dict[str, Any]]:
+    """Scissorhands ranking by votes per step held, and the states it refuses."""
+    rate = {"budget": 3, "recent_window": 1, "heads": 1, "vote_rate": True}
+    head_start = [on(1, [1.0]), on(2, [1.0, 0.0]), on(3, [1.0, 0.0, 0.0]),
+                  on(4, [0.0, 0.0, 0.5, 0.5]), on(5, [0.0, 0.0, 0.0, 0.5, 0.5])]
+    tie = state("scissorhands", rate, [[0, 1, 2, 3]], 3, votes=[[2, 1, 0, 0]],
+                steps_held=[[4, 2, 1, 0]])
+    capped = {"budget": 2, "recent_window": 1, "heads": 1, "history_window": 2, "vote_rate": True}
+
+    def st(votes: Any = None, held: Any = None, history: Any = None, **over: Any) -> dict[str, Any]:
+        d = state("scissorhands", dict(rate), [[0, 2]], 5, votes=votes or [[1, 0]],
+                  steps_held=held or [[3, 1]])
+        if history is not None:
+            d["history"] = history
+        d.update(over)
+        return d
+
+    no_held = st()
+    del no_held["steps_held"]
+    no_rate = st()
+    del no_rate["params"]["vote_rate"]
+    bad_state: list[tuple[str, str, dict[str, Any]]] = [
+        ("steps_held missing although vote_rate is set", IIE, no_held),
+        ("steps_held without vote_rate", IIE, no_rate),
+        ("more votes than steps held", IIE, st(votes=[[2, 0]], held=[[1, 1]])),
+        ("a register bit older than the steps held", IIE,
+         st(held=[[1, 1]], history=[[2, 0]], params=dict(rate, history_window=2))),
+        ("a negative steps_held", IIE, st(held=[[-1, 1]])),
+        ("steps_held above 2**32-1", IIE, st(held=[[2**32, 1]])),
+        ("a float steps_held", ITE, st(held=[[3.0, 1]])),
+        ("steps_held of the wrong length", IIE, st(held=[[3]])),
+        ("a non-bool vote_rate", ITE, st(params=dict(rate, vote_rate=1))),
+    ]
+    return (
+        _vote_rate_cases_1(capped, head_start, rate, tie)
+        + _vote_rate_cases_2(bad_state)
+    )
+
+
 # --------------------------------------------------------------------------------------
 # Scissorhands.
 # --------------------------------------------------------------------------------------
 
 
-def scissorhands_cases() -> list[dict[str, Any]]:
-    """Scissorhands: a vote when a weight strictly exceeds 1/len(attn); fewest votes go."""
-    up = math.nextafter(0.25, 1.0)
-    down = math.nextafter(0.25, 0.0)
-    spike = [on(1, [1.0]), on(2, [0.0625, 0.9375]), on(3, [0.375, 0.125, 0.5]),
-             on(4, [0.3125, 0.0625, 0.3125, 0.3125])]
-    twin_steps = [
-        (on(1, [1.0]), s("evict", expect=[])),
-        (on(2, [0.75, 0.25]), s("evict", expect=[])),
-        (on(3, [0.5, 0.25, 0.25]), s("evict", expect=[1])),
-        (on(4, [0.25, 0.5, 0.25]), s("evict", expect=[[3], [2]], return_indices=True)),
-        (on(5, [0.25, 0.25, 0.5]), s("evict", 4, expect=[])),
-    ]
-    as_steps = [
-        s("step", 1, [1.0], expect=[]),
-        s("step", 2, [0.75, 0.25], expect=[]),
-        s("step", 3, [0.5, 0.25, 0.25], expect=[1]),
-        s("step", 4, [0.25, 0.5, 0.25], expect=[[3], [2]], return_indices=True),
-        s("step", 5, [0.25, 0.25, 0.5], 4, expect=[]),
-    ]
-    twin_tail = [s("votes", expect=[2, 1, 1, 0]), s("kept", expect=[0, 2, 4, 5]),
-                 s("evict", expect=[2]), s("kept", expect=[0, 4, 5])]
-    twin_note = ("Votes: step 3 (share 1/3) votes 0 -> [2,0,0,0], evict drops 1 (0 votes, tie "
-                 "with 2, lower wins); step 4 votes 2 -> [2,1,0,0], evict drops 3 (slot 2); "
-                 "step 5 votes 4 under a per-call budget of 4 (nothing to evict); the "
-                 "configured budget 3 then drops 2 (tie with 4 at one vote).")
-    prompt = [[-1.0, -1.0, -1.0, -1.0],
-              [1.0, -1.0, -1.0, -1.0],
-              [0.75, 0.25, -1.0, -1.0],
-              [0.5, 0.25, 0.25, -1.0]]
+def _scissorhands_cases_1(down: Any, up: Any) -> list[dict[str, Any]]:
+    """Part 1 of :func:`scissorhands_cases`'s cases, in order."""
     return [
         case("first step: position 0 holds all the attention and earns no vote",
              "kept = {0}, attn = [1.0], share = 1/1 = 1.0; 1.0 > 1.0 is false.",
@@ -328,6 +342,12 @@ def scissorhands_cases() -> list[dict[str, Any]]:
               s("kept", expect=[0, 8, 9]), s("votes", expect=[5, 4, 0])],
              state=state("scissorhands", {"budget": 3, "recent_window": 1, "heads": 1},
                          [[0, 2, 5, 7, 8, 9]], 9, votes=[[5, 2, 0, 1, 4, 0]])),
+    ]
+
+
+def _scissorhands_cases_2(spike: Any) -> list[dict[str, Any]]:
+    """Part 2 of :func:`scissorhands_cases`'s cases, in order."""
+    return [
         case("null attention changes no vote but admits the position",
              "None is not read as zeros or anything else: votes stay [1,0,0] and 3, 4 join; "
              "step 5 (share 1/5) votes 0; evict(3) drops the three lowest zero-vote positions.",
@@ -367,6 +387,12 @@ def scissorhands_cases() -> list[dict[str, Any]]:
               s("evict", expect=[0, 1, 2, 3, 4]), s("memory_bytes", expect=172),
               s("reset"), s("kept", expect=[0]), s("memory_bytes", expect=172)],
              budget=2, recent_window=0),
+    ]
+
+
+def _scissorhands_cases_3(as_steps: Any, twin_note: Any, twin_steps: Any, twin_tail: Any) -> list[dict[str, Any]]:
+    """Part 3 of :func:`scissorhands_cases`'s cases, in order."""
+    return [
         case("step is on_decode_step then evict in one call", twin_note,
              as_steps + twin_tail, budget=3, recent_window=1),
         case("on_decode_step then evict gives what step gives", twin_note,
@@ -388,6 +414,12 @@ def scissorhands_cases() -> list[dict[str, Any]]:
               s("state_dict", expect=state("scissorhands",
                                            {"budget": 512, "recent_window": 32, "heads": 1},
                                            [[0]], 0, votes=[[0]]))]),
+    ]
+
+
+def _scissorhands_cases_4(prompt: Any) -> list[dict[str, Any]]:
+    """Part 4 of :func:`scissorhands_cases`'s cases, in order."""
+    return [
         case("multi-head: each row votes and evicts on its own weights",
              "Row 0 votes position 0 twice, row 1 votes position 1 twice; evict drops the "
              "lowest of each prefix {0,1,2}: row 0 -> 1 (tie with 2), row 1 -> 0 (tie with 2). "
@@ -419,6 +451,12 @@ def scissorhands_cases() -> list[dict[str, Any]]:
               s("prefill", [[[0.0, 0.0], [0.5, 0.0]]], dtype="float32"),
               s("votes", expect=[0, 0]), s("kept", expect=[0, 1])],
              budget=4, recent_window=1),
+    ]
+
+
+def _scissorhands_cases_5() -> list[dict[str, Any]]:
+    """Part 5 of :func:`scissorhands_cases`'s cases, in order."""
+    return [
         case("prefill refuses a bad prompt and changes nothing",
              "Shapes must be (P, P) or (heads, P, P) with P >= 1; a negative weight in the "
              "lower triangle is refused.",
@@ -443,3 +481,42 @@ def scissorhands_cases() -> list[dict[str, Any]]:
              budget=32),
     ] + _state_errors("scissorhands", {"budget": 4, "recent_window": 1, "heads": 1},
                       "votes", 0, 2**32) + _scissorhands_option_cases() + _scissorhands_rows_cases()
+
+
+def scissorhands_cases() -> list[dict[str, Any]]:
+    """Scissorhands: a vote when a weight strictly exceeds 1/len(attn); fewest votes go."""
+    up = math.nextafter(0.25, 1.0)
+    down = math.nextafter(0.25, 0.0)
+    spike = [on(1, [1.0]), on(2, [0.0625, 0.9375]), on(3, [0.375, 0.125, 0.5]),
+             on(4, [0.3125, 0.0625, 0.3125, 0.3125])]
+    twin_steps = [
+        (on(1, [1.0]), s("evict", expect=[])),
+        (on(2, [0.75, 0.25]), s("evict", expect=[])),
+        (on(3, [0.5, 0.25, 0.25]), s("evict", expect=[1])),
+        (on(4, [0.25, 0.5, 0.25]), s("evict", expect=[[3], [2]], return_indices=True)),
+        (on(5, [0.25, 0.25, 0.5]), s("evict", 4, expect=[])),
+    ]
+    as_steps = [
+        s("step", 1, [1.0], expect=[]),
+        s("step", 2, [0.75, 0.25], expect=[]),
+        s("step", 3, [0.5, 0.25, 0.25], expect=[1]),
+        s("step", 4, [0.25, 0.5, 0.25], expect=[[3], [2]], return_indices=True),
+        s("step", 5, [0.25, 0.25, 0.5], 4, expect=[]),
+    ]
+    twin_tail = [s("votes", expect=[2, 1, 1, 0]), s("kept", expect=[0, 2, 4, 5]),
+                 s("evict", expect=[2]), s("kept", expect=[0, 4, 5])]
+    twin_note = ("Votes: step 3 (share 1/3) votes 0 -> [2,0,0,0], evict drops 1 (0 votes, tie "
+                 "with 2, lower wins); step 4 votes 2 -> [2,1,0,0], evict drops 3 (slot 2); "
+                 "step 5 votes 4 under a per-call budget of 4 (nothing to evict); the "
+                 "configured budget 3 then drops 2 (tie with 4 at one vote).")
+    prompt = [[-1.0, -1.0, -1.0, -1.0],
+              [1.0, -1.0, -1.0, -1.0],
+              [0.75, 0.25, -1.0, -1.0],
+              [0.5, 0.25, 0.25, -1.0]]
+    return (
+        _scissorhands_cases_1(down, up)
+        + _scissorhands_cases_2(spike)
+        + _scissorhands_cases_3(as_steps, twin_note, twin_steps, twin_tail)
+        + _scissorhands_cases_4(prompt)
+        + _scissorhands_cases_5()
+    )

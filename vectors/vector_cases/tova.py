@@ -12,36 +12,8 @@ from vector_cases.writing import IIE, RAGGED_NOTE, case, f32, on, s, state
 # --------------------------------------------------------------------------------------
 
 
-def tova_cases() -> list[dict[str, Any]]:
-    """TOVA: each position holds the latest step's weight (assigned, not added); the lowest
-    goes, H2O's selection; the newest position is always kept (recent_window >= 1)."""
-    x = -1.0  # a weight no step reads
-    spike = [on(1, [1.0]), on(2, [0.0625, 0.9375]), on(3, [0.375, 0.125, 0.5]),
-             on(4, [0.3125, 0.0625, 0.3125, 0.3125])]
-    twin_note = ("Step 2 -> [0.75, 0.25, 0]; step 3 assigns [0.25, 0.0, 0.25] and drops 1 (0.0). "
-                 "Step 4 on [0, 2, 3] assigns [0.25, 0.5, 0.25]: 0 and 3 tie, 0 goes (slot 0). "
-                 "Step 5 with budget 4 drops nothing -> [0.25, 0.25, 0.5, 0] on [2, 3, 4, 5]; "
-                 "evict() then drops 2 (tie with 3, lower wins).")
-    twin = [
-        (on(1, [1.0]), s("evict", expect=[])),
-        (on(2, [0.75, 0.25]), s("evict", expect=[])),
-        (on(3, [0.25, 0.0, 0.25]), s("evict", expect=[1])),
-        (on(4, [0.25, 0.5, 0.25]), s("evict", expect=[[0], [0]], return_indices=True)),
-        (on(5, [0.25, 0.25, 0.5]), s("evict", 4, expect=[])),
-    ]
-    as_steps = [
-        s("step", 1, [1.0], expect=[]),
-        s("step", 2, [0.75, 0.25], expect=[]),
-        s("step", 3, [0.25, 0.0, 0.25], expect=[1]),
-        s("step", 4, [0.25, 0.5, 0.25], expect=[[0], [0]], return_indices=True),
-        s("step", 5, [0.25, 0.25, 0.5], 4, expect=[]),
-    ]
-    twin_tail = [s("scores", expect=[0.25, 0.25, 0.5, 0.0]), s("kept", expect=[2, 3, 4, 5]),
-                 s("evict", expect=[2]), s("kept", expect=[3, 4, 5])]
-    prompt = [[x, x, x], [1.0, x, x], [0.75, 0.25, x]]
-    two = {"budget": 2, "recent_window": 1, "heads": 2}
-    sinks_errors = [c for c in _sinks_option_errors("tova", "scores", 0.5)
-                    if c.get("params", {}).get("recent_window") != 0]  # that one is refused for its window
+def _tova_cases_1() -> list[dict[str, Any]]:
+    """Part 1 of :func:`tova_cases`'s cases, in order."""
     return [
         case("first step: position 0 scores the step's weight; the new position 0",
              "score(0) = 1.0, the weight; position 1 joins with 0.0.",
@@ -81,6 +53,12 @@ def tova_cases() -> list[dict[str, Any]]:
               s("kept", expect=[0, 1, 2]), on(3, [0.25, 0.25, 0.5]),
               s("scores", expect=[0.25, 0.25, 0.5, 0.0]), s("evict", expect=[0])],
              budget=3, recent_window=1),
+    ]
+
+
+def _tova_cases_2(as_steps: Any, spike: Any, twin: Any, twin_note: Any, twin_tail: Any) -> list[dict[str, Any]]:
+    """Part 2 of :func:`tova_cases`'s cases, in order."""
+    return [
         case("the recent window protects a position with the lowest score of all",
              "Scores [0.375, 0.5, 0.125, 0]; only {0, 1} may go, so 0 goes.",
              [on(1, [1.0]), on(2, [0.75, 0.25]), on(3, [0.375, 0.5, 0.125]),
@@ -119,6 +97,12 @@ def tova_cases() -> list[dict[str, Any]]:
               s("scores", expect=[[0.75, 0.0], [0.75, 0.0]]), s("score_of", 0, 1, expect=-1.0),
               s("memory_bytes", expect=64 + 2 * 4 + 4 * 2 * 13)],
              budget=3, recent_window=1, heads=2),
+    ]
+
+
+def _tova_cases_3(prompt: Any, x: Any) -> list[dict[str, Any]]:
+    """Part 3 of :func:`tova_cases`'s cases, in order."""
+    return [
         case("prefill is the decode steps 1..P-1: the last row that reads a slot sets it",
              "Row 1 sets position 0 to 1.0, row 2 sets 0 and 1 to 0.75 and 0.25; the diagonal "
              "and the upper triangle (-1.0) are never read.",
@@ -159,6 +143,12 @@ def tova_cases() -> list[dict[str, Any]]:
              [s("state_dict", expect=state("tova", {"budget": 512, "recent_window": 1, "heads": 1},
                                            [[0]], 0, scores=[[0.0]])),
               s("sink_count", expect=0), s("memory_bytes", expect=64 + 513 * 13)]),
+    ]
+
+
+def _tova_cases_4(sinks_errors: Any, two: Any, x: Any) -> list[dict[str, Any]]:
+    """Part 4 of :func:`tova_cases`'s cases, in order."""
+    return [
         case("a fractional recent window resolves to positions",
              "0.5 of budget 4 is 2.",
              [s("state_dict", expect=state("tova", {"budget": 4, "recent_window": 2, "heads": 1},
@@ -193,3 +183,41 @@ def tova_cases() -> list[dict[str, Any]]:
              state=state("tova", two, [[0, 1, 2], [1]], 2, scores=[[0.5, 0.25, 0.0], [1.0]])),
     ] + _constructor_errors("recent_window") + _state_errors(
         "tova", {"budget": 4, "recent_window": 1, "heads": 1}, "scores", 0.5, -0.5) + sinks_errors
+
+
+def tova_cases() -> list[dict[str, Any]]:
+    """TOVA: each position holds the latest step's weight (assigned, not added); the lowest
+    goes, H2O's selection; the newest position is always kept (recent_window >= 1)."""
+    x = -1.0  # a weight no step reads
+    spike = [on(1, [1.0]), on(2, [0.0625, 0.9375]), on(3, [0.375, 0.125, 0.5]),
+             on(4, [0.3125, 0.0625, 0.3125, 0.3125])]
+    twin_note = ("Step 2 -> [0.75, 0.25, 0]; step 3 assigns [0.25, 0.0, 0.25] and drops 1 (0.0). "
+                 "Step 4 on [0, 2, 3] assigns [0.25, 0.5, 0.25]: 0 and 3 tie, 0 goes (slot 0). "
+                 "Step 5 with budget 4 drops nothing -> [0.25, 0.25, 0.5, 0] on [2, 3, 4, 5]; "
+                 "evict() then drops 2 (tie with 3, lower wins).")
+    twin = [
+        (on(1, [1.0]), s("evict", expect=[])),
+        (on(2, [0.75, 0.25]), s("evict", expect=[])),
+        (on(3, [0.25, 0.0, 0.25]), s("evict", expect=[1])),
+        (on(4, [0.25, 0.5, 0.25]), s("evict", expect=[[0], [0]], return_indices=True)),
+        (on(5, [0.25, 0.25, 0.5]), s("evict", 4, expect=[])),
+    ]
+    as_steps = [
+        s("step", 1, [1.0], expect=[]),
+        s("step", 2, [0.75, 0.25], expect=[]),
+        s("step", 3, [0.25, 0.0, 0.25], expect=[1]),
+        s("step", 4, [0.25, 0.5, 0.25], expect=[[0], [0]], return_indices=True),
+        s("step", 5, [0.25, 0.25, 0.5], 4, expect=[]),
+    ]
+    twin_tail = [s("scores", expect=[0.25, 0.25, 0.5, 0.0]), s("kept", expect=[2, 3, 4, 5]),
+                 s("evict", expect=[2]), s("kept", expect=[3, 4, 5])]
+    prompt = [[x, x, x], [1.0, x, x], [0.75, 0.25, x]]
+    two = {"budget": 2, "recent_window": 1, "heads": 2}
+    sinks_errors = [c for c in _sinks_option_errors("tova", "scores", 0.5)
+                    if c.get("params", {}).get("recent_window") != 0]  # that one is refused for its window
+    return (
+        _tova_cases_1()
+        + _tova_cases_2(as_steps, spike, twin, twin_note, twin_tail)
+        + _tova_cases_3(prompt, x)
+        + _tova_cases_4(sinks_errors, two, x)
+    )
