@@ -31,7 +31,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command's arguments."""
     parser = argparse.ArgumentParser(prog="python -m bench.ttft", description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("--repeats", type=int, default=1)
@@ -41,6 +42,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="PATH")
     parser.add_argument("--prompt-aware", action="store_true", help="also time a prompt-aware cache")
     parser.add_argument("--prefill-budget", type=int, default=4096)
+    return parser
+
+
+def _parts(seconds: float, cache: Any) -> dict[str, float]:
+    """A run's seconds split into model, weights, policy and bookkeeping."""
+    from transformers import DynamicCache
+
+    if isinstance(cache, DynamicCache):
+        return {"seconds": seconds, "model_s": seconds, "weights_s": 0.0, "policy_s": 0.0, "bookkeeping_s": 0.0}
+    s = cache.stats
+    ours = s.rows_seconds + s.policy_seconds + s.bookkeeping_seconds
+    return {"seconds": seconds, "model_s": seconds - ours, "weights_s": s.rows_seconds,
+            "policy_s": s.policy_seconds, "bookkeeping_s": s.bookkeeping_seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     check_json(parser, args.json)
 
@@ -73,14 +91,6 @@ def main(argv: list[str] | None = None) -> int:
             profiler.disable()
         return time.perf_counter() - start, cache
 
-    def parts(seconds: float, cache: Any) -> dict[str, float]:
-        if isinstance(cache, DynamicCache):
-            return {"seconds": seconds, "model_s": seconds, "weights_s": 0.0, "policy_s": 0.0, "bookkeeping_s": 0.0}
-        s = cache.stats
-        ours = s.rows_seconds + s.policy_seconds + s.bookkeeping_seconds
-        return {"seconds": seconds, "model_s": seconds - ours, "weights_s": s.rows_seconds,
-                "policy_s": s.policy_seconds, "bookkeeping_s": s.bookkeeping_seconds}
-
     kinds = ("dynamic", "chunked") + (("aware",) if args.prompt_aware else ())
     names = {"dynamic": "DynamicCache", "chunked": "chunked eviction", "aware": "prompt-aware"}
     rows = []
@@ -89,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {"length": length}
             for kind in kinds:
                 seconds, cache = run(length, kind)
-                row[kind] = parts(seconds, cache)
+                row[kind] = _parts(seconds, cache)
                 if kind == "aware":
                     row[kind]["prompt_ends"] = cache.stats.prompt_ends
                     row[kind]["held_after"] = int(cache.held_counts().max())

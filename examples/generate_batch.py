@@ -16,7 +16,8 @@ tokenizer.padding_side = "left"  # decoder-only models generate after left paddi
 
 prompts = ["The three primary colours are", "Write one sentence about the sea:"]
 inputs = tokenizer(prompts, return_tensors="pt", padding=True)
-cache = EvictingCache.from_model(model, "recommended", budget=64)  # Scissorhands, recent window 75%, 4 sinks, prompt-aware
+# "recommended": Scissorhands, recent window 75%, 4 sinks, prompt-aware
+cache = EvictingCache.from_model(model, "recommended", budget=64)
 out = model.generate(**inputs, cache=cache, max_new_tokens=80, do_sample=False)
 
 for prompt, text in zip(prompts, tokenizer.batch_decode(out[:, inputs.input_ids.shape[1]:], skip_special_tokens=True)):
