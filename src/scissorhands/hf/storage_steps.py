@@ -353,3 +353,10 @@ def _apply_general(storage: SlotStorage, victims: np.ndarray, slots: np.ndarray,
         index[r, : len(k)] = k
     storage.aligned = False
     storage._relayout(index, counts)
+
+
+def _repeat_rows(victims: np.ndarray, slots: np.ndarray, repeat: int) -> tuple[np.ndarray, np.ndarray]:
+    """Victims of policy rows applied to ``repeat`` storage rows each (``mean`` head mode)."""
+    offsets = np.concatenate(([0], np.cumsum(victims)))
+    parts = [slots[offsets[r]:offsets[r + 1]] for r in range(len(victims)) for _ in range(repeat)]
+    return np.repeat(victims, repeat), (np.concatenate(parts) if parts else slots)
