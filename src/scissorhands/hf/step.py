@@ -118,60 +118,81 @@ def _finish(cache: EvictingCache, forward: _Forward) -> None:
                                cache.num_kv_heads // cache.policy_heads, out.shape[2], out)
     gathered = forward.gathered if cache._policies_read else None  # (rows, q, width), kept order
     repeat = cache.num_kv_heads // cache.policy_heads
-    pads = forward.pads
-    policy_seconds = 0.0
-    fresh = cache.seen == 0
     if cache._decodes(forward):
-        weights = None if gathered is None else gathered.reshape(rows, -1)
-        if weights is not None and not finite:
-            weights = cache._contained(weights)
-        before = None if cache._archive is None else held_positions(bank.policies[0])
-        t0 = time.perf_counter()
-        victims, slots = bank.step(cache.seen, weights)
-        policy_seconds = time.perf_counter() - t0
-        if before is not None and cache._archive is not None:
-            new_slot = np.full(storage.rows, storage.chunk_start) if storage.aligned else storage.free
-            archive_victims(cache._archive, storage, before, victims, slots, [np.array([cache.seen])] * storage.rows,
-                            [new_slot[r:r + 1] for r in range(storage.rows)])
-        if repeat > 1:
-            victims, slots = _repeat_rows(victims, slots, repeat)
-        # One victim in every row: the storage's steady path, else the general one.
-        if len(slots) != storage.rows or not storage.apply_steady(slots):
-            storage.apply_step(victims, slots)
-        cache.stats.steps += 1
+        policy_seconds = _step_decode(cache, gathered, finite, rows, repeat)
     else:
-        chunk_weights = gathered
-        admit = None
-        if pads is not None and pads.any():
-            per_sequence = ~pads  # (batch, q)
-            shape = (cache.evicting_layers, cache.storage.batch, cache.policy_heads, q)
-            admit = np.broadcast_to(per_sequence[None, :, None, :], shape).reshape(rows, q)
-            if chunk_weights is not None:
-                chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat],
-                                                 q - chunk_weights.shape[1])
-        if chunk_weights is not None:
-            chunk_weights = cache._contained(chunk_weights)
-        aware = cache.prompt_aware.enabled
-        before = None if cache._archive is None or fresh else held_positions(bank.policies[0])
-        t0 = time.perf_counter()
-        if aware:  # the prompt is held up to its cap; its window's rows only: no policy reads them
-            victims, slots = bank.extend(chunk_weights, admit, fresh, q, cap=cache.prompt_aware.prefill_budget,
-                                         unread=forward.window_rows > 0)
-        else:
-            victims, slots = bank.extend(chunk_weights, admit, fresh, q)
-        policy_seconds = time.perf_counter() - t0
-        if aware:
-            assert chunk_weights is not None and forward.held is not None
-            cache._window = _next_window(cache._window, chunk_weights, admit, forward.held, victims, slots,
-                                        cache.prompt_aware.observation_window, q)
-        storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
-        if cache._archive is not None:
-            cache._archive_chunk(before, victims, slots, admit, q)
-        if repeat > 1:
-            victims, slots = _repeat_rows(victims, slots, repeat)
-        storage.apply_chunk(storage_admit, victims, slots)
-        cache.stats.chunks += 1
+        policy_seconds = _step_chunk(cache, forward, gathered, rows, repeat, q)
     cache._finished(q, start, policy_seconds)
+
+
+def _step_decode(cache: EvictingCache, gathered: np.ndarray | None, finite: bool, rows: int, repeat: int) -> float:
+    """:func:`_finish` of a decode step off the steady path: the policies' step over the
+    gathered weights (``finite``: known finite), the victims archived and their slots
+    freed.  Returns the seconds spent in the policies."""
+    storage, bank = cache.storage, cache.bank
+    assert bank is not None
+    weights = None if gathered is None else gathered.reshape(rows, -1)
+    if weights is not None and not finite:
+        weights = cache._contained(weights)
+    before = None if cache._archive is None else held_positions(bank.policies[0])
+    t0 = time.perf_counter()
+    victims, slots = bank.step(cache.seen, weights)
+    policy_seconds = time.perf_counter() - t0
+    if before is not None and cache._archive is not None:
+        new_slot = np.full(storage.rows, storage.chunk_start) if storage.aligned else storage.free
+        archive_victims(cache._archive, storage, before, victims, slots, [np.array([cache.seen])] * storage.rows,
+                        [new_slot[r:r + 1] for r in range(storage.rows)])
+    if repeat > 1:
+        victims, slots = _repeat_rows(victims, slots, repeat)
+    # One victim in every row: the storage's steady path, else the general one.
+    if len(slots) != storage.rows or not storage.apply_steady(slots):
+        storage.apply_step(victims, slots)
+    cache.stats.steps += 1
+    return policy_seconds
+
+
+def _step_chunk(cache: EvictingCache, forward: _Forward, gathered: np.ndarray | None, rows: int, repeat: int,
+                q: int) -> float:
+    """:func:`_finish` of a chunk (several tokens, or a prompt's one): padding's weights
+    zeroed, the policies' ``extend`` (up to ``prefill_budget`` with ``prompt_aware``, the
+    prompt's last rows carried), the victims archived and their slots freed.  Returns the
+    seconds spent in the policies."""
+    storage, bank = cache.storage, cache.bank
+    assert bank is not None
+    pads = forward.pads
+    fresh = cache.seen == 0
+    chunk_weights = gathered
+    admit = None
+    if pads is not None and pads.any():
+        per_sequence = ~pads  # (batch, q)
+        shape = (cache.evicting_layers, cache.storage.batch, cache.policy_heads, q)
+        admit = np.broadcast_to(per_sequence[None, :, None, :], shape).reshape(rows, q)
+        if chunk_weights is not None:
+            chunk_weights = _without_padding(chunk_weights, admit, storage.counts[::repeat],
+                                             q - chunk_weights.shape[1])
+    if chunk_weights is not None:
+        chunk_weights = cache._contained(chunk_weights)
+    aware = cache.prompt_aware.enabled
+    before = None if cache._archive is None or fresh else held_positions(bank.policies[0])
+    t0 = time.perf_counter()
+    if aware:  # the prompt is held up to its cap; its window's rows only: no policy reads them
+        victims, slots = bank.extend(chunk_weights, admit, fresh, q, cap=cache.prompt_aware.prefill_budget,
+                                     unread=forward.window_rows > 0)
+    else:
+        victims, slots = bank.extend(chunk_weights, admit, fresh, q)
+    policy_seconds = time.perf_counter() - t0
+    if aware:
+        assert chunk_weights is not None and forward.held is not None
+        cache._window = _next_window(cache._window, chunk_weights, admit, forward.held, victims, slots,
+                                     cache.prompt_aware.observation_window, q)
+    storage_admit = None if admit is None else np.repeat(admit, repeat, axis=0)
+    if cache._archive is not None:
+        cache._archive_chunk(before, victims, slots, admit, q)
+    if repeat > 1:
+        victims, slots = _repeat_rows(victims, slots, repeat)
+    storage.apply_chunk(storage_admit, victims, slots)
+    cache.stats.chunks += 1
+    return policy_seconds
 
 
 def _archive_chunk(cache: EvictingCache, before: tuple[np.ndarray, np.ndarray] | None, victims: np.ndarray,
