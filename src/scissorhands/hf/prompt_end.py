@@ -12,7 +12,7 @@ import numpy as np
 
 from .guards import _outside_graph
 from .recall import archive_victims, held_positions, recall, restore, restored_kept
-from .storage_steps import _repeat_rows
+from .storage.steps import _repeat_rows
 
 if TYPE_CHECKING:
     from .cache import EvictingCache

@@ -19,7 +19,7 @@ from .prompt_end import _next_window
 from .recall import archive_step, archive_victims, held_positions
 from .rows import PolicyRows
 from .storage import SLOT_DTYPE
-from .storage_steps import _repeat_rows
+from .storage.steps import _repeat_rows
 
 if TYPE_CHECKING:
     from .cache import EvictingCache

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._native import check, ffi, lib
-from .storage_arrays import SLOT_DTYPE, _int32_p, _int64_p
+from ..._native import check, ffi, lib
+from .arrays import SLOT_DTYPE, _int32_p, _int64_p
 
 if TYPE_CHECKING:
-    from .storage import SlotStorage
+    from . import SlotStorage
 
 def chunk_columns(storage: SlotStorage, width: int) -> np.ndarray:
     """``(rows, width)`` physical columns in ``extend``'s layout: a row's held slots,

@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import InvalidInputError
-from . import storage_layout, storage_masks, storage_steps, storage_writes
-from .storage_arrays import NUMPY_FLOATS, SLOT_DTYPE
-from .storage_masks import ChunkMask, causal_triangle
-from .storage_writes import _WritePlan
+from ...errors import InvalidInputError
+from . import layout, masks, steps, writes
+from .arrays import NUMPY_FLOATS, SLOT_DTYPE
+from .masks import ChunkMask, causal_triangle
+from .writes import _WritePlan
 
 __all__ = ["CACHE_MODES", "NUMPY_FLOATS", "SLOT_DTYPE", "ChunkMask", "CompactStorage", "SlotStorage", "causal_triangle",
            "make_storage"]
@@ -208,61 +208,61 @@ class SlotStorage:
         self.start(0, 0)
 
 
-    # Masks: storage_masks.py.
-    mask = storage_masks.mask
-    decode_masks = storage_masks.decode_masks
-    chunk_mask = storage_masks.chunk_mask
-    _decode_masks = storage_masks._decode_masks
-    _note_valid = storage_masks._note_valid
-    _layer_mask = storage_masks._layer_mask
+    # Masks: masks.py.
+    mask = masks.mask
+    decode_masks = masks.decode_masks
+    chunk_mask = masks.chunk_mask
+    _decode_masks = masks._decode_masks
+    _note_valid = masks._note_valid
+    _layer_mask = masks._layer_mask
 
-    # A forward's slots and its writes: storage_writes.py.
-    prepare = storage_writes.prepare
-    plan_state = storage_writes.plan_state
-    plan = storage_writes.plan
-    _plan_writes = storage_writes._plan_writes
-    unplan = storage_writes.unplan
-    _shrink = storage_writes._shrink
-    write = storage_writes.write
-    _heads_view = storage_writes._heads_view
-    layer_buffers = storage_writes.layer_buffers
-    new_columns = storage_writes.new_columns
-    ranks = storage_writes.ranks
+    # A forward's slots and its writes: writes.py.
+    prepare = writes.prepare
+    plan_state = writes.plan_state
+    plan = writes.plan
+    _plan_writes = writes._plan_writes
+    unplan = writes.unplan
+    _shrink = writes._shrink
+    write = writes.write
+    _heads_view = writes._heads_view
+    layer_buffers = writes.layer_buffers
+    new_columns = writes.new_columns
+    ranks = writes.ranks
 
-    # The policies' victims applied to the slot table: storage_steps.py.
-    chunk_columns = storage_steps.chunk_columns
-    c_array = storage_steps.c_array
-    steady_layout = storage_steps.steady_layout
-    aligned_layout = storage_steps.aligned_layout
-    stepped_aligned = storage_steps.stepped_aligned
-    stepped_steady = storage_steps.stepped_steady
-    apply_steady = storage_steps.apply_steady
-    _row_index = storage_steps._row_index
-    apply_step = storage_steps.apply_step
-    _apply_one_each = storage_steps._apply_one_each
-    _apply_ragged = storage_steps._apply_ragged
-    _free_where = storage_steps._free_where
-    _first_free = storage_steps._first_free
-    apply_chunk = storage_steps.apply_chunk
-    evict = storage_steps.evict
-    drop_tail = storage_steps.drop_tail
-    _apply_general = storage_steps._apply_general
+    # The policies' victims applied to the slot table: steps.py.
+    chunk_columns = steps.chunk_columns
+    c_array = steps.c_array
+    steady_layout = steps.steady_layout
+    aligned_layout = steps.aligned_layout
+    stepped_aligned = steps.stepped_aligned
+    stepped_steady = steps.stepped_steady
+    apply_steady = steps.apply_steady
+    _row_index = steps._row_index
+    apply_step = steps.apply_step
+    _apply_one_each = steps._apply_one_each
+    _apply_ragged = steps._apply_ragged
+    _free_where = steps._free_where
+    _first_free = steps._first_free
+    apply_chunk = steps.apply_chunk
+    evict = steps.evict
+    drop_tail = steps.drop_tail
+    _apply_general = steps._apply_general
 
-    # Growing, compacting and selecting rows: storage_layout.py.
-    _grow = storage_layout._grow
-    _layer_widths = storage_layout._layer_widths
-    _grow_layers = storage_layout._grow_layers
-    _narrow_layers = storage_layout._narrow_layers
-    _layer_extent = storage_layout._layer_extent
-    compact = storage_layout.compact
-    _relayout = storage_layout._relayout
-    _relayout_shared = storage_layout._relayout_shared
-    _after_step = storage_layout._after_step
-    _relayout_when_wide = storage_layout._relayout_when_wide
-    _relayout_per_head = storage_layout._relayout_per_head
-    load_rows = storage_layout.load_rows
-    select = storage_layout.select
-    nbytes = storage_layout.nbytes
+    # Growing, compacting and selecting rows: layout.py.
+    _grow = layout._grow
+    _layer_widths = layout._layer_widths
+    _grow_layers = layout._grow_layers
+    _narrow_layers = layout._narrow_layers
+    _layer_extent = layout._layer_extent
+    compact = layout.compact
+    _relayout = layout._relayout
+    _relayout_shared = layout._relayout_shared
+    _after_step = layout._after_step
+    _relayout_when_wide = layout._relayout_when_wide
+    _relayout_per_head = layout._relayout_per_head
+    load_rows = layout.load_rows
+    select = layout.select
+    nbytes = layout.nbytes
 
 
 class CompactStorage(SlotStorage):

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..errors import InvalidInputError
+from ...errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from .storage import SlotStorage
+    from . import SlotStorage
 
 #: A single token's write index kept from step to step: the shape it was made for
 #: (layers, batch, heads, capacity), its buffer, each row's base and per-layer views.

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .storage_arrays import NUMPY_FLOATS
+from .arrays import NUMPY_FLOATS
 
 if TYPE_CHECKING:
-    from .storage import SlotStorage
+    from . import SlotStorage
 
 #: A layer's mask not built yet in this forward (``None`` means: no mask needed).
 _UNBUILT: Any = object()

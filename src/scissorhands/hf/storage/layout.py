@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import InvalidInputError
-from .storage_arrays import _MAX_CAPACITY, SLOT_DTYPE
+from ...errors import InvalidInputError
+from .arrays import _MAX_CAPACITY, SLOT_DTYPE
 
 if TYPE_CHECKING:
-    from .storage import SlotStorage
+    from . import SlotStorage
 
 def _grow(storage: SlotStorage, need: int) -> None:
     """Make every row hold at least ``need`` slots (by at least a thirty-second, so that

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._native import ffi
+from ..._native import ffi
 
 #: The slot table's dtype: 4 bytes a held position, read (and partly moved) by every
 #: decode step's C passes; a row's slots are below its capacity, at most 2**31 - 1.
