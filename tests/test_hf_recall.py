@@ -20,7 +20,7 @@ from test_hf_dropin import _generate, _model, _prompts  # noqa: E402
 
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError  # noqa: E402
-from scissorhands.hf import cache as cache_module  # noqa: E402
+from scissorhands.hf import prompt_end as prompt_end_module  # noqa: E402
 from scissorhands.hf.recall import Archive, restore  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
@@ -139,7 +139,7 @@ def test_a_later_prompt_brings_back_positions_an_earlier_prompt_end_archived(mon
                              [policy.votes_of(p, policy_row) for p in sorted(archived[row])]))
         return n
 
-    monkeypatch.setattr(cache_module, "restore", restore_and_look)
+    monkeypatch.setattr(prompt_end_module, "restore", restore_and_look)
     with torch.no_grad():
         model(input_ids=ids2[:, cache.get_seq_length():], attention_mask=mask2, cache=cache)
     assert len(at_start) == len(archived)
@@ -251,7 +251,7 @@ def test_past_prefill_budget_the_prompt_end_scores_held_and_archived_together(mo
     scores both (both backends alike), keeps the budget and loses nothing."""
     model = _model("llama", "sdpa")
     restored = []
-    monkeypatch.setattr(cache_module, "restore", lambda c, q: restored.append(restore(c, q)) or restored[-1])
+    monkeypatch.setattr(prompt_end_module, "restore", lambda c, q: restored.append(restore(c, q)) or restored[-1])
     results = []
     for b in ("native", "reference"):
         cache = _cache(model, backend=b, prefill_budget=40)

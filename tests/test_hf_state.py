@@ -100,14 +100,14 @@ def test_keys_kept_at_their_ranks_give_the_logits_of_keys_turned_from_scratch(po
     whose rank changed: over 50 forwards with evictions every step, left padding, a beam
     reorder, an interrupted step and a new turn, every forward's logits equal (float32
     rounding) those of turning every held key from its stored rotation at each step."""
-    from scissorhands.hf import cache as cache_module
+    from scissorhands.hf import positions as positions_module
 
     model = _model("llama", impl)
     takes = SPECS[policy].takes
     options = PolicyOptions(recent_window=2 if takes("recent_window") else None, sinks=1 if takes("sinks") else None)
     ids, mask = _prompts(batch=3, length=9, seed=5)
     ours = _rank_run(model, hf.EvictingCache.from_model(model, policy, 6, options, positions="cache"), ids, mask)
-    monkeypatch.setattr(cache_module, "rank_rotatable", lambda query, key: False)
+    monkeypatch.setattr(positions_module, "rank_rotatable", lambda query, key: False)
     scratch = _rank_run(model, hf.EvictingCache.from_model(model, policy, 6, options, positions="cache"), ids, mask)
     assert torch.isfinite(ours).all()
     assert torch.allclose(ours, scratch, rtol=1e-5, atol=1e-5), float((ours - scratch).abs().max())

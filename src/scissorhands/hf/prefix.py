@@ -226,7 +226,7 @@ def _truncate(cache: EvictingCache, position: int) -> bool:
     cannot be exact: a sliding-window layer that no longer holds the positions before
     ``position`` it would need, or policy rows that keep no state (a hindsight
     schedule)."""
-    from .cache import EvictingLayer
+    from .layer import EvictingLayer
 
     own: list[Any] = [layer for layer in cache.layers if not isinstance(layer, EvictingLayer)]
     if cache.bank is None or not all(_croppable(layer, position) for layer in own):
