@@ -28,9 +28,8 @@ This package is the only part of the library that imports ``torch`` and
 teacher-forced batch), :mod:`.record` (attention traces) and :mod:`.hindsight` (the
 full run's attention tapped, a hindsight schedule replayed).
 
-Scissorhands: Liu et al., NeurIPS 2023, arXiv 2305.17118.  H2O: Zhang et al.,
-NeurIPS 2023, arXiv 2306.14048.  TOVA: Oren et al., 2024, arXiv 2401.06104.
-StreamingLLM: Xiao et al., ICLR 2024, arXiv 2309.17453.
+Scissorhands: Liu et al., NeurIPS 2023, arXiv 2305.17118; every other policy's paper is
+its registry entry's ``paper`` (:data:`scissorhands.options.SPECS`).
 """
 
 from __future__ import annotations

@@ -28,9 +28,8 @@ does), unless ``positions="cache"``.  Padding is never admitted: a left-padded s
 Sliding-window layers (Gemma-2's every other layer) are transformers' own, already
 bounded, and not evicted.
 
-Scissorhands: Liu et al., NeurIPS 2023, arXiv 2305.17118.  H2O: Zhang et al., NeurIPS
-2023, arXiv 2306.14048.  TOVA: Oren et al., 2024, arXiv 2401.06104.  StreamingLLM: Xiao
-et al., ICLR 2024, arXiv 2309.17453.
+Scissorhands: Liu et al., NeurIPS 2023, arXiv 2305.17118; every other policy's paper is
+its registry entry's ``paper`` (:data:`scissorhands.options.SPECS`).
 """
 
 from __future__ import annotations
@@ -87,7 +86,7 @@ class EvictingCache(Cache):
     config : transformers.PretrainedConfig
         The model's configuration (layers, layer types, query and KV heads).
     policy : str, default "scissorhands"
-        A registry name: ``full``, ``streaming-llm``, ``h2o``, ``tova``, ``scissorhands``;
+        A registry name (a key of :data:`scissorhands.options.SPECS`, e.g. ``"h2o"``);
         or a preset (:data:`scissorhands.options.PRESETS`): ``"recommended"`` is
         Scissorhands with ``recent_window=0.75, sinks=4, prompt_aware=True``, any of which
         a keyword given beside it overrides.
@@ -111,7 +110,8 @@ class EvictingCache(Cache):
         One configuration per sequence of the batch instead (``eval`` runs every
         configuration as one batch); excludes ``policy``/``budget``/``options``.
     prompt_aware : bool or None, default None
-        (None: False, or the preset's.) Hold the prompt and decide at its end (see Notes): H2O, TOVA and Scissorhands
+        (None: False, or the preset's.) Hold the prompt and decide at its end (see
+        Notes): the policies of :data:`scissorhands.prompt_aware.PROMPT_AWARE_POLICIES`
         only (StreamingLLM reads no attention, Full never evicts), not with pooled
         budgets nor ``configs``.
     prefill_budget : int, default 4096
@@ -138,7 +138,7 @@ class EvictingCache(Cache):
         scores held and archived positions together, so that a later turn's question
         can bring back what an earlier prompt's end dropped.  Needs
         ``prompt_aware=True``, ``positions="original"``, ``head_mode="per-head"``,
-        one unpooled configuration of H2O, TOVA or Scissorhands.  Its bytes:
+        one unpooled configuration of a policy of ``PROMPT_AWARE_POLICIES``.  Its bytes:
         :meth:`archive_bytes` (not in :meth:`memory_bytes`, which is what attention reads).
 
     Raises

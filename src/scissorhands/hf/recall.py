@@ -15,12 +15,11 @@ pins and the window's own positions protected), so that the best positions enter
 budget and the displaced ones go to the archive.
 
 A recalled position keeps its true position and its key as it was attended; its policy
-state on return is that of a position just admitted: 0 votes (Scissorhands), score 0.0
-(H2O, TOVA), empty vote registers and no steps held.  The union's policy state is made
-through the policies' own ``state_dict``/``from_state_dict`` (either backend) and the
-eviction is their own ``evict_observed_rows``, so the rule is exactly the one both
-backends share.  Decode steps never read the archive (they only add to it what they
-evict): its cost is paid at a prompt's end.
+state on return is that of a position just admitted: 0 votes, score 0.0, empty vote
+registers and no steps held.  The union's policy state is made through the policies'
+own ``state_dict``/``from_state_dict`` (either backend) and the eviction is their own
+``evict_observed_rows``, so the rule is exactly the one both backends share.  Decode
+steps only add to the archive, never read it: its cost is paid at a prompt's end.
 
 ``int8`` stores each archived key and value as int8 with one float32 scale per (row,
 position) (the largest magnitude over the head dimension / 127, round to nearest), a
@@ -40,6 +39,7 @@ import torch
 
 from ..errors import InvalidInputError
 from ..options import policy_spec
+from ..prompt_aware import PROMPT_AWARE_POLICIES
 
 __all__ = ["ARCHIVE_MODES", "Archive", "WindowQueries", "archive_victims", "check_archive", "held_positions", "recall",
            "restore"]
@@ -80,7 +80,7 @@ def check_archive(archive: Any, *, prompt_aware: bool, positions: str, head_mode
         raise InvalidInputError(f"archive={archive!r} does not take pooled budgets (pool={config.options.pool})")
     if not (config.evicts and config.reads_attention):
         raise InvalidInputError(f"archive={archive!r} needs a policy that evicts by attention "
-                                f"(scissorhands, h2o, tova), not {config.policy!r}")
+                                f"({', '.join(PROMPT_AWARE_POLICIES)}), not {config.policy!r}")
     return archive
 
 

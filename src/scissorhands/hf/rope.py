@@ -10,7 +10,7 @@ ICLR 2024, §3.2).  ``storage.rope[row, slot]`` records the rotation each stored
 At each forward (its first evicting layer) :func:`rank_plan` compares, per held key, the
 rotation it has with the one it needs; the offset of a row is chosen so that its last
 held key needs none.  After a step that evicted one key in the older part of a row
-(Scissorhands, H2O and TOVA with a recent window; StreamingLLM's victim next to its
+(a policy with a recent window; StreamingLLM's victim next to its
 sinks), only the keys before the victim turn, by one step; the newest keys, the recent
 window, never move.  A new token's key turns once, from the position the model rotated
 it with to its rank.  Each layer then turns its keys in place, records their rotations
