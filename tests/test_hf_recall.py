@@ -21,7 +21,8 @@ from test_hf_dropin import _generate, _model, _prompts  # noqa: E402
 from scissorhands import hf  # noqa: E402
 from scissorhands.errors import InvalidInputError  # noqa: E402
 from scissorhands.hf import prompt_end as prompt_end_module  # noqa: E402
-from scissorhands.hf.recall import Archive, restore  # noqa: E402
+from scissorhands.hf.archive import Archive  # noqa: E402
+from scissorhands.hf.recall import restore  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 

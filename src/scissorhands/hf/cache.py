@@ -46,6 +46,7 @@ from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions, expand_preset, preset
 from . import attention, copies, forward, guards, inspection, layer, observers, positions, prompt_end, step
 from . import prefix as _prefix
+from .archive import Archive, check_archive
 from .forward import _Forward
 from .gqa import DecodeWeights
 from .guards import _outside_graph
@@ -53,7 +54,7 @@ from .layer import EvictingLayer
 from .observers import AttentionObserver, ObserverHandle
 from .pins import _check_pins_leave_room, _checked_pins, _spans
 from .pins import pin as _pin
-from .recall import Archive, WindowQueries, check_archive
+from .recall import WindowQueries
 from .rope import rotary_frequencies
 from .rows import PolicyConfig, PolicyRows, check_pools
 from .settings import (

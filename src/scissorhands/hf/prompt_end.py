@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .archive import archive_victims, held_positions
 from .guards import _outside_graph
-from .recall import archive_victims, held_positions, recall, restore, restored_kept
+from .recall import recall, restore, restored_kept
 from .storage.steps import _repeat_rows
 
 if TYPE_CHECKING:

@@ -13,10 +13,10 @@ import numpy as np
 
 from .._native import ffi, lib
 from ..errors import InvalidInputError
+from .archive import archive_step, archive_victims, held_positions
 from .gqa import gather_layers
 from .guards import _OUT_OF_SYNC
 from .prompt_end import _next_window
-from .recall import archive_step, archive_victims, held_positions
 from .rows import PolicyRows
 from .storage import SLOT_DTYPE
 from .storage.steps import _repeat_rows
