@@ -12,7 +12,7 @@ from conftest import BACKENDS, POLICY_NAMES, load_backend
 
 from scissorhands import _native
 from scissorhands._shared import memory_bytes
-from scissorhands.harness import _policy_name
+from scissorhands.commands.harness import _policy_name
 from scissorhands.options import SPECS, policy_classes
 
 NAMES = tuple(SPECS)

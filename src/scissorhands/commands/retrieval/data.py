@@ -1,7 +1,7 @@
 """The package's own retrieval tasks, generated offline from a seed: what RULER lacks.
 
 Each sample hides a *fact* -- ``The special magic number for crimson-otter is
-4829137.`` -- in real prose (:func:`scissorhands.evaluate.default_text`, Python's own
+4829137.`` -- in real prose (:func:`scissorhands.commands.evaluate.default_text`, Python's own
 documentation, shipped with every CPython), and asks for it at the end; the score is
 whether the answer holds the number (RULER's ``string_match_all``).  Four tasks:
 
@@ -38,7 +38,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import InvalidInputError
+from scissorhands.errors import InvalidInputError
 
 __all__ = ["ANSWER_ROOM", "DEPTHS", "GENERATORS", "generate", "score"]
 

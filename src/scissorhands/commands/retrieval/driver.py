@@ -2,9 +2,9 @@
 ``simple_evaluate``.
 
 The grid is tasks x lengths x configurations x budgets: each length's tasks are built
-once (RULER's generators and the package's, :mod:`scissorhands.retrieval.data`, at
+once (RULER's generators and the package's, :mod:`scissorhands.commands.retrieval.data`, at
 that length, from the model's own tokenizer), then every configuration runs them through
-the ``scissorhands`` lm-eval model (:mod:`scissorhands.retrieval.model`) at every budget,
+the ``scissorhands`` lm-eval model (:mod:`scissorhands.commands.retrieval.model`) at every budget,
 a fraction of the length (1/8, 1/4, 1/2 by default); the full cache runs once per
 length, and comes first in every table: a configuration's *share* is its accuracy over
 the full cache's on the same task and length, shown only where the full cache answers
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from ..errors import InvalidInputError, ScissorhandsError
+from scissorhands.errors import InvalidInputError, ScissorhandsError
+
 from .config import CacheConfig, pop_cache_config
 from .data import ANSWER_ROOM, GENERATORS
 
@@ -137,7 +138,7 @@ _positive.__name__ = "integer"
 
 
 def _odd(text: str) -> int:
-    from ..prompt_aware import parse_odd
+    from scissorhands.prompt_aware import parse_odd
 
     try:
         return parse_odd(text)
@@ -288,7 +289,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         raise ScissorhandsError(f"tasks needs lm-eval: pip install 'scissorhands[tasks]' ({exc})") from None
     from tqdm import tqdm
 
-    from .. import hf
+    from scissorhands import hf
 
     hf.set_threads(args.threads)
     import logging

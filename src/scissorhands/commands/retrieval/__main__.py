@@ -1,19 +1,19 @@
-"""``python -m scissorhands.retrieval``: lm-eval's own command line (``lm_eval``), with the
+"""``python -m scissorhands.commands.retrieval``: lm-eval's own command line (``lm_eval``), with the
 ``scissorhands`` model registered and the package's tasks on the include path, run
 without lm-eval's lines that read as errors and are not
-(:func:`scissorhands.retrieval.model.quiet_lm_eval`).
+(:func:`scissorhands.commands.retrieval.model.quiet_lm_eval`).
 
 lm-eval 0.4.13 finds a model only by name in its own table or in a module already
 imported (``@register_model`` runs at import); its registry reads no installed entry
 points, so ``lm_eval --model scissorhands`` itself cannot see this package.  This command
-imports :mod:`scissorhands.retrieval.model` first, adds ``--include_path`` with
-:data:`scissorhands.retrieval.TASKS_DIR` (unless one is given), sets ``HF_HUB_OFFLINE=1``
+imports :mod:`scissorhands.commands.retrieval.model` first, adds ``--include_path`` with
+:data:`scissorhands.commands.retrieval.TASKS_DIR` (unless one is given), sets ``HF_HUB_OFFLINE=1``
 and ``HF_DATASETS_OFFLINE=1`` unless set, gives the tasks the model's own tokenizer (the
 ``tokenizer`` RULER's tasks and the package's read from ``--metadata``, saved to a
 temporary folder from ``pretrained``, or the default model, unless given), and hands
 every argument to lm-eval::
 
-    python -m scissorhands.retrieval --model scissorhands --model_args policy=recommended,budget=128 \\
+    python -m scissorhands.commands.retrieval --model scissorhands --model_args policy=recommended,budget=128 \\
         --tasks niah_single_1,sh_prose_needle --metadata '{"max_seq_lengths": [512]}'
 """
 
@@ -84,7 +84,7 @@ def with_tokenizer(args: Sequence[str]) -> Iterator[list[str]]:
     if not isinstance(metadata, dict) or "tokenizer" in metadata or "tokenizer" in model_args:
         yield out
         return
-    from ..hf.loading import load_tokenizer
+    from scissorhands.hf.loading import load_tokenizer
 
     tokenizer = load_tokenizer(model_args.get("pretrained") or None)
     with tempfile.TemporaryDirectory(prefix="scissorhands-tokenizer-") as folder:

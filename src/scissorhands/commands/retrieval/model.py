@@ -3,7 +3,7 @@ request.
 
 Importing this module registers the model with lm-eval's registry (``@register_model``;
 importing patches nothing of lm-eval), so that ``lm_eval.simple_evaluate(model="scissorhands",
-model_args="policy=h2o,budget=128")`` and ``python -m scissorhands.retrieval --model
+model_args="policy=h2o,budget=128")`` and ``python -m scissorhands.commands.retrieval --model
 scissorhands ...`` find it.  (The command line and ``tasks`` run lm-eval inside
 :func:`quiet_lm_eval`, which swaps two of its functions for the block only, to keep
 lines that read as errors off the output.)  It overrides only what an evicting cache changes:
@@ -51,7 +51,8 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..errors import InvalidInputError
+from scissorhands.errors import InvalidInputError
+
 from . import NLTK_DIR
 from .config import CacheConfig, pop_cache_config
 
@@ -64,7 +65,7 @@ _HFLM_ARGUMENTS = frozenset(inspect.signature(HFLM.__init__).parameters) - {"sel
 
 
 def use_offline_nltk() -> None:
-    """Put :data:`scissorhands.retrieval.NLTK_DIR` last on NLTK's data path, so that
+    """Put :data:`scissorhands.commands.retrieval.NLTK_DIR` last on NLTK's data path, so that
     lm-eval's RULER generators find ``punkt_tab`` without downloading it (NLTK's own,
     where installed, comes first)."""
     import nltk
@@ -152,7 +153,7 @@ def check_modes(config: CacheConfig) -> None:
     InvalidInputError
         A value the cache does not take, named as given.
     """
-    from ..hf import HEAD_MODES, POSITION_MODES, WRAPPED
+    from scissorhands.hf import HEAD_MODES, POSITION_MODES, WRAPPED
 
     for name, value, known in (("head_mode", config.head_mode, HEAD_MODES),
                                ("positions", config.positions, POSITION_MODES),
@@ -172,7 +173,7 @@ class ScissorhandsLM(HFLM):
         A model for :func:`scissorhands.hf.load_model` (None: its default), or a loaded
         model (then give ``tokenizer``).
     **kwargs
-        The cache's configuration (:func:`scissorhands.retrieval.config.pop_cache_config`)
+        The cache's configuration (:func:`scissorhands.commands.retrieval.config.pop_cache_config`)
         and ``HFLM``'s own arguments.
 
     Raises
@@ -203,7 +204,7 @@ class ScissorhandsLM(HFLM):
                                     "loading arguments, which this model does not use: it loads the model with "
                                     "scissorhands.hf.load_model (CPU, float32); pass pretrained=NAME_OR_PATH")
         if pretrained is None or isinstance(pretrained, (str, os.PathLike)):
-            from ..hf import load_model
+            from scissorhands.hf import load_model
 
             pretrained, args["tokenizer"] = load_model(pretrained, attn_implementation=config.attention,
                                                        progress=False)
@@ -224,7 +225,7 @@ class ScissorhandsLM(HFLM):
     def fresh_cache(self) -> Any:
         """A new :class:`~scissorhands.hf.EvictingCache` for one request (and the
         library's attention installed in the model)."""
-        from ..hf import EvictingCache
+        from scissorhands.hf import EvictingCache
 
         return EvictingCache.from_model(self.model, **self.cache_config.cache_kwargs())
 

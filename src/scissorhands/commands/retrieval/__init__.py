@@ -17,7 +17,7 @@ Three parts, each importable on its own:
     only module that imports lm-eval (the ``tasks`` extra: ``pip install
     'scissorhands[tasks]'``).
 
-``python -m scissorhands.retrieval`` is lm-eval's own command line (``lm_eval``) with the
+``python -m scissorhands.commands.retrieval`` is lm-eval's own command line (``lm_eval``) with the
 model registered and :data:`TASKS_DIR` on its include path; ``python -m scissorhands
 tasks`` runs the published grid (:mod:`.driver`).  See ``docs/tasks.md``.
 """

@@ -19,14 +19,15 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from .errors import ScissorhandsError
-from .hindsight import gap_closed_percent
-from .options import POLICY_NAMES, SPECS, series_label, spec_fraction
+from scissorhands.errors import ScissorhandsError
+from scissorhands.hindsight import gap_closed_percent
+from scissorhands.options import POLICY_NAMES, SPECS, series_label, spec_fraction
+
 from .paths import check_inputs_and_outputs
 
 __all__ = ["combine_reports", "format_longctx", "format_report", "plot_longctx", "plot_report", "run_report"]
 
-#: The ``format`` of ``tasks --json`` documents (:mod:`scissorhands.retrieval.driver`).
+#: The ``format`` of ``tasks --json`` documents (:mod:`scissorhands.commands.retrieval.driver`).
 TASKS_FORMAT = "scissorhands.tasks"
 #: The policy name of ``eval --hindsight``'s reference rows.
 HINDSIGHT = "hindsight"

@@ -5,17 +5,17 @@ canonical trace):
 
 ``replay``
     A trace (``decode-4096``, or a recorded real model's) through each policy at each
-    budget: retained attention mass and heavy-hitter recall (:mod:`scissorhands.replay`).
+    budget: retained attention mass and heavy-hitter recall (:mod:`scissorhands.commands.replay`).
 ``eval``
     Teacher-forced perplexity of a real model under each policy and budget
-    (:mod:`scissorhands.evaluate`).
+    (:mod:`scissorhands.commands.evaluate`).
 ``record``
     A real model's full-cache attention, as a trace for ``replay --trace``.
 ``report``
-    Several ``eval --json`` files as one table and one plot (:mod:`scissorhands.report`).
+    Several ``eval --json`` files as one table and one plot (:mod:`scissorhands.commands.report`).
 ``tasks``
     Retrieval accuracy through lm-eval under each policy and budget
-    (:mod:`scissorhands.retrieval.driver`).
+    (:mod:`scissorhands.commands.retrieval.driver`).
 
 The option flags (``--recent-window``, ``--sinks``, ``--history-window``,
 ``--vote-rate``) come from the option declarations of :mod:`scissorhands.options`;
@@ -36,10 +36,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import ScissorhandsError
-from .models import DEFAULT_MODEL, MODEL_NAMES
-from .options import BACKENDS, DEFAULT_BUDGET, MODEL_POLICIES, OPTIONS, POLICY_NAMES, PRESETS, RECOMMENDED, policy_spec
-from .prompt_aware import parse_odd
+from scissorhands.errors import ScissorhandsError
+from scissorhands.models import DEFAULT_MODEL, MODEL_NAMES
+from scissorhands.options import (
+    BACKENDS,
+    DEFAULT_BUDGET,
+    MODEL_POLICIES,
+    OPTIONS,
+    POLICY_NAMES,
+    PRESETS,
+    RECOMMENDED,
+    policy_spec,
+)
+from scissorhands.prompt_aware import parse_odd
 
 __all__ = ["build_parser", "main"]
 
@@ -338,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own\n"
         "with --help.\n\n"
         "lm-eval's own command line, with this package's model and tasks (docs/tasks.md):\n"
-        "  python -m scissorhands.retrieval --model scissorhands \\\n"
+        "  python -m scissorhands.commands.retrieval --model scissorhands \\\n"
         "      --model_args policy=recommended,budget=128 --tasks niah_single_1 \\\n"
         "      --apply_chat_template --device cpu --limit 10 --metadata '{\"max_seq_lengths\": [512]}'\n"
         "(every lm-eval argument works; 'tasks' above runs a grid of them).")
@@ -355,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from . import __version__
+    from scissorhands import __version__
 
     return __version__
 

@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import ScissorhandsError
-from .options import SPECS
+from scissorhands.errors import ScissorhandsError
+from scissorhands.options import SPECS
+
 from .traces import Trace
 
 __all__ = [
@@ -132,7 +133,7 @@ def heavy_hitters(weights: npt.ArrayLike, k: int = HEAVY_HITTERS) -> npt.NDArray
 class PreparedTrace:
     """A trace with each step's weights and heavy hitters computed once.
 
-    Replaying a :class:`~scissorhands.traces.Trace` prepares it first; prepare it yourself
+    Replaying a :class:`~scissorhands.commands.traces.Trace` prepares it first; prepare it yourself
     (:func:`prepare`) to replay it through several policies or budgets without redoing
     that work.  It is itself a trace (same attributes, same iteration).
     """

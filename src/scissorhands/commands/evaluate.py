@@ -49,10 +49,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .errors import ScissorhandsError
-from .hindsight import gap_closed_percent
-from .models import model_problem
-from .options import (
+from scissorhands.errors import ScissorhandsError
+from scissorhands.hindsight import gap_closed_percent
+from scissorhands.models import model_problem
+from scissorhands.options import (
     MODEL_POLICIES,
     OPTIONS,
     PRESETS,
@@ -64,6 +64,7 @@ from .options import (
     sweep,
     with_presets,
 )
+
 from .paths import input_problem, output_problem, plot_problem
 
 __all__ = [
@@ -375,7 +376,7 @@ def _fail(message: str) -> NoReturn:
 def _import_hf() -> Any:
     """Import :mod:`scissorhands.hf`, turning a missing torch/transformers into a message."""
     try:
-        from . import hf
+        from scissorhands import hf
     except ImportError as exc:
         raise ScissorhandsError(
             f"the real-model commands need torch and the [hf] extra (see the README): {exc}"
@@ -420,7 +421,7 @@ def check_paths(text: str | None, model: str | None, outputs: Sequence[tuple[str
     must be a readable UTF-8 file holding more than whitespace (and, with ``tokens``,
     not too short for them: :func:`text_too_short`), ``--model`` must exist, each output
     (flag, path) must go into an existing, writable directory, and each plot also needs
-    matplotlib and a format it writes (:mod:`scissorhands.paths`)."""
+    matplotlib and a format it writes (:mod:`scissorhands.commands.paths`)."""
     problem = input_problem("--text", text, text=True) or (
         None if tokens is None else text_too_short("--text", text, tokens))
     if problem:
@@ -618,7 +619,7 @@ def _measure(plan: _EvalPlan, model: Any, ids: list[int], request: EvalRequest) 
     steps = plan.tokens - 1 - prompt_tokens + 1
     scheduler = None
     if window is not None:
-        from .hindsight import HindsightScheduler
+        from scissorhands.hindsight import HindsightScheduler
 
         # The decode steps are positions prompt_tokens .. tokens - 2 (the last token is only a target).
         scheduler = HindsightScheduler(plan.budgets, int(window), prompt_tokens, plan.tokens - 2)
@@ -866,7 +867,7 @@ def _check_layers(layers: Sequence[int], count: int) -> str | None:
 
 def _save_trace(out: str, weights: Any, layers: list[int], prompt_tokens: int, model_info: dict[str, Any],
                 source: str, ids: list[int], environment: dict[str, Any]) -> None:
-    """Write ``record``'s trace with its metadata (:func:`scissorhands.traces.save_recorded_trace`)."""
+    """Write ``record``'s trace with its metadata (:func:`scissorhands.commands.traces.save_recorded_trace`)."""
     from .traces import save_recorded_trace
 
     metadata = {
@@ -887,7 +888,7 @@ def run_record(request: RecordRequest) -> int:
 
     Per step ``t = 1..N-1``, per selected layer and KV head: the new token's attention
     over positions ``0..t-1`` (mean over the GQA group's query heads, its weight on
-    itself excluded), float16, written through ``scissorhands.traces.save_recorded_trace``.
+    itself excluded), float16, written through ``scissorhands.commands.traces.save_recorded_trace``.
 
     Returns the process exit status, 0.
 

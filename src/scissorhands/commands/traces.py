@@ -3,7 +3,7 @@
 A *trace* is one stream of decode steps: at step ``t`` (``t = 1 .. num_positions - 1``) the
 new token at position ``t`` attends over positions ``0 .. t-1`` with the weights the trace
 yields (``float32``, shape ``(t,)``, not necessarily summing to 1).  Anything with the
-attributes of :class:`Trace` replays through :func:`scissorhands.harness.replay`.
+attributes of :class:`Trace` replays through :func:`scissorhands.commands.harness.replay`.
 
 Canonical trace ``decode-4096`` (seed 7)
 ----------------------------------------
@@ -75,8 +75,8 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from ._shared import UINT32_MAX, check_int
-from .errors import InvalidInputError, ScissorhandsError
+from scissorhands._shared import UINT32_MAX, check_int
+from scissorhands.errors import InvalidInputError, ScissorhandsError
 
 __all__ = [
     "TRACE_FORMAT",

@@ -17,9 +17,9 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidInputError, ScissorhandsError
-from ..options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec, preset
-from ..prompt_aware import PromptAware, parse_flag
+from scissorhands.errors import InvalidInputError, ScissorhandsError
+from scissorhands.options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec, preset
+from scissorhands.prompt_aware import PromptAware, parse_flag
 
 __all__ = ["CACHE_ARGS", "CacheConfig", "pop_cache_config"]
 
@@ -53,7 +53,7 @@ class CacheConfig:
         in one forward, as the stock model does.
     backend, head_mode, positions : str
         As :class:`~scissorhands.hf.EvictingCache` takes them (the last two checked by
-        :func:`scissorhands.retrieval.model.check_modes`, which needs torch).
+        :func:`scissorhands.commands.retrieval.model.check_modes`, which needs torch).
     attention : {"sdpa", "eager"}
         The implementation the model is loaded with (when this model loads it).
     prompt : PromptAware

@@ -22,10 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from .errors import ScissorhandsError
+from scissorhands.errors import ScissorhandsError
+from scissorhands.models import context_problem, model_problem
+from scissorhands.options import DEFAULT_BUDGET, PolicyOptions, flag_text, make_policy, policy_spec, preset
+
 from .evaluate import _checkpoint_config
-from .models import context_problem, model_problem
-from .options import DEFAULT_BUDGET, PolicyOptions, flag_text, make_policy, policy_spec, preset
 from .paths import input_problem
 
 __all__ = ["GenerateRequest", "run_generate"]
@@ -183,7 +184,7 @@ _PROMPT_FLAGS = {"prefill_budget": "--prefill-budget", "observation_window": "--
 def _prompt_kwargs(request: GenerateRequest, options: PolicyOptions) -> dict[str, Any]:
     """The cache's prompt-aware keywords, checked against the policy and budget (in
     the flags' names)."""
-    from .prompt_aware import PromptAware
+    from scissorhands.prompt_aware import PromptAware
 
     given = {name: getattr(request, name) for name in _PROMPT_FLAGS if getattr(request, name) is not None}
     if not request.prompt_aware:
@@ -253,7 +254,7 @@ def _check_request(request: GenerateRequest, stdin: TextIO) -> tuple[Any, Policy
     if problem is not None:
         raise _Refused(problem if request.model is None else f"--model {problem}")
     try:
-        from . import hf
+        from scissorhands import hf
     except ImportError as exc:
         raise _Refused(f"generate needs torch and the [hf] extra (see the README): {exc}") from None
     if request.positions not in hf.POSITION_MODES:
