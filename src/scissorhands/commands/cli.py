@@ -46,14 +46,17 @@ from scissorhands.options import (
     POLICY_NAMES,
     PRESETS,
     RECOMMENDED,
+    SPECS,
     policy_spec,
 )
-from scissorhands.prompt_aware import parse_odd
+from scissorhands.prompt_aware import PROMPT_AWARE_POLICIES, parse_odd
 
 __all__ = ["build_parser", "main"]
 
 COMMANDS = ("replay", "eval", "record", "report", "generate", "longctx", "tasks")
 _PROG = "scissorhands"
+#: The evicting policies' class names, in the registry's order (the top description).
+_EVICTING = ", ".join(spec.class_name for spec in SPECS.values() if spec.evicts)
 
 
 # --------------------------------------------------------------------------------------
@@ -216,22 +219,48 @@ def _add_record(sub: Any, common: Any, model_opts: Any) -> None:
                         help="output file (default: trace.npz)")
 
 
+_GENERATE_DESCRIPTION = (
+    "Generate with the model's own generate() and an evicting cache; the text "
+    "streams to stdout, one summary line (tokens/s, KV held against a full cache, peak RSS) "
+    "goes to stderr. With a tokenizer that has a chat template (an instruct model, such as the "
+    "default), the prompt is sent as one user message through it, as transformers' chat command "
+    "and llama.cpp's conversation mode do; --no-chat sends it as written. "
+    f"By default it runs the recommendation, {RECOMMENDED.describe()} (docs/configuration.md), "
+    f"at budget {DEFAULT_BUDGET}, and says so on stderr. To chat across turns on one cache, give the "
+    "later user turns with --chat-turns (each asked after the previous answer, the conversation rendered "
+    "again each turn and its read prefix reused; --archive float32 keeps what each turn's end evicted, "
+    "so a later question can bring it back), or in Python keep one EvictingCache and pass "
+    "model.generate the whole conversation each turn (examples/chat.py; --pin-system keeps the system "
+    "prompt).")
+
+
 def _add_generate(sub: Any, common: Any) -> None:
     gen = sub.add_parser(
         "generate", parents=[common],
         help="generate text from a real model with a bounded KV cache, streamed to stdout",
-        description="Generate with the model's own generate() and an evicting cache; the text "
-        "streams to stdout, one summary line (tokens/s, KV held against a full cache, peak RSS) "
-        "goes to stderr. With a tokenizer that has a chat template (an instruct model, such as the "
-        "default), the prompt is sent as one user message through it, as transformers' chat command "
-        "and llama.cpp's conversation mode do; --no-chat sends it as written. "
-        f"By default it runs the recommendation, {RECOMMENDED.describe()} (docs/configuration.md), "
-        f"at budget {DEFAULT_BUDGET}, and says so on stderr. To chat across turns on one cache, give the "
-        "later user turns with --chat-turns (each asked after the previous answer, the conversation rendered "
-        "again each turn and its read prefix reused; --archive float32 keeps what each turn's end evicted, "
-        "so a later question can bring it back), or in Python keep one EvictingCache and pass "
-        "model.generate the whole conversation each turn (examples/chat.py; --pin-system keeps the system "
-        "prompt).")
+        description=_GENERATE_DESCRIPTION)
+    _add_generate_policy(gen)
+    _add_generate_decoding(gen)
+    aware = _add_prompt_aware(gen)
+    gen.add_argument("--chat-turns", nargs="+", default=(), metavar="TURN",
+                     help="later user turns, each asked on the same cache after the previous answer (a chat; "
+                     "needs the chat template)")
+    aware.add_argument("--archive", choices=("float32", "int8"), default=None,
+                       help="the recall tier: archive what is evicted (host memory, never attended) and read it "
+                       "again at a later turn's prompt (needs --prompt-aware; int8: about 0.28x the bytes)")
+    gen.add_argument("--pin-system", action="store_true",
+                     help="never evict what the chat template puts before the message (its system prompt "
+                     "and the user turn's header)")
+    gen.add_argument("--model", metavar="NAME|PATH", help=_MODEL_HELP)
+    gen.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
+                     help="the model's attention implementation (default: sdpa)")
+    gen.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
+    gen.add_argument("--backend", choices=BACKENDS, default="native", help="policy backend (default: native)")
+    gen.set_defaults(usage=gen.format_usage())  # printed before each of the command's own errors
+
+
+def _add_generate_policy(gen: Any) -> None:
+    """``generate``'s prompt, policy, budget and the policy's options (one value each)."""
     gen.add_argument("prompt", nargs="?", default=None,
                      help="the prompt (default: --file, or stdin)")
     gen.add_argument("--file", metavar="PATH", help="read the prompt from a UTF-8 file ('-': stdin)")
@@ -244,6 +273,10 @@ def _add_generate(sub: Any, common: Any) -> None:
                      f"the recommendation's rule: {RECOMMENDED.budget_rule})")
     group = gen.add_argument_group("policy options (one value each)")
     _option_flags(group, several=False)
+
+
+def _add_generate_decoding(gen: Any) -> None:
+    """``generate``'s decoding: length, sampling, the chat template, prefill chunks, positions."""
     gen.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N",
                      help="tokens to generate (default: 128)")
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -262,7 +295,12 @@ def _add_generate(sub: Any, common: Any) -> None:
                      help="original: keys keep their rotation, tokens their true positions; cache: "
                      "held keys at ranks 0..n-1, the query at n (StreamingLLM; for text past the "
                      "trained context: with original positions a prompt past it is refused) (default: original)")
-    aware = gen.add_argument_group("prompt-aware eviction (h2o, tova, scissorhands)")
+
+
+def _add_prompt_aware(gen: Any) -> Any:
+    """``generate``'s prompt-aware group, titled with the policies that take it (the
+    caller adds ``--archive`` to it after ``--chat-turns``, keeping the usage's order)."""
+    aware = gen.add_argument_group(f"prompt-aware eviction ({', '.join(PROMPT_AWARE_POLICIES)})")
     aware.add_argument("--prompt-aware", action="store_true",
                        help="hold the prompt (up to --prefill-budget), then at its end keep per layer and KV "
                        "head what its last rows attend to (summed, max-pooled), the sinks and those rows; "
@@ -274,21 +312,7 @@ def _add_generate(sub: Any, common: Any) -> None:
                        help="the prompt's last rows whose attention decides at its end (default: 16)")
     aware.add_argument("--pool-kernel", type=_argtype(parse_odd, "--pool-kernel"), default=None, metavar="N",
                        help="max-pooling kernel over held positions, odd; 1: no pooling (default: 15)")
-    gen.add_argument("--chat-turns", nargs="+", default=(), metavar="TURN",
-                     help="later user turns, each asked on the same cache after the previous answer (a chat; "
-                     "needs the chat template)")
-    aware.add_argument("--archive", choices=("float32", "int8"), default=None,
-                       help="the recall tier: archive what is evicted (host memory, never attended) and read it "
-                       "again at a later turn's prompt (needs --prompt-aware; int8: about 0.28x the bytes)")
-    gen.add_argument("--pin-system", action="store_true",
-                     help="never evict what the chat template puts before the message (its system prompt "
-                     "and the user turn's header)")
-    gen.add_argument("--model", metavar="NAME|PATH", help=_MODEL_HELP)
-    gen.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
-                     help="the model's attention implementation (default: sdpa)")
-    gen.add_argument("--threads", type=_positive_int, default=1, metavar="T", help="torch threads (default: 1)")
-    gen.add_argument("--backend", choices=BACKENDS, default="native", help="policy backend (default: native)")
-    gen.set_defaults(usage=gen.format_usage())  # printed before each of the command's own errors
+    return aware
 
 
 def _add_longctx(sub: Any, common: Any, policy_opts: Any) -> None:
@@ -341,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=_PROG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="KV-cache eviction policies (Scissorhands, H2O, TOVA, StreamingLLM): replay\n"
+        description=f"KV-cache eviction policies ({_EVICTING}): replay\n"
         "attention traces, evaluate on a real model.",
         epilog="Without a subcommand the arguments are replay's ('python -m scissorhands\n"
         "--budgets 512' replays decode-4096 at budget 512); each subcommand lists its own\n"
