@@ -41,7 +41,7 @@ class CacheConfig:
     Attributes
     ----------
     policy : str
-        A registry name (``full``, ``streaming-llm``, ``h2o``, ``tova``, ``scissorhands``).
+        A registry name (see :data:`scissorhands.options.SPECS`).
     budget : int or None
         Positions each (layer, KV head) holds after every forward; None for ``full``.
     values : mapping
@@ -175,8 +175,9 @@ def _archive(raw: Any, prompt_aware: bool, policy: str) -> str | None:
                                 "prompt's end)")
     spec = SPECS[policy]
     if not (spec.evicts and spec.reads_attention):
-        raise InvalidInputError(f"archive={text} needs a policy that evicts by attention (scissorhands, h2o, "
-                                f"tova), not {policy!r}")
+        by_attention = ", ".join(s.name for s in SPECS.values() if s.evicts and s.reads_attention)
+        raise InvalidInputError(f"archive={text} needs a policy that evicts by attention ({by_attention}), "
+                                f"not {policy!r}")
     return text
 
 
