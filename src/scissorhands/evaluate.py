@@ -1,0 +1,6 @@
+"""Moved to :mod:`scissorhands.commands.evaluate`; this old name is that same module."""
+
+import importlib
+import sys
+
+sys.modules[__name__] = importlib.import_module("scissorhands.commands.evaluate")
