@@ -635,8 +635,8 @@ def run_evict_case(ctx: Context, case: Case) -> dict[str, Any]:
 
 def _trace(ctx: Context) -> Any:
     if ctx._trace is None:
-        from scissorhands.harness import prepare
-        from scissorhands.traces import decode_trace
+        from scissorhands.commands.harness import prepare
+        from scissorhands.commands.traces import decode_trace
 
         ctx._trace = prepare(decode_trace())
     return ctx._trace
@@ -646,9 +646,9 @@ def run_replay_case(ctx: Context, case: Case) -> dict[str, Any]:
     """The canonical ``decode-4096`` replay at budget 512 through the harness: the
     policy's time per step (``on_decode_step`` + ``evict``) and its share of the step."""
     try:
-        from scissorhands.harness import replay
+        from scissorhands.commands.harness import replay
     except ImportError as exc:  # pragma: no cover - the harness exists in this tree
-        ctx.note(f"replay skipped: scissorhands.harness not importable ({exc})")
+        ctx.note(f"replay skipped: scissorhands.commands.harness not importable ({exc})")
         return {"name": case.name, "group": case.group, "policy": case.policy, "skipped": str(exc)}
     trace = _trace(ctx)
     policy, budget = case.policy, case.budget

@@ -14,7 +14,7 @@ from typing import Any
 from bench.cases import CASES, Case, Context
 from bench.report import evaluate_targets, format_report, machine_info
 from bench.timing import Settings, loop_overhead_ns, timer_overhead_ns
-from scissorhands.paths import output_problem
+from scissorhands.commands.paths import output_problem
 
 __all__ = ["FULL", "QUICK", "main", "run", "select_cases"]
 

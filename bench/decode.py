@@ -3,7 +3,7 @@
 ``python -m bench.decode [--held 512 1024] [--steps 32] [--batch 1] [--json PATH]``
 
 For each held count ``H``: the first ``H`` tokens of
-:func:`scissorhands.evaluate.default_text` in chunks of 256, then ``--steps`` decode
+:func:`scissorhands.commands.evaluate.default_text` in chunks of 256, then ``--steps`` decode
 steps (one token per forward, teacher-forced), with transformers' ``DynamicCache`` and
 with ``EvictingCache.from_model(model, "scissorhands", budget=H, recent_window=0.75,
 sinks=4)`` in both position modes (``original``, ``cache``: at the budget, every step

@@ -4,7 +4,7 @@
 
 For each policy, one ``EvictingCache.from_model(model, policy, budget=B, recent_window=0.75,
 sinks=4)`` and one transformers ``DynamicCache`` are fed the same tokens of
-:func:`scissorhands.evaluate.default_text` (SmolLM2-135M, one torch thread): the first
+:func:`scissorhands.commands.evaluate.default_text` (SmolLM2-135M, one torch thread): the first
 length as a prompt, then each next length's tokens (in chunks of 256; one token when the
 next length is one more), and at each length ``memory_bytes()`` (keys, values and the policies' state) is
 printed beside the stock cache's key and value bytes.  Every length must be below the

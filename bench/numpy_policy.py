@@ -17,7 +17,7 @@ as the C path, vectorised over the held positions (and over the heads):
 
 The interface is the duck-typed policy interface of :mod:`scissorhands` (``step``,
 ``on_decode_step``, ``evict``, ``kept_count``, ``kept``, ``memory_bytes``,
-``from_state_dict``), so :func:`scissorhands.harness.replay` runs it unchanged.
+``from_state_dict``), so :func:`scissorhands.commands.harness.replay` runs it unchanged.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from scissorhands.paths import output_problem
+from scissorhands.commands.paths import output_problem
 
 
 def check_json(parser: argparse.ArgumentParser, path: str | None) -> None:
@@ -23,7 +23,7 @@ def load_smollm2() -> tuple[Any, Any, Any]:
     import torch
 
     from scissorhands import hf
-    from scissorhands.evaluate import default_text
+    from scissorhands.commands.evaluate import default_text
 
     torch.set_num_threads(1)
     model, tokenizer = hf.load_model(progress=False)

@@ -350,7 +350,7 @@ def _replay_section(results: list[dict[str, Any]]) -> list[str]:
             f"{c['retained_mass']:.6f}", f"{c['heavy_hitter_recall']:.6f}",
             "yes" if r.get("same_metrics") else "NO",
         ])
-    out = ["", "== decode-4096 replay at budget 512 through scissorhands.harness (policy = "
+    out = ["", "== decode-4096 replay at budget 512 through scissorhands.commands.harness (policy = "
                "on_decode_step + evict, per step; share = policy / whole replay step) =="]
     return out + _table(["case", "C policy/step", "numpy/C", "ref/C", "replay/step", "policy share",
                          "retained mass", "HH recall", "impls agree"], rows)

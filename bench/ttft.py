@@ -2,7 +2,7 @@
 
 ``python -m bench.ttft [--lengths 1024 2048] [--repeats 1] [--json PATH] [--profile PATH]``
 
-Each length's prompt (the first tokens of :func:`scissorhands.evaluate.default_text`)
+Each length's prompt (the first tokens of :func:`scissorhands.commands.evaluate.default_text`)
 is generated from with ``max_new_tokens=2`` (the second token's forward runs a
 prompt-aware cache's prompt end) and ``prefill_chunk_size=256`` (what ``python -m
 scissorhands generate`` does) with transformers' ``DynamicCache``, with chunked eviction

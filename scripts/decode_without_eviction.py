@@ -37,6 +37,6 @@ def _step_without_eviction(self: rows.PolicyRows, pos: int, weights: np.ndarray 
 
 if __name__ == "__main__":
     rows.PolicyRows.step = _step_without_eviction  # type: ignore[method-assign]
-    from scissorhands import cli
+    from scissorhands.commands import cli
 
     sys.exit(cli.main(sys.argv[1:]))

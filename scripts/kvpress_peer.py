@@ -14,7 +14,7 @@ and is no dependency of the package::
         --samples 10 --json kvpress.json
 
 (``python setup.py build_ext --inplace`` first, so that ``src`` holds the C core.)  The
-prompts are the package's own (:func:`scissorhands.retrieval.data.generate`, the same
+prompts are the package's own (:func:`scissorhands.commands.retrieval.data.generate`, the same
 seed and tokenizer, so the same samples and the same text as ``scissorhands tasks``):
 kvpress's pipeline renders the chat template around a context and appends a question,
 the template's assistant header and the answer's start; the script splits the package's
@@ -82,7 +82,7 @@ def make_press(name: str, ratio: float) -> Any:
 
 def split_prompt(sample: dict[str, Any], mode: str) -> tuple[str, str]:
     """The pipeline's ``context`` and ``question`` for ``sample`` under ``--question mode``."""
-    from scissorhands.retrieval.data import INTRO
+    from scissorhands.commands.retrieval.data import INTRO
 
     if mode == "compressed":
         return f"{INTRO}\n\n{sample['document']}\n\n{sample['question']}", ""
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, pipeline
 
-    from scissorhands.retrieval.data import generate, score
+    from scissorhands.commands.retrieval.data import generate, score
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

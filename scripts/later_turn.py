@@ -4,7 +4,7 @@
 the question is read before the prompt's end and prompt-aware eviction sees it.  A chat
 does not: the document is one prompt, the model answers it, and the question comes in the
 next call, after the cache has already decided what to keep.  This script runs that, on the
-same samples (``scissorhands.retrieval.data``, same seed), with the model's own ``generate``
+same samples (``scissorhands.commands.retrieval.data``, same seed), with the model's own ``generate``
 twice on one cache, as ``examples/chat.py`` does:
 
 1. the document turn (system prompt, the user's document) -> the model's reply (greedy,
@@ -43,8 +43,8 @@ def run(model: Any, tokenizer: Any, sample: dict[str, Any], config: str, fractio
     answer and the most positions any (layer, KV head) held."""
     import torch
 
+    from scissorhands.commands.retrieval.data import INTRO, score
     from scissorhands.hf import EvictingCache
-    from scissorhands.retrieval.data import INTRO, score
 
     turn1 = [{"role": "user", "content": f"{INTRO}\n\n{sample['document']}"}]
     first = _ids(tokenizer, turn1)
@@ -89,8 +89,8 @@ def main() -> None:
                         help="the configurations to run, in order (default: all)")
     args = parser.parse_args()
 
+    from scissorhands.commands.retrieval.data import generate
     from scissorhands.hf import load_model
-    from scissorhands.retrieval.data import generate
 
     model, tokenizer = load_model(progress=False)
     samples = generate("sh_later_turn", tokenizer, [args.length], args.samples, seed=args.seed)

@@ -158,7 +158,7 @@ def chat_bpe_tokenizer(vocab_size: int, characters: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from scissorhands.evaluate import default_text
+    from scissorhands.commands.evaluate import default_text
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

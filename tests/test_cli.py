@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from scissorhands.cli import build_parser, main
+from scissorhands.commands.cli import build_parser, main
+from scissorhands.commands.traces import save_recorded_trace
 from scissorhands.options import POLICY_NAMES
-from scissorhands.traces import save_recorded_trace
 
 FAST = ["--no-progress", "--budgets", "256"]
 
@@ -135,7 +135,7 @@ def test_recorded_trace_mean_and_worst(tmp_path, capsys):
 
 
 def test_eval_and_record_namespaces():
-    """eval and record parse into the attribute names scissorhands.evaluate reads."""
+    """eval and record parse into the attribute names scissorhands.commands.evaluate reads."""
     parser = build_parser()
     ev = parser.parse_args(["eval"])
     assert vars(ev) == {
@@ -160,7 +160,7 @@ def test_eval_and_record_namespaces():
 def test_generate_takes_one_value_per_option_and_the_prompt_after_it(monkeypatch, capsys):
     """generate runs one configuration: each option flag takes exactly one value, so a
     prompt after it stays the prompt, and the help does not promise a sweep."""
-    from scissorhands import generate
+    from scissorhands.commands import generate
 
     gen = build_parser().parse_args(["generate", "--recent-window", "75%", "--sinks", "4", "Name a planet."])
     assert gen.prompt == "Name a planet."
@@ -179,9 +179,9 @@ def test_generate_takes_one_value_per_option_and_the_prompt_after_it(monkeypatch
 
 
 def test_eval_and_record_dispatch(monkeypatch):
-    """eval and record call scissorhands.evaluate.run_eval / run_record with their requests
+    """eval and record call scissorhands.commands.evaluate.run_eval / run_record with their requests
     and return their status."""
-    from scissorhands import evaluate
+    from scissorhands.commands import evaluate
 
     calls = []
     monkeypatch.setattr(evaluate, "run_eval", lambda request: calls.append(("eval", request.tokens)) or 0)
@@ -377,7 +377,7 @@ def test_a_bare_fraction_for_the_recent_window_says_how_to_write_one(capsys):
 
 def test_eval_refuses_a_missing_text_before_importing_torch():
     """A missing --text is reported before the transformers layer (torch) is imported."""
-    code = ("import sys; from scissorhands.cli import main; "
+    code = ("import sys; from scissorhands.commands.cli import main; "
             "rc = main(['eval', '--text', 'missing-text.txt', '--no-progress']); print(rc, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr)
@@ -386,7 +386,7 @@ def test_eval_refuses_a_missing_text_before_importing_torch():
 
 def test_report_orders_pools_given_as_rows_and_as_scopes():
     """Rows per pool and named scopes sort together (rows first, then layer, model)."""
-    from scissorhands.report import _report_order
+    from scissorhands.commands.report import _report_order
 
     base = {"policy": "scissorhands", "budget": 8, "recent_window": 2, "sinks": 0, "history_window": None,
             "vote_rate": False}
@@ -444,7 +444,7 @@ def test_every_path_is_checked_before_any_work(tmp_path):
     pytest.importorskip("matplotlib")
     report = tmp_path / "ok.json"
     cases = _path_cases(tmp_path)
-    code = ("import contextlib, io, json, sys; from scissorhands.cli import main\n"
+    code = ("import contextlib, io, json, sys; from scissorhands.commands.cli import main\n"
             "out = []\n"
             f"for argv in {[argv for argv, _ in cases]!r}:\n"
             "    err, std = io.StringIO(), io.StringIO()\n"
@@ -487,7 +487,7 @@ def test_each_command_prints_its_own_checks_as_argparse_prints_its_errors(comman
 def test_a_failure_of_the_system_exits_1_on_one_line_under_the_command(monkeypatch, capsys):
     """An OSError during a run (a full disk) is not a usage error: exit 1, one line under
     ``scissorhands <command>:``, no usage."""
-    from scissorhands import replay
+    from scissorhands.commands import replay
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -539,7 +539,7 @@ def test_generate_chat_flags():
 def test_generate_summary_counts_one_token_in_the_singular():
     """The summary line says "1 token" for one generated token and for a one-token prompt,
     and the plural for other counts."""
-    from scissorhands.generate import _summary
+    from scissorhands.commands.generate import _summary
 
     class Held:  # what the summary reads of a cache
         def get_seq_length(self) -> int:
@@ -558,8 +558,8 @@ def test_generate_summary_counts_one_token_in_the_singular():
 
 
 def test_help_lists_the_lm_eval_command_line_with_the_recommendation():
-    """python -m scissorhands --help names python -m scissorhands.retrieval (lm-eval's own command line), run with
-    the recommendation by name."""
+    """python -m scissorhands --help names python -m scissorhands.commands.retrieval (lm-eval's own command
+    line), run with the recommendation by name."""
     text = build_parser().format_help()
-    assert "python -m scissorhands.retrieval --model scissorhands" in text
+    assert "python -m scissorhands.commands.retrieval --model scissorhands" in text
     assert "--model_args policy=recommended,budget=128" in text

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from conftest import load_backend
 
-from scissorhands.errors import ScissorhandsError
-from scissorhands.harness import (
+from scissorhands.commands.harness import (
     HarnessError,
     PreparedTrace,
     ReplayResult,
@@ -18,7 +17,8 @@ from scissorhands.harness import (
     replay,
     round6,
 )
-from scissorhands.traces import RecordedTrace, decode_trace, load_recorded_trace, save_recorded_trace
+from scissorhands.commands.traces import RecordedTrace, decode_trace, load_recorded_trace, save_recorded_trace
+from scissorhands.errors import ScissorhandsError
 
 BUDGETS = (256, 512, 1024)
 

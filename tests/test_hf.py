@@ -22,8 +22,9 @@ pytest.importorskip("gguf", reason="gguf is not installed (pip install .[hf])")
 
 from transformers import DynamicCache  # noqa: E402
 
-from scissorhands import evaluate, hf  # noqa: E402
-from scissorhands.cli import main  # noqa: E402
+from scissorhands import hf  # noqa: E402
+from scissorhands.commands import evaluate  # noqa: E402
+from scissorhands.commands.cli import main  # noqa: E402
 from scissorhands.options import SPECS, PolicyOptions, make_policy  # noqa: E402
 
 TOKENS = 96
@@ -332,8 +333,8 @@ def test_record_attention_rows_match_what_the_policy_sees(model, ids):
 
 def test_record_then_replay_round_trip(model, tokenizer, monkeypatch, tmp_path, capsys):
     """run_record writes a trace that load_recorded_trace reads back and the harness replays."""
-    from scissorhands.harness import replay
-    from scissorhands.traces import load_recorded_trace
+    from scissorhands.commands.harness import replay
+    from scissorhands.commands.traces import load_recorded_trace
 
     monkeypatch.setattr(hf, "load_model", lambda path, progress, attn_implementation: (model, tokenizer))
     out = tmp_path / "trace.npz"

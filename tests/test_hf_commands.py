@@ -18,10 +18,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
 
 from scissorhands import hf  # noqa: E402
+from scissorhands.commands.generate import GenerateRequest, run_generate  # noqa: E402
+from scissorhands.commands.longctx import LongContextRequest, run_longctx  # noqa: E402
+from scissorhands.commands.report import run_report  # noqa: E402
 from scissorhands.errors import ScissorhandsError  # noqa: E402
-from scissorhands.generate import GenerateRequest, run_generate  # noqa: E402
-from scissorhands.longctx import LongContextRequest, run_longctx  # noqa: E402
-from scissorhands.report import run_report  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -135,7 +135,7 @@ def test_generate_without_a_chat_template_sends_the_prompt_as_written(tiny_model
 def test_generate_says_why_nothing_came(smollm2):
     """When every generated token is special (an instruct model ending its turn at
     once on a raw prompt), a note says so and what to pass; otherwise no note."""
-    from scissorhands.generate import _nothing_came
+    from scissorhands.commands.generate import _nothing_came
 
     _, tokenizer = smollm2
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -199,7 +199,7 @@ def test_generate_runs_the_recommendation_by_name_and_says_so(tiny_model, capsys
 def test_pin_system_keeps_the_system_prompt_through_a_long_generation(tiny_model, capsys, monkeypatch):
     """--pin-system: the template's system message (and the user turn's header) is pinned
     and every row still holds it after a long prompt and answer at a small budget."""
-    from scissorhands.generate import system_span
+    from scissorhands.commands.generate import system_span
 
     _, tokenizer = hf.load_model(tiny_model, progress=False)
     start, stop = system_span(tokenizer)
@@ -314,7 +314,7 @@ def test_generate_takes_a_pool_by_scope_and_checks_a_pool_of_rows_before_loading
 def test_every_generate_error_prints_usage_under_one_name(tiny_model, capsys):
     """An argparse error and the command's own checks both print the usage, then one
     line under 'scissorhands generate:'."""
-    from scissorhands.cli import main
+    from scissorhands.commands.cli import main
 
     for argv in (["--top-k", "0", "x"], ["--model", "missing-model-dir", "x"], ["--temperature", "0.5", "x"],
                  ["--model", tiny_model, "--policy", "h2o", "--pool", "3", "--budget", "20", "x"]):
@@ -363,8 +363,8 @@ def test_longctx_measures_every_length_and_report_merges_its_parts(tiny_model, t
 def test_eval_refuses_a_bad_hindsight_window_before_loading(monkeypatch, capsys):
     """--hindsight below 1 (or not a whole number, through the API) stops before the model
     loads, naming the flag and the value."""
-    from scissorhands.cli import main
-    from scissorhands.evaluate import EvalRequest, run_eval
+    from scissorhands.commands.cli import main
+    from scissorhands.commands.evaluate import EvalRequest, run_eval
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     for value in ("0", "-3"):
@@ -443,7 +443,7 @@ def test_eval_hindsight_adds_a_row_per_budget_and_report_merges_it(tiny_model, t
     """eval --hindsight 4: a hindsight row after each budget's configurations, holding the
     budget; the gap column in the table and the JSON, consistent with the perplexities;
     the plot; report's table with the hindsight row and its gap column."""
-    from scissorhands.evaluate import EvalRequest, run_eval
+    from scissorhands.commands.evaluate import EvalRequest, run_eval
     from scissorhands.hindsight import gap_closed
 
     text = tmp_path / "text.txt"
@@ -483,7 +483,7 @@ def test_eval_refuses_a_pool_and_a_huge_hindsight_before_loading(tiny_model, mon
     """--pool 7 (which does not divide the checkpoint's 2 layers x 2 KV heads) and a
     --hindsight above the scheduler's limit stop before the model loads, naming the
     flag, never an internal name."""
-    from scissorhands.cli import main
+    from scissorhands.commands.cli import main
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     common = ["eval", "--model", tiny_model, "--tokens", "64", "--prompt-tokens", "8", "--budgets", "16",
@@ -499,8 +499,8 @@ def test_eval_refuses_a_pool_and_a_huge_hindsight_before_loading(tiny_model, mon
 def test_eval_checks_the_pool_right_after_loading_a_model_without_a_config_file(tiny_model, monkeypatch, capsys):
     """A model whose configuration comes only with it (a GGUF file): the pool is checked
     after it loads, before the full-cache run."""
-    from scissorhands import evaluate
-    from scissorhands.cli import main
+    from scissorhands.commands import evaluate
+    from scissorhands.commands.cli import main
 
     monkeypatch.setattr(evaluate, "_checkpoint_config", lambda model: None)
     monkeypatch.setattr(hf, "evaluate_batch", lambda *a, **k: pytest.fail("a run started"))
@@ -513,8 +513,8 @@ def test_longctx_and_record_check_the_model_before_loading_and_before_any_part(t
     """longctx: a pool that does not divide the rows, or a pool with --positions cache,
     stops before the model loads (a checkpoint directory) or right after it, before the
     full cache's part; record: --layers beyond the checkpoint's layers before it loads."""
-    from scissorhands import longctx
-    from scissorhands.cli import main
+    from scissorhands.commands import longctx
+    from scissorhands.commands.cli import main
 
     long = ["longctx", "--model", tiny_model, "--lengths", "48", "--window", "8", "--budgets", "24",
             "--policies", "full,h2o", "--recent-window", "4", "--no-progress"]
@@ -536,7 +536,7 @@ def test_longctx_and_record_check_the_model_before_loading_and_before_any_part(t
 def test_the_main_job_shows_the_recommendation_beside_the_seeds_defaults(tiny_model, tmp_path, capsys):
     """eval without option flags adds the recommended row at every budget, says which row to read, prints the
     next commands, and stores the preset in the JSON."""
-    from scissorhands.cli import main
+    from scissorhands.commands.cli import main
 
     out = tmp_path / "eval.json"
     assert main(["eval", "--model", tiny_model, "--tokens", "64", "--prompt-tokens", "8", "--budgets", "24", "40",

@@ -10,8 +10,9 @@ import json
 import numpy as np
 import pytest
 
+from scissorhands.commands.evaluate import format_table
+from scissorhands.commands.report import combine_reports, format_report, run_report
 from scissorhands.errors import InvalidInputError, InvalidTypeError
-from scissorhands.evaluate import format_table
 from scissorhands.hindsight import (
     HindsightScheduler,
     ScheduledPolicy,
@@ -19,7 +20,6 @@ from scissorhands.hindsight import (
     gap_closed_percent,
     hindsight_schedule,
 )
-from scissorhands.report import combine_reports, format_report, run_report
 
 PROMPT = 3
 

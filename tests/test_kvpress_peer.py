@@ -13,7 +13,7 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from conftest import chat_bpe_tokenizer
 
-from scissorhands.retrieval import data
+from scissorhands.commands.retrieval import data
 
 SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "kvpress_peer.py")
 

@@ -17,7 +17,7 @@ import shutil
 import pytest
 
 from scissorhands import models
-from scissorhands.cli import build_parser, main
+from scissorhands.commands.cli import build_parser, main
 from scissorhands.models import MODEL_NAMES, MODELS, ModelNotFoundError, model_problem, resolve_model
 
 # --------------------------------------------------------------------------- the registry (no torch)
@@ -537,7 +537,7 @@ def test_gemma_generates_the_stock_caches_tokens_and_bounds_its_full_attention_l
     import torch
     from transformers import DynamicCache
 
-    from scissorhands.evaluate import default_text
+    from scissorhands.commands.evaluate import default_text
     from scissorhands.hf import EvictingCache, load_model
 
     if not MODELS["gemma3-270m"].installed():
@@ -564,7 +564,7 @@ def test_a_path_that_is_not_a_model_is_refused_by_the_library(tmp_path, kind, mo
     """An existing path transformers cannot read a model from raises InvalidInputError
     naming it (no raw transformers error), and a command exits 2 on one line."""
     hf = pytest.importorskip("scissorhands.hf", reason="needs the [hf] extra")
-    from scissorhands.cli import main
+    from scissorhands.commands.cli import main
     from scissorhands.errors import InvalidInputError
 
     monkeypatch.setenv("SCISSORHANDS_CACHE", "off")

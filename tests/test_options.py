@@ -813,7 +813,7 @@ def test_eval_refuses_a_value_that_runs_nowhere_before_loading(monkeypatch, caps
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from scissorhands import hf
-    from scissorhands.cli import main
+    from scissorhands.commands.cli import main
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert main(["eval", "--no-progress", "--budgets", "64", "--recent-window", "64"]) == 2
@@ -914,7 +914,7 @@ def test_the_cache_and_generate_say_the_window_is_the_default(monkeypatch, capsy
     import io
 
     from scissorhands import hf
-    from scissorhands.generate import GenerateRequest, run_generate
+    from scissorhands.commands.generate import GenerateRequest, run_generate
 
     config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                       num_attention_heads=2, num_key_value_heads=1)
@@ -932,7 +932,7 @@ def test_the_cache_and_generate_say_the_window_is_the_default(monkeypatch, capsy
 def test_replay_says_the_window_is_the_default_in_flags(capsys):
     """replay --budgets 16 (scissorhands' default window of 32): exits 2, after the usage, on
     one line naming the default and the flag to pass, as the command line writes fractions."""
-    from scissorhands.cli import main
+    from scissorhands.commands.cli import main
 
     assert main(["--policies", "scissorhands", "--budgets", "16", "--no-progress"]) == 2
     assert capsys.readouterr().err.splitlines(keepends=True)[-1] == (

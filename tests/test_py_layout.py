@@ -1,24 +1,45 @@
 """The Python layout (docs/architecture.md): no function in the policies, the reference,
-the benchmarks or the vectors' generator is longer than a screen of code, and the
-policies' shared machinery is split by concern into modules a reader can hold."""
+the commands, the benchmarks or the vectors' generator is longer than a screen of code;
+the policies' shared machinery and the commands are split by concern into modules a reader
+can hold; the library never imports its commands, and the commands' old import paths are
+shims that are the new modules."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import io
 import pathlib
+import subprocess
+import sys
 import tokenize
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-#: The directories and files held to the rule (the commands and the transformers cache
-#: are not yet).
-CHECKED = [ROOT / "src" / "scissorhands" / "policies", *sorted((ROOT / "src" / "scissorhands").glob("reference*.py")),
-           ROOT / "bench", ROOT / "vectors"]
+SRC = ROOT / "src" / "scissorhands"
+#: The directories and files held to the rule (the transformers cache is not yet).
+CHECKED = [SRC / "policies", *sorted(SRC.glob("reference*.py")), SRC / "commands", ROOT / "bench", ROOT / "vectors"]
 #: A screen of code: the most lines of code a function may have, its docstring, comments
 #: and blank lines not counted (a nested function counts in its parent too).
 SCREEN_LINES = 60
 #: The most lines a module of src/scissorhands/policies may have.
 MODULE_LINES = 500
+#: The most lines a module of src/scissorhands/commands may have.
+COMMAND_MODULE_LINES = 700
+#: The old import paths of the commands, kept for users' code: old name -> new module.
+SHIMS = {
+    "scissorhands.cli": "scissorhands.commands.cli",
+    "scissorhands.evaluate": "scissorhands.commands.evaluate",
+    "scissorhands.generate": "scissorhands.commands.generate",
+    "scissorhands.harness": "scissorhands.commands.harness",
+    "scissorhands.traces": "scissorhands.commands.traces",
+    "scissorhands.retrieval.data": "scissorhands.commands.retrieval.data",
+}
+#: The shims' files and ``python -m scissorhands`` (the only modules outside the commands
+#: that name them).
+SHIM_FILES = [SRC / "__main__.py", *(SRC / f"{name.split('.')[-1]}.py" for name in SHIMS if name.count(".") == 1),
+              *(SRC / "retrieval").glob("*.py")]
 
 
 def python_files() -> list[pathlib.Path]:
@@ -67,3 +88,103 @@ def test_no_policies_module_is_too_long():
     sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines())
              for p in (ROOT / "src" / "scissorhands" / "policies").glob("*.py")}
     assert {name: n for name, n in sizes.items() if n > MODULE_LINES} == {}
+
+
+def test_no_commands_module_is_too_long():
+    """Every module of src/scissorhands/commands has at most COMMAND_MODULE_LINES lines."""
+    sizes = {str(p.relative_to(SRC)): len(p.read_text(encoding="utf-8").splitlines())
+             for p in (SRC / "commands").rglob("*.py")}
+    assert len(sizes) > 10  # the walk sees them
+    assert {name: n for name, n in sizes.items() if n > COMMAND_MODULE_LINES} == {}
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Every module the file at ``path`` (under src/) imports by name, relative imports
+    resolved, and every module it names to ``importlib.import_module``."""
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    package = parts if parts[-1] == "__init__" else parts[:-1]
+    package = [p for p in package if p != "__init__"]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr == "import_module" and node.args and isinstance(node.args[0], ast.Constant):
+            found.add(str(node.args[0].value))
+    return found
+
+
+def test_imported_modules_resolve_relative_imports():
+    """The scan resolves ``from . import x``, ``from ..y import z`` and import_module's names."""
+    path = SRC / "commands" / "retrieval" / "driver.py"
+    found = imported_modules(path)
+    assert {"scissorhands.commands.retrieval.config", "scissorhands.errors"} <= found
+    assert "scissorhands.commands.evaluate" in imported_modules(SRC / "commands" / "retrieval" / "data.py")
+    assert "scissorhands.commands.cli" in imported_modules(SRC / "cli.py")
+
+
+def test_the_library_never_imports_its_commands():
+    """No module of src/scissorhands outside scissorhands.commands (the shims aside)
+    imports scissorhands.commands or anything in it."""
+    library = [p for p in SRC.rglob("*.py") if "commands" not in p.relative_to(SRC).parts[:1]
+               and p not in SHIM_FILES]
+    assert len(library) > 30  # the walk sees them
+    found = {str(p.relative_to(SRC)): sorted(m for m in imported_modules(p)
+                                             if m == "scissorhands.commands" or m.startswith("scissorhands.commands."))
+             for p in library}
+    assert {name: modules for name, modules in found.items() if modules} == {}
+
+
+@pytest.mark.parametrize("old", sorted(SHIMS))
+def test_each_shim_is_the_new_module(old):
+    """Importing a command's old path gives the new module itself (so monkeypatching either patches both)."""
+    assert importlib.import_module(old) is importlib.import_module(SHIMS[old])
+
+
+def test_the_old_retrieval_package_reexports_the_new_and_runs_it():
+    """scissorhands.retrieval names the new package's task and NLTK directories, and its
+    ``__main__`` runs the new one's ``main``."""
+    old = importlib.import_module("scissorhands.retrieval")
+    new = importlib.import_module("scissorhands.commands.retrieval")
+    assert (old.TASKS_DIR, old.NLTK_DIR) == (new.TASKS_DIR, new.NLTK_DIR)
+    assert pathlib.Path(new.TASKS_DIR).is_dir() and any(pathlib.Path(new.TASKS_DIR).glob("*.yaml"))
+    main = importlib.import_module("scissorhands.retrieval.__main__").main
+    assert main is importlib.import_module("scissorhands.commands.retrieval.__main__").main
+
+
+def test_the_old_retrieval_model_registers_the_lm_eval_model():
+    """``import scissorhands.retrieval.model`` registers lm-eval's ``scissorhands`` model, the new module's class."""
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install .[tasks])")
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install .[hf])")
+    old = importlib.import_module("scissorhands.retrieval.model")
+    from lm_eval.api.registry import get_model
+
+    assert old is importlib.import_module("scissorhands.commands.retrieval.model")
+    assert get_model("scissorhands") is old.ScissorhandsLM
+
+
+@pytest.mark.parametrize("module", ["scissorhands", "scissorhands.commands.cli", "scissorhands.cli"])
+def test_the_command_line_runs_by_its_old_and_new_paths(module):
+    """``python -m`` of the package, the command line's new module and its old one print the usage."""
+    command = [sys.executable, "-m", module, "--help"] if module == "scissorhands" else \
+        [sys.executable, "-c", f"import sys; from {module} import main; sys.argv[1:] = ['--help']; main()"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage: scissorhands"), done.stderr
+
+
+def test_the_package_data_follows_the_tasks():
+    """pyproject's package data names the retrieval tasks where they are, so an install ships them."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11's")
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = data["tool"]["setuptools"]["package-data"]["scissorhands"]
+    shipped = {p for pattern in patterns for p in SRC.glob(pattern)}
+    wanted = {p for p in (SRC / "commands" / "retrieval").rglob("*")
+              if p.is_file() and p.suffix in (".yaml", ".py", "") and ("tasks" in p.parts or "nltk_data" in p.parts)
+              and "__pycache__" not in p.parts}
+    assert wanted and wanted <= shipped
+    assert data["project"]["scripts"]["scissorhands"] == "scissorhands.commands.cli:main"

@@ -12,7 +12,7 @@ from conftest import BACKENDS, POLICY_NAMES, load_backend
 
 from scissorhands import _native
 from scissorhands._shared import memory_bytes
-from scissorhands.harness import _policy_name
+from scissorhands.commands.harness import _policy_name
 from scissorhands.options import SPECS, policy_classes
 
 NAMES = tuple(SPECS)
@@ -135,3 +135,19 @@ def test_flag_help_names_the_policies_and_defaults_from_the_registry(monkeypatch
     assert SINKS.help_text(False).endswith(
         "(default: each policy's own, streaming-llm 4, h2o, tova and scissorhands 0)")
     assert all("{" not in o.help_text(True) for o in OPTIONS)
+
+
+def test_the_tasks_grid_is_built_from_the_registry_under_its_published_names():
+    """tasks' configurations: each policy in registry order, then each prompt-aware one as +pa, the names
+    outputs and docs use."""
+    from scissorhands.commands.retrieval.driver import CONFIGS
+    from scissorhands.prompt_aware import PROMPT_AWARE_POLICIES
+
+    assert [name for name in CONFIGS if name in SPECS] == list(NAMES)
+    assert [name for name in CONFIGS if name.endswith("+pa")] == [f"{n}+pa" for n in PROMPT_AWARE_POLICIES]
+    if NAMES == ("full", "streaming-llm", "h2o", "tova", "scissorhands"):
+        assert list(CONFIGS) == ["full", "streaming-llm", "h2o", "tova", "scissorhands", "scissorhands-seed",
+                                 "h2o+pa", "tova+pa", "scissorhands+pa", "scissorhands+archive"]
+    assert all(CONFIGS[name] == (name, {}) for name in NAMES if name != "scissorhands")
+    assert CONFIGS["scissorhands"] == ("scissorhands", {"recent_window": "0.75x", "sinks": 4})
+    assert CONFIGS["scissorhands+pa"][1] == {"recent_window": "0.75x", "sinks": 4, "prompt_aware": True}

@@ -1,4 +1,4 @@
-"""Retrieval through lm-eval (``scissorhands.retrieval``), on a tiny random Llama with a
+"""Retrieval through lm-eval (``scissorhands.commands.retrieval``), on a tiny random Llama with a
 byte-level BPE tokenizer trained here (no model file, no hub): the ``scissorhands``
 lm-eval model with the full cache gives the stock ``hf`` model's results sample for
 sample, an evicting one holds its budget, bad arguments fail before any model loads,
@@ -22,11 +22,12 @@ pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install .[t
 
 from conftest import chat_bpe_tokenizer  # noqa: E402
 
-from scissorhands import cli, hf  # noqa: E402
+from scissorhands import hf  # noqa: E402
+from scissorhands.commands import cli  # noqa: E402
+from scissorhands.commands.retrieval import TASKS_DIR, data, driver  # noqa: E402
+from scissorhands.commands.retrieval.__main__ import lm_eval_argv  # noqa: E402
+from scissorhands.commands.retrieval.config import pop_cache_config  # noqa: E402
 from scissorhands.errors import InvalidInputError, ScissorhandsError  # noqa: E402
-from scissorhands.retrieval import TASKS_DIR, data, driver  # noqa: E402
-from scissorhands.retrieval.__main__ import lm_eval_argv  # noqa: E402
-from scissorhands.retrieval.config import pop_cache_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_full_cache_equals_the_stock_hf_model_request_for_request(loaded):
     """policy=full: every log-likelihood (value and greedy flag) and every generation is the stock HFLM's, exactly."""
     from lm_eval.models.huggingface import HFLM
 
-    from scissorhands.retrieval.model import ScissorhandsLM
+    from scissorhands.commands.retrieval.model import ScissorhandsLM
 
     model, tokenizer = loaded
     likelihoods = _instances("loglikelihood", [(t, " and nothing else") for t in TEXTS])
@@ -84,7 +85,7 @@ def test_full_cache_equals_the_stock_hf_model_sample_for_sample_through_simple_e
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from scissorhands.retrieval.model import ScissorhandsLM
+    from scissorhands.commands.retrieval.model import ScissorhandsLM
 
     model, tokenizer = loaded
     manager = TaskManager(include_path=TASKS_DIR, metadata={"max_seq_lengths": [320], "tokenizer": tiny,
@@ -114,7 +115,7 @@ def _caches_of_every_request(ours, monkeypatch):
 
 def test_an_evicting_cache_holds_its_budget_in_every_request(loaded, monkeypatch):
     """h2o at budget 24 with prompts of 20-90 tokens: each request has its own cache, none holds more than 24."""
-    from scissorhands.retrieval.model import ScissorhandsLM
+    from scissorhands.commands.retrieval.model import ScissorhandsLM
 
     model, tokenizer = loaded
     ours = ScissorhandsLM(pretrained=model, tokenizer=tokenizer, policy="h2o", budget=24, recent_window=8,
@@ -146,7 +147,7 @@ def test_an_evicting_cache_holds_its_budget_in_every_request(loaded, monkeypatch
 ])
 def test_bad_model_args_fail_before_the_model_loads(monkeypatch, args, message):
     """Each bad --model_args value raises the library's error naming it, and no model is loaded."""
-    from scissorhands.retrieval.model import ScissorhandsLM
+    from scissorhands.commands.retrieval.model import ScissorhandsLM
 
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(InvalidInputError, match=message):
@@ -195,7 +196,7 @@ def test_a_prompt_aware_cache_decides_at_the_prompts_end_in_every_request(loaded
     """prompt_aware: every request's cache holds the whole prompt while reading it (cap
     above it), then evicts to the budget at the prompt's end: before the first generated
     token's forward, and before a scored continuation."""
-    from scissorhands.retrieval.model import ScissorhandsLM
+    from scissorhands.commands.retrieval.model import ScissorhandsLM
 
     model, tokenizer = loaded
     ours = ScissorhandsLM(pretrained=model, tokenizer=tokenizer, policy="h2o", budget=24, recent_window=8,
@@ -340,9 +341,9 @@ def test_quick_grid_plan_is_small():
 
 @pytest.mark.slow
 def test_the_documented_lm_eval_command_runs_from_a_shell(tiny, tmp_path):
-    """python -m scissorhands.retrieval --model scissorhands ... runs offline and prints lm-eval's table."""
+    """python -m scissorhands.commands.retrieval --model scissorhands ... runs offline and prints lm-eval's table."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "scissorhands.retrieval", "--model", "scissorhands", "--model_args",
+    command = [sys.executable, "-m", "scissorhands.commands.retrieval", "--model", "scissorhands", "--model_args",
                f"pretrained={tiny},policy=scissorhands,budget=64,recent_window=0.75,sinks=4", "--tasks",
                "niah_single_1,sh_prose_needle", "--metadata",
                json.dumps({"max_seq_lengths": [320], "tokenizer": tiny, "num_samples": 2}),
@@ -385,7 +386,7 @@ def test_the_wrapper_loads_a_model_without_lm_evals_loaded_model_warnings(loaded
     of this model caused, are not logged; a loading argument HFLM would ignore is refused instead."""
     import logging
 
-    from scissorhands.retrieval.model import ScissorhandsLM
+    from scissorhands.commands.retrieval.model import ScissorhandsLM
 
     model, tokenizer = loaded
     with caplog.at_level(logging.INFO):
@@ -402,7 +403,7 @@ def test_quiet_lm_eval_keeps_git_off_stderr_and_drops_rulers_unasked_lengths(tmp
     import lm_eval
     import lm_eval.evaluator as evaluator
 
-    from scissorhands.retrieval.model import quiet_lm_eval
+    from scissorhands.commands.retrieval.model import quiet_lm_eval
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
@@ -420,10 +421,11 @@ def test_quiet_lm_eval_keeps_git_off_stderr_and_drops_rulers_unasked_lengths(tmp
 
 @pytest.mark.slow
 def test_the_command_finds_the_tokenizer_by_the_model_and_says_no_false_error(tiny, tmp_path):
-    """python -m scissorhands.retrieval with policy=recommended, no tokenizer in --metadata, outside a git checkout:
-    RULER gets the model's tokenizer, and stderr has no git error, no HFLM loaded-model warning, stdout no -1 row."""
+    """python -m scissorhands.commands.retrieval with policy=recommended, no tokenizer in --metadata, outside a git
+    checkout: RULER gets the model's tokenizer, and stderr has no git error, no HFLM loaded-model warning, stdout no
+    -1 row."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)}
-    command = [sys.executable, "-m", "scissorhands.retrieval", "--model", "scissorhands", "--model_args",
+    command = [sys.executable, "-m", "scissorhands.commands.retrieval", "--model", "scissorhands", "--model_args",
                f"pretrained={tiny},policy=recommended,budget=64", "--tasks", "niah_single_1",
                "--metadata", json.dumps({"max_seq_lengths": [320]}), "--limit", "1", "--device", "cpu",
                "--gen_kwargs", "max_gen_toks=3"]
@@ -437,7 +439,7 @@ def test_the_command_finds_the_tokenizer_by_the_model_and_says_no_false_error(ti
 
 def test_the_command_line_adds_the_models_tokenizer_to_the_metadata_unless_one_is_named(tiny):
     """--metadata without a tokenizer gets the model's, saved to a folder that lasts the run; one named is kept."""
-    from scissorhands.retrieval.__main__ import with_tokenizer
+    from scissorhands.commands.retrieval.__main__ import with_tokenizer
 
     args = ["run", "--model", "scissorhands", "--model_args", f"pretrained={tiny},policy=recommended,budget=64",
             "--metadata", '{"max_seq_lengths": [320]}']

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from conftest import load_conformance
 
-from scissorhands.errors import InvalidInputError, ScissorhandsError
-from scissorhands.traces import (
+from scissorhands.commands.traces import (
     DecodeTrace,
     RecordedStream,
     RecordedTrace,
@@ -21,6 +20,7 @@ from scissorhands.traces import (
     splitmix32,
     trace_hash,
 )
+from scissorhands.errors import InvalidInputError, ScissorhandsError
 
 
 def _parity() -> dict:

@@ -1,5 +1,5 @@
-"""``python -m scissorhands``: see :mod:`scissorhands.cli`."""
+"""``python -m scissorhands``: see :mod:`scissorhands.commands.cli`."""
 
-from scissorhands.cli import main
+from scissorhands.commands.cli import main
 
 raise SystemExit(main())

@@ -2,9 +2,9 @@
 ``simple_evaluate``.
 
 The grid is tasks x lengths x configurations x budgets: each length's tasks are built
-once (RULER's generators and the package's, :mod:`scissorhands.retrieval.data`, at
+once (RULER's generators and the package's, :mod:`scissorhands.commands.retrieval.data`, at
 that length, from the model's own tokenizer), then every configuration runs them through
-the ``scissorhands`` lm-eval model (:mod:`scissorhands.retrieval.model`) at every budget,
+the ``scissorhands`` lm-eval model (:mod:`scissorhands.commands.retrieval.model`) at every budget,
 a fraction of the length (1/8, 1/4, 1/2 by default); the full cache runs once per
 length, and comes first in every table: a configuration's *share* is its accuracy over
 the full cache's on the same task and length, shown only where the full cache answers
@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from ..errors import InvalidInputError, ScissorhandsError
+from scissorhands.errors import InvalidInputError, ScissorhandsError
+from scissorhands.options import SPECS
+from scissorhands.prompt_aware import PROMPT_AWARE_POLICIES
+
 from .config import CacheConfig, pop_cache_config
 from .data import ANSWER_ROOM, GENERATORS
 
@@ -50,25 +53,44 @@ FORMAT = "scissorhands.tasks"
 OFFLINE_RULER = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
 KNOWN_TASKS = OFFLINE_RULER + GENERATORS
 DEFAULT_TASKS = ("niah_single_1", "niah_multikey_2", *GENERATORS)
+#: The grid's own values for a policy, and how its help says them (the others run at
+#: their defaults).
+TUNED: dict[str, tuple[dict[str, Any], str]] = {
+    "scissorhands": ({"recent_window": "0.75x", "sinks": 4}, "recent window 0.75x and 4 sinks"),
+}
+
+
+def _grid_configs() -> dict[str, tuple[str, dict[str, Any]]]:
+    """The grid's configurations from the registry, in its order: each policy (a tuned
+    one also as ``<name>-seed``, its defaults), then each policy taking prompt-aware
+    eviction as ``<name>+pa``, then ``scissorhands+archive``."""
+    configs: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name in SPECS:
+        configs[name] = (name, dict(TUNED[name][0]) if name in TUNED else {})
+        if name in TUNED:
+            configs[f"{name}-seed"] = (name, {})
+    for name in PROMPT_AWARE_POLICIES:
+        configs[f"{name}+pa"] = (name, {**(TUNED[name][0] if name in TUNED else {}), "prompt_aware": True})
+    configs["scissorhands+archive"] = ("scissorhands", {**TUNED["scissorhands"][0], "prompt_aware": True,
+                                                        "archive": "float32"})
+    return configs
+
+
+def _configs_help() -> str:
+    """``--configs``' list of the grid, as :func:`_grid_configs` builds it."""
+    plain = ", ".join(f"{name} = {TUNED[name][1]}, {name}-seed = its defaults" if name in TUNED else name
+                      for name in SPECS)
+    aware = ", ".join(f"{name}+pa" for name in PROMPT_AWARE_POLICIES)
+    return f"{plain}, and {aware} = those with prompt-aware eviction"
+
+
 #: The configurations of the grid, by name: a policy and its option values (the rest
 #: at the policy's defaults).  ``scissorhands`` is the recommended configuration
 #: (docs/eval.md), ``scissorhands-seed`` the seed's defaults; a ``+pa`` name is the
 #: same configuration with prompt-aware eviction (the prompt held up to the cap, and
 #: decided at its end by its last rows' attention: :mod:`scissorhands.prompt_aware`);
 #: ``scissorhands+archive`` adds the recall tier (:mod:`scissorhands.hf.recall`).
-CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "full": ("full", {}),
-    "streaming-llm": ("streaming-llm", {}),
-    "h2o": ("h2o", {}),
-    "tova": ("tova", {}),
-    "scissorhands": ("scissorhands", {"recent_window": "0.75x", "sinks": 4}),
-    "scissorhands-seed": ("scissorhands", {}),
-    "h2o+pa": ("h2o", {"prompt_aware": True}),
-    "tova+pa": ("tova", {"prompt_aware": True}),
-    "scissorhands+pa": ("scissorhands", {"recent_window": "0.75x", "sinks": 4, "prompt_aware": True}),
-    "scissorhands+archive": ("scissorhands", {"recent_window": "0.75x", "sinks": 4, "prompt_aware": True,
-                                              "archive": "float32"}),
-}
+CONFIGS = _grid_configs()
 DEFAULT_LENGTHS = (512, 1024)
 DEFAULT_BUDGETS = (Fraction(1, 8), Fraction(1, 4), Fraction(1, 2))
 #: The least full-cache accuracy at which a cell ranks the policies.
@@ -137,7 +159,7 @@ _positive.__name__ = "integer"
 
 
 def _odd(text: str) -> int:
-    from ..prompt_aware import parse_odd
+    from scissorhands.prompt_aware import parse_odd
 
     try:
         return parse_odd(text)
@@ -165,9 +187,7 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> arg
     p.add_argument("--budgets", type=_fraction, nargs="+", default=None, metavar="F",
                    help="budgets as fractions of each length (default: 1/8 1/4 1/2)")
     p.add_argument("--configs", type=_names(tuple(CONFIGS), "configuration"), default=None, metavar="NAMES",
-                   help="comma-separated configurations (default: all: full, streaming-llm, h2o, tova, "
-                   "scissorhands = recent window 0.75x and 4 sinks, scissorhands-seed = its defaults, and "
-                   "h2o+pa, tova+pa, scissorhands+pa = those with prompt-aware eviction)")
+                   help=f"comma-separated configurations (default: all: {_configs_help()})")
     p.add_argument("--prefill-budget", type=_positive, default=None, metavar="N",
                    help="the +pa configurations: positions held while a prompt is read (default: 4096)")
     p.add_argument("--observation-window", type=_positive, default=None, metavar="N",
@@ -288,7 +308,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         raise ScissorhandsError(f"tasks needs lm-eval: pip install 'scissorhands[tasks]' ({exc})") from None
     from tqdm import tqdm
 
-    from .. import hf
+    from scissorhands import hf
 
     hf.set_threads(args.threads)
     import logging

@@ -1,7 +1,7 @@
 """lm-eval's hooks for the package's tasks (their YAMLs name these with ``!function``):
-each task's generator (:mod:`scissorhands.retrieval.data`) and the per-sample score."""
+each task's generator (:mod:`scissorhands.commands.retrieval.data`) and the per-sample score."""
 
-from scissorhands.retrieval.data import from_metadata, score
+from scissorhands.commands.retrieval.data import from_metadata, score
 
 sh_later_turn = from_metadata("sh_later_turn")
 sh_fact_once = from_metadata("sh_fact_once")

@@ -1,8 +1,8 @@
 """``python -m scissorhands replay``: a trace through each policy, as a table and a plot.
 
-The trace is the canonical ``decode-4096`` (seed 7, :mod:`scissorhands.traces`) or a
+The trace is the canonical ``decode-4096`` (seed 7, :mod:`scissorhands.commands.traces`) or a
 recorded real model's attention (``record``), one stream per (layer, KV head); the
-measurement is :mod:`scissorhands.harness`'s: retained attention mass and heavy-hitter
+measurement is :mod:`scissorhands.commands.harness`'s: retained attention mass and heavy-hitter
 recall, before the policy acts, at every decode step.
 """
 
@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scissorhands.options import POLICY_NAMES, SPECS, Run, policy_classes, setting, shown_values, sweep
+
 from .harness import ReplayResult, prepare, replay, round6
-from .options import POLICY_NAMES, SPECS, Run, policy_classes, setting, shown_values, sweep
 from .paths import check_inputs_and_outputs
 from .traces import decode_trace, load_recorded_trace
 

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import ScissorhandsError
+from scissorhands.errors import ScissorhandsError
 
 __all__ = ["check_inputs_and_outputs", "input_problem", "output_problem", "plot_problem"]
 

@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ScissorhandsError
+from scissorhands.errors import ScissorhandsError
+from scissorhands.options import config_label, sweep
+
 from .evaluate import (
     _checkpoint_config,
     _fail,
@@ -36,7 +38,6 @@ from .evaluate import (
     tokenize_prefix,
 )
 from .generate import peak_rss_bytes
-from .options import config_label, sweep
 
 __all__ = ["DEFAULT_LENGTHS", "LongContextRequest", "run_longctx"]
 

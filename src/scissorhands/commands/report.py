@@ -19,14 +19,15 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from .errors import ScissorhandsError
-from .hindsight import gap_closed_percent
-from .options import POLICY_NAMES, SPECS, series_label, spec_fraction
+from scissorhands.errors import ScissorhandsError
+from scissorhands.hindsight import gap_closed_percent
+from scissorhands.options import POLICY_NAMES, SPECS, series_label, spec_fraction
+
 from .paths import check_inputs_and_outputs
 
 __all__ = ["combine_reports", "format_longctx", "format_report", "plot_longctx", "plot_report", "run_report"]
 
-#: The ``format`` of ``tasks --json`` documents (:mod:`scissorhands.retrieval.driver`).
+#: The ``format`` of ``tasks --json`` documents (:mod:`scissorhands.commands.retrieval.driver`).
 TASKS_FORMAT = "scissorhands.tasks"
 #: The policy name of ``eval --hindsight``'s reference rows.
 HINDSIGHT = "hindsight"
@@ -37,8 +38,9 @@ HINDSIGHT = "hindsight"
 
 def _values(result: Mapping[str, Any]) -> dict[str, Any]:
     """A result row's option values (the sinks of older documents, recorded as None,
-    read as their default then: 0 for h2o, tova and scissorhands; an option a document
-    predates, such as ``pool``, read as its default)."""
+    read as the policy's default, its registry entry's (see
+    :data:`scissorhands.options.SPECS`); an option a document predates, such as
+    ``pool``, read as its default)."""
     spec = SPECS[result["policy"]]
     values = {o.name: result.get(o.name, spec.default(o.name)) for o in spec.options}
     if values.get("sinks", 0) is None:
@@ -136,7 +138,8 @@ def combine_reports(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     Columns are (text, budget) pairs, texts told apart by the SHA-256 of their token ids
     and named after their source; rows are configurations (:func:`_report_series`), the
-    full cache first, then StreamingLLM, H2O, TOVA and Scissorhands, each by recent window
+    full cache first, then the policies in the registry's order (see
+    :data:`scissorhands.options.SPECS`), each by recent window
     (in positions before fractions of the budget), sinks, history window and vote rate.
     A configuration measured twice keeps its first value, and a note says so when the
     two differ.

@@ -17,9 +17,9 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InvalidInputError, ScissorhandsError
-from ..options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec, preset
-from ..prompt_aware import PromptAware, parse_flag
+from scissorhands.errors import InvalidInputError, ScissorhandsError
+from scissorhands.options import BACKENDS, OPTIONS, SPECS, PolicyOptions, config_label, policy_spec, preset
+from scissorhands.prompt_aware import PromptAware, parse_flag
 
 __all__ = ["CACHE_ARGS", "CacheConfig", "pop_cache_config"]
 
@@ -41,7 +41,7 @@ class CacheConfig:
     Attributes
     ----------
     policy : str
-        A registry name (``full``, ``streaming-llm``, ``h2o``, ``tova``, ``scissorhands``).
+        A registry name (see :data:`scissorhands.options.SPECS`).
     budget : int or None
         Positions each (layer, KV head) holds after every forward; None for ``full``.
     values : mapping
@@ -53,7 +53,7 @@ class CacheConfig:
         in one forward, as the stock model does.
     backend, head_mode, positions : str
         As :class:`~scissorhands.hf.EvictingCache` takes them (the last two checked by
-        :func:`scissorhands.retrieval.model.check_modes`, which needs torch).
+        :func:`scissorhands.commands.retrieval.model.check_modes`, which needs torch).
     attention : {"sdpa", "eager"}
         The implementation the model is loaded with (when this model loads it).
     prompt : PromptAware
@@ -175,8 +175,9 @@ def _archive(raw: Any, prompt_aware: bool, policy: str) -> str | None:
                                 "prompt's end)")
     spec = SPECS[policy]
     if not (spec.evicts and spec.reads_attention):
-        raise InvalidInputError(f"archive={text} needs a policy that evicts by attention (scissorhands, h2o, "
-                                f"tova), not {policy!r}")
+        by_attention = ", ".join(s.name for s in SPECS.values() if s.evicts and s.reads_attention)
+        raise InvalidInputError(f"archive={text} needs a policy that evicts by attention ({by_attention}), "
+                                f"not {policy!r}")
     return text
 
 
