@@ -174,11 +174,7 @@ class Archive:
         if n == 0 or self.keys is None or self.values is None:
             empty = torch.zeros((0, 0), dtype=torch.float32)
             return np.zeros(0, dtype=np.int64), empty, empty
-        keys, values = self.keys[row, :n].to(torch.float32), self.values[row, :n].to(torch.float32)
-        if self.mode == "int8":
-            assert self.key_scales is not None and self.value_scales is not None
-            keys = keys * self.key_scales[row, :n, None]
-            values = values * self.value_scales[row, :n, None]
+        keys, values = self._decode((row, slice(0, n)))
         return self.positions[row, :n].copy(), keys, values
 
     def decoded(self, width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -187,11 +183,16 @@ class Archive:
         ``(None, None)`` when nothing is archived."""
         if width == 0 or self.keys is None or self.values is None:
             return None, None
-        keys, values = self.keys[:, :width].to(torch.float32), self.values[:, :width].to(torch.float32)
+        return self._decode((slice(None), slice(0, width)))
+
+    def _decode(self, index: tuple[Any, slice]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values at ``index`` (rows, columns) as float32, int8 times its scale."""
+        assert self.keys is not None and self.values is not None
+        keys, values = self.keys[index].to(torch.float32), self.values[index].to(torch.float32)
         if self.mode == "int8":
             assert self.key_scales is not None and self.value_scales is not None
-            keys = keys * self.key_scales[:, :width, None]
-            values = values * self.value_scales[:, :width, None]
+            keys = keys * self.key_scales[index][..., None]
+            values = values * self.value_scales[index][..., None]
         return keys, values
 
     def drop_from(self, position: int) -> None:

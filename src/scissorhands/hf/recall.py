@@ -122,16 +122,18 @@ class _Merge:
         self.max_archived = int(self.archived.max(initial=0))
         self.held_mask = np.arange(self.max_held)[None, :] < held_counts[:, None]
         archived_mask = np.arange(self.max_archived)[None, :] < self.archived[:, None]
-        padded = np.full((rows, self.max_held + self.max_archived), np.iinfo(np.int64).max, dtype=np.int64)
+        #: Padded columns, at least one (the width of a union of empty rows).
+        self.columns = max(self.max_held + self.max_archived, 1)
+        padded = np.full((rows, self.columns), np.iinfo(np.int64).max, dtype=np.int64)
         padded[:, :self.max_held][self.held_mask] = held_flat
         if self.max_archived:
-            padded[:, self.max_held:] = np.where(archived_mask, archive.positions[:, :self.max_archived],
-                                                 np.iinfo(np.int64).max)
+            archived = archive.positions[:, :self.max_archived]
+            padded[:, self.max_held:self.max_held + self.max_archived] = np.where(archived_mask, archived,
+                                                                                  np.iinfo(np.int64).max)
         self.counts = held_counts + self.archived
-        self.width = int(self.counts.max(initial=1)) or 1
-        order = np.argsort(padded, axis=1, kind="stable")[:, :self.width]
-        self.order = order
-        self.positions = np.take_along_axis(padded, order, axis=1)  # past a count: the largest int64
+        self.width = int(self.counts.max(initial=1))
+        self.order = np.argsort(padded, axis=1, kind="stable")[:, :self.width]
+        self.positions = np.take_along_axis(padded, self.order, axis=1)  # past a count: the largest int64
         self.valid = np.arange(self.width)[None, :] < self.counts[:, None]
         self.union = [self.positions[r, :self.counts[r]] for r in range(rows)]
         self.sources = [archive.positions[r, :self.archived[r]].copy() if self.archived[r] else
@@ -141,7 +143,7 @@ class _Merge:
         """A per-slot value of the held positions (flat, row after row) in union order,
         ``zero`` for the archived ones, as one list per row."""
         dtype = held_flat.dtype if held_flat.size else np.dtype(type(zero))
-        padded = np.full((len(self.held_counts), self.max_held + self.max_archived), zero, dtype=dtype)
+        padded = np.full((len(self.held_counts), self.columns), zero, dtype=dtype)
         padded[:, :self.max_held][self.held_mask] = held_flat
         merged = np.take_along_axis(padded, self.order, axis=1)
         return [merged[r, :self.counts[r]].tolist() for r in range(len(self.counts))]
