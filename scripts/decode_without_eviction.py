@@ -8,7 +8,7 @@ the answer loses what the prompt's end kept (docs/tasks.md, prompt-aware evictio
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONPATH=src python scripts/decode_without_eviction.py tasks \\
         --tasks sh_fact_once,sh_prose_needle,niah_single_1 --lengths 512 --budgets 1/8 1/4 --samples 10 \\
-        --configs scissorhands+pa,h2o+pa,tova+pa --json nodecode.json
+        --configs recommended,h2o+pa,tova+pa --json nodecode.json
 """
 
 from __future__ import annotations

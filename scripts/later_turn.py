@@ -11,7 +11,7 @@ twice on one cache, as ``examples/chat.py`` does:
    ``--reply-tokens``);
 2. the question turn after it -> the answer (greedy, 16 tokens), scored as the tasks are.
 
-Configurations: ``full``; ``scissorhands+pa`` at ``--fraction`` of the length (the
+Configurations: ``full``; ``recommended`` at ``--fraction`` of the length (the
 recommended recent window 0.75 and 4 sinks, prompt-aware); ``archive`` and
 ``archive-int8``: the same with the recall tier (``archive="float32"``/``"int8"``: what
 turn 1 evicted comes back when turn 2's question asks for it); ``reread``: the same
@@ -74,7 +74,7 @@ def run(model: Any, tokenizer: Any, sample: dict[str, Any], config: str, fractio
     return score(sample, answer), answer, int(cache.held_counts().max())
 
 
-CONFIGS = ("full", "scissorhands+pa", "archive", "archive-int8", "reread", "pinned")
+CONFIGS = ("full", "recommended", "archive", "archive-int8", "reread", "pinned")
 
 
 def main() -> None:

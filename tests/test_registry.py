@@ -13,7 +13,7 @@ from conftest import BACKENDS, POLICY_NAMES, load_backend
 from scissorhands import _native
 from scissorhands._shared import memory_bytes
 from scissorhands.commands.harness import _policy_name
-from scissorhands.options import SPECS, policy_classes
+from scissorhands.options import RECOMMENDED, SPECS, policy_classes
 
 NAMES = tuple(SPECS)
 
@@ -138,16 +138,17 @@ def test_flag_help_names_the_policies_and_defaults_from_the_registry(monkeypatch
 
 
 def test_the_tasks_grid_is_built_from_the_registry_under_its_published_names():
-    """tasks' configurations: each policy in registry order, then each prompt-aware one as +pa, the names
-    outputs and docs use."""
+    """tasks' configurations: each policy in registry order, then each other prompt-aware one as +pa,
+    then the recommendation under its preset's name, the names outputs and docs use."""
     from scissorhands.commands.retrieval.driver import CONFIGS
     from scissorhands.prompt_aware import PROMPT_AWARE_POLICIES
 
     assert [name for name in CONFIGS if name in SPECS] == list(NAMES)
-    assert [name for name in CONFIGS if name.endswith("+pa")] == [f"{n}+pa" for n in PROMPT_AWARE_POLICIES]
+    assert [name for name in CONFIGS if name.endswith("+pa")] == [f"{n}+pa" for n in PROMPT_AWARE_POLICIES
+                                                                  if n != RECOMMENDED.policy]
     if NAMES == ("full", "streaming-llm", "h2o", "tova", "scissorhands"):
         assert list(CONFIGS) == ["full", "streaming-llm", "h2o", "tova", "scissorhands", "scissorhands-seed",
-                                 "h2o+pa", "tova+pa", "scissorhands+pa", "scissorhands+archive"]
+                                 "h2o+pa", "tova+pa", "recommended", "recommended+archive"]
     assert all(CONFIGS[name] == (name, {}) for name in NAMES if name != "scissorhands")
     assert CONFIGS["scissorhands"] == ("scissorhands", {"recent_window": "0.75x", "sinks": 4})
-    assert CONFIGS["scissorhands+pa"][1] == {"recent_window": "0.75x", "sinks": 4, "prompt_aware": True}
+    assert CONFIGS["recommended"] == (RECOMMENDED.policy, {**RECOMMENDED.values, "prompt_aware": True})

@@ -210,13 +210,15 @@ def test_a_prompt_aware_cache_decides_at_the_prompts_end_in_every_request(loaded
 
 def test_the_prompt_aware_configurations_take_the_prompt_flags():
     """tasks --configs scissorhands+pa --prefill-budget ... builds prompt-aware caches with those
-    settings (the others unchanged); a bad --pool-kernel is refused by the parser."""
+    settings (the others unchanged), under the recommendation's name (scissorhands+pa is its earlier
+    one); a bad --pool-kernel is refused by the parser."""
     args = cli.build_parser().parse_args(["tasks", "--configs", "scissorhands+pa,h2o", "--lengths", "512",
                                           "--budgets", "1/4", "--prefill-budget", "600", "--pool-kernel", "21"])
     grid = driver.plan(args)
     aware, plain = (run.config(512, 64, grid["prompt"]) for run in grid["runs"])
     assert aware.prompt.enabled and (aware.prompt.prefill_budget, aware.prompt.pool_kernel) == (600, 21)
-    assert aware.values["recent_window"] == "0.75x" and aware.budget == 128
+    assert [run.name for run in grid["runs"]] == ["recommended", "h2o"]
+    assert aware.values["recent_window"] == 0.75 and aware.values["sinks"] == 4 and aware.budget == 128
     assert not plain.prompt.enabled
 
 

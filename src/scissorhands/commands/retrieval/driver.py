@@ -36,7 +36,7 @@ from fractions import Fraction
 from typing import Any
 
 from scissorhands.errors import InvalidInputError, ScissorhandsError
-from scissorhands.options import SPECS
+from scissorhands.options import RECOMMENDED, SPECS
 from scissorhands.prompt_aware import PROMPT_AWARE_POLICIES
 
 from .config import CacheConfig, pop_cache_config
@@ -62,17 +62,20 @@ TUNED: dict[str, tuple[dict[str, Any], str]] = {
 
 def _grid_configs() -> dict[str, tuple[str, dict[str, Any]]]:
     """The grid's configurations from the registry, in its order: each policy (a tuned
-    one also as ``<name>-seed``, its defaults), then each policy taking prompt-aware
-    eviction as ``<name>+pa``, then ``scissorhands+archive``."""
+    one also as ``<name>-seed``, its defaults), then each other policy taking
+    prompt-aware eviction as ``<name>+pa``, then ``recommended`` (the preset,
+    :data:`scissorhands.options.RECOMMENDED`) and ``recommended+archive``."""
     configs: dict[str, tuple[str, dict[str, Any]]] = {}
     for name in SPECS:
         configs[name] = (name, dict(TUNED[name][0]) if name in TUNED else {})
         if name in TUNED:
             configs[f"{name}-seed"] = (name, {})
     for name in PROMPT_AWARE_POLICIES:
-        configs[f"{name}+pa"] = (name, {**(TUNED[name][0] if name in TUNED else {}), "prompt_aware": True})
-    configs["scissorhands+archive"] = ("scissorhands", {**TUNED["scissorhands"][0], "prompt_aware": True,
-                                                        "archive": "float32"})
+        if name != RECOMMENDED.policy:
+            configs[f"{name}+pa"] = (name, {**(TUNED[name][0] if name in TUNED else {}), "prompt_aware": True})
+    recommended = {**RECOMMENDED.values, "prompt_aware": RECOMMENDED.prompt_aware}
+    configs["recommended"] = (RECOMMENDED.policy, recommended)
+    configs["recommended+archive"] = (RECOMMENDED.policy, {**recommended, "archive": "float32"})
     return configs
 
 
@@ -80,17 +83,22 @@ def _configs_help() -> str:
     """``--configs``' list of the grid, as :func:`_grid_configs` builds it."""
     plain = ", ".join(f"{name} = {TUNED[name][1]}, {name}-seed = its defaults" if name in TUNED else name
                       for name in SPECS)
-    aware = ", ".join(f"{name}+pa" for name in PROMPT_AWARE_POLICIES)
-    return f"{plain}, and {aware} = those with prompt-aware eviction"
+    aware = ", ".join(name for name in CONFIGS if name.endswith("+pa"))
+    return (f"{plain}; {aware} = those with prompt-aware eviction; {RECOMMENDED.describe()}; "
+            "recommended+archive = it with the recall tier (archive=float32); their earlier names "
+            "scissorhands+pa and scissorhands+archive are accepted")
 
 
 #: The configurations of the grid, by name: a policy and its option values (the rest
-#: at the policy's defaults).  ``scissorhands`` is the recommended configuration
-#: (docs/eval.md), ``scissorhands-seed`` the seed's defaults; a ``+pa`` name is the
-#: same configuration with prompt-aware eviction (the prompt held up to the cap, and
-#: decided at its end by its last rows' attention: :mod:`scissorhands.prompt_aware`);
-#: ``scissorhands+archive`` adds the recall tier (:mod:`scissorhands.hf.recall`).
+#: at the policy's defaults).  ``recommended`` is the recommendation
+#: (:data:`scissorhands.options.RECOMMENDED`: the same options as ``from_model(model,
+#: "recommended")``), ``scissorhands-seed`` the seed's defaults; a ``+pa`` name is the
+#: configuration with prompt-aware eviction (the prompt held up to the cap, and decided
+#: at its end by its last rows' attention: :mod:`scissorhands.prompt_aware`);
+#: ``recommended+archive`` adds the recall tier (:mod:`scissorhands.hf.recall`).
 CONFIGS = _grid_configs()
+#: Earlier names of configurations, still accepted by ``--configs``: old -> new.
+ALIASES = {"scissorhands+pa": "recommended", "scissorhands+archive": "recommended+archive"}
 DEFAULT_LENGTHS = (512, 1024)
 DEFAULT_BUDGETS = (Fraction(1, 8), Fraction(1, 4), Fraction(1, 2))
 #: The least full-cache accuracy at which a cell ranks the policies.
@@ -102,9 +110,9 @@ QUICK: dict[str, Any] = {"tasks": ("niah_single_1", "sh_prose_needle"), "lengths
 # ----------------------------------------------------------------------------- arguments
 
 
-def _names(known: Sequence[str], what: str) -> Any:
+def _names(known: Sequence[str], what: str, aliases: Mapping[str, str] | None = None) -> Any:
     def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
+        names = [(aliases or {}).get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
         for name in names:
             if name not in known:
                 raise argparse.ArgumentTypeError(f"unknown {what} {name!r}; choose from {', '.join(known)}")
@@ -186,14 +194,14 @@ def add_parser(sub: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> arg
                    help="RULER lengths: prompt plus 128 answer tokens (default: 512 1024)")
     p.add_argument("--budgets", type=_fraction, nargs="+", default=None, metavar="F",
                    help="budgets as fractions of each length (default: 1/8 1/4 1/2)")
-    p.add_argument("--configs", type=_names(tuple(CONFIGS), "configuration"), default=None, metavar="NAMES",
+    p.add_argument("--configs", type=_names(tuple(CONFIGS), "configuration", ALIASES), default=None, metavar="NAMES",
                    help=f"comma-separated configurations (default: all: {_configs_help()})")
     p.add_argument("--prefill-budget", type=_positive, default=None, metavar="N",
-                   help="the +pa configurations: positions held while a prompt is read (default: 4096)")
+                   help="the prompt-aware configurations: positions held while a prompt is read (default: 4096)")
     p.add_argument("--observation-window", type=_positive, default=None, metavar="N",
-                   help="the +pa configurations: the prompt's last rows that decide at its end (default: 16)")
+                   help="the prompt-aware configurations: the prompt's last rows that decide at its end (default: 16)")
     p.add_argument("--pool-kernel", type=_odd, default=None, metavar="N",
-                   help="the +pa configurations: max-pooling kernel over held positions, odd (default: 15)")
+                   help="the prompt-aware configurations: max-pooling kernel over held positions, odd (default: 15)")
     p.add_argument("--samples", type=_positive, default=None, metavar="N",
                    help="samples per task and length (lm-eval's limit; default 20)")
     p.add_argument("--quick", action="store_true",
