@@ -433,8 +433,10 @@ def _check_batch(plan: _EvalPlan, config: Any, request: EvalRequest) -> str | No
 
 
 def _measure(plan: _EvalPlan, model: Any, ids: list[int], request: EvalRequest) -> tuple[list[dict[str, Any]], float]:
-    """The full cache alone, then the batch: each sequence's measurements (the full
-    cache's first) and the seconds the hindsight schedules took."""
+    """The full cache and the batch in one pass of the model (one sequence each), or,
+    with hindsight, the full cache alone first (its attention gives the schedules the
+    batch replays): each sequence's measurements (the full cache's first) and the
+    seconds the hindsight schedules took."""
     from tqdm import tqdm
 
     hf, window, prompt_tokens, backend = plan.hf, plan.window, plan.prompt_tokens, request.backend
@@ -445,12 +447,12 @@ def _measure(plan: _EvalPlan, model: Any, ids: list[int], request: EvalRequest) 
 
         # The decode steps are positions prompt_tokens .. tokens - 2 (the last token is only a target).
         scheduler = HindsightScheduler(plan.budgets, int(window), prompt_tokens, plan.tokens - 2)
-    batches = [plan.runs[:1], plan.batch] if plan.batch else [plan.runs[:1]]
+    batches = [plan.runs[:1], plan.batch] if scheduler is not None else [plan.runs[:1] + plan.batch]
     bar = tqdm(total=steps * len(batches), disable=not request.progress, unit="step", file=sys.stderr)
     measured: list[dict[str, Any]] = []
     schedule_seconds = 0.0
     for index, batch in enumerate(batches):
-        bar.set_description("full cache" if index == 0 else f"{len(batch)} configurations")
+        bar.set_description("full cache" if len(batch) == 1 else f"{len(batch)} configurations")
         start = time.perf_counter()
         if index == 0:
             configs = [hf.PolicyConfig(run.policy, run.budget, run.options, backend) for run in batch]
@@ -481,11 +483,11 @@ def run_eval(request: EvalRequest) -> int:
     Every argument (counts, budgets, policies and options, paths, matplotlib and the
     format of a plot) is checked before the model loads; the configurations' fit to
     the model (a ``pool`` dividing a sequence's rows) before it loads when the model is
-    a checkpoint directory, else right after, before any run.  The full cache runs
-    alone (it is the reference for agreement, and the only run holding every position);
-    every other configuration runs in one batch, each sequence with its own policy.
-    With ``hindsight``, the full run also computes every budget's hindsight schedule
-    from its attention, and the batch replays them (one more sequence per budget).
+    a checkpoint directory, else right after, before any run.  The full cache (the
+    reference for agreement) and every other configuration run in one batch, each
+    sequence with its own policy.  With ``hindsight``, the full cache runs alone first
+    and also computes every budget's hindsight schedule from its attention, and the
+    batch replays them (one more sequence per budget).
     Prints the table (and the notes).
 
     Returns the process exit status, 0.
