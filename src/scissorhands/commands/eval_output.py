@@ -23,7 +23,7 @@ from scissorhands.hindsight import gap_closed_percent
 from scissorhands.options import OPTIONS, PRESETS, RECOMMENDED, SPECS, config_label, series_label
 
 if TYPE_CHECKING:
-    from .evaluate import EvalRequest, _EvalPlan
+    from .eval_request import EvalRequest, _EvalPlan
 
 __all__ = ["eval_document", "eval_results", "format_table", "plot_results", "print_eval", "what_to_read", "write_json"]
 
