@@ -34,7 +34,7 @@ its registry entry's ``paper`` (:data:`scissorhands.options.SPECS`).
 
 from __future__ import annotations
 
-from .attention import WRAPPED, install, installed, uninstall
+from .attention import WRAPPED, install, installed
 from .cache import HEAD_MODES, POSITION_MODES, CacheStats, EvictingCache
 from .drive import decode_step, evaluate_batch, prefill
 from .hindsight import HindsightConfig, tap_attention
@@ -52,6 +52,7 @@ from .loading import (
     set_threads,
 )
 from .longctx import long_context_run
+from .prefix import uninstall
 from .record import record_attention
 from .rows import PolicyConfig
 from .storage import CACHE_MODES

@@ -287,11 +287,9 @@ def install(model: Any) -> str:
 
 
 def uninstall(model: Any) -> None:
-    """Switch ``model`` back to the implementation ours wrapped (nothing if not installed),
-    and remove the prompt comparison :mod:`scissorhands.hf.prefix` set on it."""
-    from . import prefix
-
-    prefix.uninstall(model)
+    """Switch ``model`` back to the implementation ours wrapped (nothing if not installed).
+    :func:`scissorhands.hf.uninstall` (:func:`scissorhands.hf.prefix.uninstall`) also
+    removes the prompt comparison; this module never imports that one."""
     wrapped = installed(model)
     if wrapped is not None:
         model.set_attn_implementation(wrapped)

@@ -12,7 +12,7 @@ difference on, or, with ``prefix="refuse"``, is refused before anything changes
 ``generate`` hands the model only the tokens past ``get_seq_length()``, so the
 comparison has to happen before it asks: :func:`install` (called by
 :meth:`~scissorhands.hf.cache.EvictingCache.from_model`) sets two things on the model,
-both undone by :func:`uninstall` (which :func:`scissorhands.hf.uninstall` calls):
+both undone by :func:`uninstall` (which is :func:`scissorhands.hf.uninstall`):
 
 * ``model._prefill``, an instance attribute over transformers' own method (the first
   forward of every ``generate`` call, pinned transformers 5.24): with an evicting cache
@@ -310,6 +310,15 @@ def install(model: Any) -> None:
 
 
 def uninstall(model: Any) -> None:
+    """Undo :meth:`EvictingCache.from_model` on ``model``: remove what :func:`install` set
+    (nothing if not set), then switch the model back to the attention implementation ours
+    wrapped (:func:`scissorhands.hf.attention.uninstall`). This is
+    :func:`scissorhands.hf.uninstall`."""
+    _remove(model)
+    attention.uninstall(model)
+
+
+def _remove(model: Any) -> None:
     """Remove what :func:`install` set on ``model`` (nothing if not set)."""
     base = getattr(model, "base_model", model)
     hooks = getattr(base, "_forward_pre_hooks", None)
