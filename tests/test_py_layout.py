@@ -124,6 +124,40 @@ def test_reference_modules_import_each_other_without_a_cycle():
         visit(name, ())
 
 
+def code_names(text: str) -> set[str]:
+    """The identifiers, attribute names and string constants of Python source ``text``,
+    its docstrings left out."""
+    tree = ast.parse(text)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.alias):
+            found.add(node.asname or node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found.add(node.value)
+    return found
+
+
+def test_the_reference_shared_modules_name_no_policy():
+    """The reference's shared modules (those starting with ``_``) never name a policy in
+    their code, by registry name or class name: what differs comes from the policy's spec
+    or a hook its class overrides (docstrings may cite them)."""
+    from scissorhands.options import SPECS
+
+    policies = {spec.name for spec in SPECS.values()} | {spec.class_name for spec in SPECS.values()}
+    shared = sorted((SRC / "reference").glob("_*.py"))
+    assert len(shared) > 5  # the walk sees them
+    found = {p.name: sorted(code_names(p.read_text(encoding="utf-8")) & policies) for p in shared}
+    assert {name: names for name, names in found.items() if names and name != "__init__.py"} == {}
+    assert "TOVA" in code_names((SRC / "reference" / "__init__.py").read_text(encoding="utf-8"))  # the scan sees names
+
+
 def test_the_reference_registry_is_its_policy_modules():
     """``scissorhands.reference.POLICIES`` is, in the registry's order, the class of each
     policy module of the package (a module not starting with ``_``), the one its spec
