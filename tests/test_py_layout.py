@@ -1,8 +1,9 @@
 """The Python layout (docs/architecture.md): no function in the policies, the reference,
 the commands, the benchmarks or the vectors' generator is longer than a screen of code;
-the policies' shared machinery and the commands are split by concern into modules a reader
-can hold; the library never imports its commands, and the commands' old import paths are
-shims that are the new modules."""
+the policies' shared machinery, the reference and the commands are split by concern into
+modules a reader can hold, the reference's without an import cycle and its registry found
+from its policy modules; the library never imports its commands, and the commands' old
+import paths are shims that are the new modules."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "scissorhands"
 #: The directories and files held to the rule (the transformers cache is not yet).
-CHECKED = [SRC / "policies", *sorted(SRC.glob("reference*.py")), SRC / "commands", ROOT / "bench", ROOT / "vectors"]
+CHECKED = [SRC / "policies", SRC / "reference", SRC / "commands", ROOT / "bench", ROOT / "vectors"]
 #: A screen of code: the most lines of code a function may have, its docstring, comments
 #: and blank lines not counted (a nested function counts in its parent too).
 SCREEN_LINES = 60
-#: The most lines a module of src/scissorhands/policies may have.
+#: The most lines a module of src/scissorhands/policies or src/scissorhands/reference may have.
 MODULE_LINES = 500
 #: The most lines a module of src/scissorhands/commands may have.
 COMMAND_MODULE_LINES = 700
@@ -83,11 +84,95 @@ def test_function_lengths_count_code_only():
     assert function_lengths(text) == [("f", 1, 4)]
 
 
-def test_no_policies_module_is_too_long():
-    """Every module of src/scissorhands/policies has at most MODULE_LINES lines."""
+@pytest.mark.parametrize("package", ["policies", "reference"])
+def test_no_policies_module_is_too_long(package):
+    """Every module of src/scissorhands/policies and of src/scissorhands/reference has at
+    most MODULE_LINES lines."""
     sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines())
-             for p in (ROOT / "src" / "scissorhands" / "policies").glob("*.py")}
+             for p in (ROOT / "src" / "scissorhands" / package).glob("*.py")}
+    assert {"__init__.py", "tova.py", "_base.py"} <= set(sizes)  # the walk sees them
     assert {name: n for name, n in sizes.items() if n > MODULE_LINES} == {}
+
+
+def test_the_reference_was_one_module_and_is_a_package():
+    """The reference is the package src/scissorhands/reference only (no reference.py
+    beside it, which the package would hide)."""
+    assert (SRC / "reference" / "__init__.py").is_file()
+    assert sorted(SRC.glob("reference*.py")) == []
+
+
+def test_reference_modules_import_each_other_without_a_cycle():
+    """The modules of the reference form layers: following their imports never leads back
+    to where it started (the package's ``__init__`` imports the others, none imports it)."""
+    package = SRC / "reference"
+    names = {("scissorhands.reference" if p.stem == "__init__" else f"scissorhands.reference.{p.stem}"): p
+             for p in package.glob("*.py")}
+    graph = {name: imported_modules(path) & set(names) for name, path in names.items()}
+    assert "scissorhands.reference._base" in graph["scissorhands.reference._heavy"]  # the walk sees them
+    assert "scissorhands.reference.tova" in graph["scissorhands.reference"]
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, " -> ".join((*path, name))
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            visit(imported, (*path, name))
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, ())
+
+
+def code_names(text: str) -> set[str]:
+    """The identifiers, attribute names and string constants of Python source ``text``,
+    its docstrings left out."""
+    tree = ast.parse(text)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.alias):
+            found.add(node.asname or node.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found.add(node.value)
+    return found
+
+
+def test_the_reference_shared_modules_name_no_policy():
+    """The reference's shared modules (those starting with ``_``) never name a policy in
+    their code, by registry name or class name: what differs comes from the policy's spec
+    or a hook its class overrides (docstrings may cite them)."""
+    from scissorhands.options import SPECS
+
+    policies = {spec.name for spec in SPECS.values()} | {spec.class_name for spec in SPECS.values()}
+    shared = sorted((SRC / "reference").glob("_*.py"))
+    assert len(shared) > 5  # the walk sees them
+    found = {p.name: sorted(code_names(p.read_text(encoding="utf-8")) & policies) for p in shared}
+    assert {name: names for name, names in found.items() if names and name != "__init__.py"} == {}
+    assert "TOVA" in code_names((SRC / "reference" / "__init__.py").read_text(encoding="utf-8"))  # the scan sees names
+
+
+def test_the_reference_registry_is_its_policy_modules():
+    """``scissorhands.reference.POLICIES`` is, in the registry's order, the class of each
+    policy module of the package (a module not starting with ``_``), the one its spec
+    names (``module``, ``class_name``); the package re-exports each."""
+    from scissorhands.options import POLICY_NAMES, SPECS
+
+    reference = importlib.import_module("scissorhands.reference")
+    modules = sorted(p.stem for p in (SRC / "reference").glob("*.py") if not p.stem.startswith("_"))
+    assert modules == sorted(spec.module for spec in SPECS.values())
+    assert tuple(reference.POLICIES) == POLICY_NAMES
+    for name, cls in reference.POLICIES.items():
+        spec = SPECS[name]
+        module = importlib.import_module(f"scissorhands.reference.{spec.module}")
+        assert cls is getattr(module, spec.class_name) is getattr(reference, spec.class_name)
+        assert cls.name == name
 
 
 def test_no_commands_module_is_too_long():

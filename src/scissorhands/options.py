@@ -343,8 +343,9 @@ class PolicySpec:
     paper : str
         Where the behaviour comes from.
     module : str
-        The module of :mod:`scissorhands.policies` defining the C-backed class (named
-        here, not imported: the policies import this module).
+        The module of :mod:`scissorhands.policies` defining the C-backed class, and of
+        :mod:`scissorhands.reference` defining the reference's (named here, not
+        imported: both packages import this module).
     kind : str
         The policy's kind in the C core: the name of its ``sh_kind`` constant
         (``SH_TOVA``), the ``kind`` of its ``sh_config``.
