@@ -226,13 +226,13 @@ static inline int sh_weights_valid(int32_t dtype, const void *attn, size_t n, in
 
    Everything that differs between the policy kinds is one entry of sh_kinds, indexed
    by the kind; the shared code reads the entry and never tests the kind itself. A
-   kind is one file, policies/<name>.c: its update or its eviction, and its entry, a
-   `const sh_kind_ops sh_kind_<name>`. A line of its own that is the comment
-   `sh-kind: N` (one space inside each delimiter) gives its number N, which never changes (sh_config's
-   kind; an int8_t in the object, so at most 127). The build
-   (src/scissorhands/_build_native.py) finds the files and generates, into the cffi
-   module, sh_kinds and sh_kind_count, and the cdef's `enum sh_kind`: SH_<NAME> = N,
-   the name upper-cased. */
+   kind is one file, policies/<name>.c: its update or its eviction, its kernels, and
+   its entry, a `const sh_kind_ops sh_kind_<name>`. A line of its own that is the
+   comment `sh-kind: N` (one space inside each delimiter) gives its number N, which
+   never changes (sh_config's kind; an int8_t in the object, so at most 127). The
+   build (src/scissorhands/_build_native.py) finds the files and generates, into the
+   cffi module, sh_kinds and sh_kind_count, and the cdef's `enum sh_kind`:
+   SH_<NAME> = N, the name upper-cased. */
 
 /* A slot's value besides its position; its type fixes the selection's key. */
 enum sh_values {
