@@ -2,7 +2,7 @@
  * policy.c - the policy object: its configuration, its storage (one allocation per
  * per-slot array, rows of `capacity` slots each), growth, the rows' counts, reset and
  * sh_policy_select_rows. What differs between the kinds comes from their entry in
- * sh_kinds (kinds.c).
+ * sh_kinds (the build's table of the files in policies/).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -195,9 +195,9 @@ static void hold_origin(sh_policy *p)
 static int check_config(const sh_config *cfg)
 {
     int32_t kind = cfg->kind;
-    if (kind < 0 || kind >= SH_KIND_COUNT)
+    if (kind < 0 || kind >= sh_kind_count || sh_kinds[kind] == NULL)
         return SH_ERR_ARG;
-    const sh_kind_ops *ops = &sh_kinds[kind];
+    const sh_kind_ops *ops = sh_kinds[kind];
     if (cfg->heads < 1 || cfg->heads > SH_MAX_HEADS)
         return SH_ERR_ARG;
     if (cfg->budget < 1)

@@ -2,29 +2,20 @@
  * scissorhands.h - KV-cache eviction kernels.
  *
  * One object holds `heads` independent rows of cached positions, each with the
- * per-slot state of its policy:
+ * per-slot state of its policy kind: uint32 vote counts (SH_SCISSORHANDS, Liu et al.,
+ * NeurIPS 2023, arXiv 2305.17118), float64 scores (SH_H2O's cumulative sum, Zhang et
+ * al., NeurIPS 2023, arXiv 2306.14048, and the like), or the positions alone
+ * (SH_STREAMING_LLM's attention sinks + the most recent positions, Xiao et al., ICLR
+ * 2024, arXiv 2309.17453; SH_FULL, which never evicts: the baseline).
  *
- *   SH_SCISSORHANDS  uint32 vote counts     (Liu et al., NeurIPS 2023, arXiv 2305.17118)
- *   SH_H2O           float64 cumulative sum (Zhang et al., NeurIPS 2023, arXiv 2306.14048)
- *   SH_TOVA          float64 weight of the latest decode step (Oren et al., 2024,
- *                    arXiv 2401.06104, "Transformers are Multi-State RNNs")
- *   SH_STREAMING_LLM attention sinks + the most recent positions
- *                                           (Xiao et al., ICLR 2024, arXiv 2309.17453)
- *   SH_FULL          never evicts (the baseline)
+ * Each kind is one file of csrc/policies/, whose opening comment states its rule;
+ * the build makes `enum sh_kind` of them (SH_<NAME> for policies/<name>.c, numbered
+ * by the file's sh-kind line, never renumbered: Python reads lib.SH_<NAME>), so the
+ * enum is in the cdef but not in this file. A kind may need a least recent window
+ * (sh_config).
  *
- * TOVA keeps H2O's score array and selection but assigns instead of adding: each
- * decode step that carries attention sets every held slot's score to that step's
- * weight (widened exactly; -0.0 stored as 0.0), and the new position joins with a
- * score of 0; a step without attention changes no score, and a chunk (prefill,
- * extend) applies its tokens one by one, so a slot ends it with the weight of the
- * last token that read it. The step's weights never include the newest token's
- * weight on itself, so a new position has no score yet: TOVA needs recent_window >= 1
- * (the newest position is always kept). Over budget the lowest scores outside the
- * sinks and the recent window go, equal scores evicting the lower position, exactly
- * as in H2O.
- *
- * Scissorhands, H2O and TOVA may also pin their first positions (sinks), and Scissorhands
- * may count only the votes of its last 1..64 decode steps (a history window: one
+ * The kinds that rank by votes or scores may also pin their first positions (sinks),
+ * and Scissorhands may count only the votes of its last 1..64 decode steps (a history window: one
  * 64-bit register of vote bits per slot) and may rank positions by votes per decode
  * step held rather than by votes (a vote rate: one uint32 step counter per slot).
  *
@@ -41,8 +32,8 @@
  * threads at once, one object from one thread at a time. The only process-wide
  * setting is sh_set_simd (for tests: it forces the portable scalar kernels).
  *
- * The hot loops (weight validation, the vote update, H2O's float64 add, TOVA's
- * assignment, the search for the least-voted slot and the bulk selection) exist in a
+ * The hot loops (weight validation, each kind's update of its votes or scores, the
+ * search for the least-voted slot and the bulk selection) exist in a
  * portable scalar form and, on x86-64, an AVX2 form chosen at run time when the CPU
  * has it; the two give bit-identical results. A step with many rows may spread them
  * over threads (sh_policy_set_threads); the results do not depend on the thread count.
@@ -73,15 +64,6 @@ enum sh_status {
     SH_ERR_BUFFER = 8,   /* an output buffer too small for the victims */
     SH_ERR_RAGGED = 9,   /* rows hold different counts where the call needs them equal */
     SH_ERR_PINNED = 10   /* the pinned positions leave a row (or pool) too few to evict */
-};
-
-/* Policy kinds. */
-enum sh_kind {
-    SH_FULL = 0,
-    SH_STREAMING_LLM = 1,
-    SH_H2O = 2,
-    SH_SCISSORHANDS = 3,
-    SH_TOVA = 4
 };
 
 /* Element types of an attention buffer. */
@@ -126,9 +108,10 @@ enum sh_sizes {
 };
 
 /* Construction parameters. recent_window and sinks are the protected suffix and
-   prefix of each row (sinks: the first positions held, for StreamingLLM, H2O, TOVA and
-   Scissorhands); recent_window + sinks < budget, and recent_window >= 1 for TOVA
-   (else sh_policy_new returns SH_ERR_ARG). history_window (Scissorhands only;
+   prefix of each row (sinks: the first positions held, for every kind that evicts);
+   recent_window + sinks < budget, and recent_window at least the kind's least (1 for
+   a kind whose newest position has no score until a later token reads it; else
+   sh_policy_new returns SH_ERR_ARG). history_window (Scissorhands only;
    0 = off, else 1..64): votes count only the last history_window decode steps that
    carried attention, kept exactly as a 64-bit register of vote bits per slot.
    vote_rate (Scissorhands only; 0 = off, 1 = on): eviction ranks each slot by
@@ -136,7 +119,7 @@ enum sh_sizes {
    (at most history_window of them with a history window; at least 1), computed as a
    correctly rounded double; equal rates evict the lower position. */
 typedef struct sh_config {
-    int32_t kind;
+    int32_t kind; /* enum sh_kind (generated from csrc/policies/) */
     uint32_t heads;
     uint32_t budget;
     uint32_t recent_window;
@@ -196,8 +179,9 @@ size_t sh_policy_capacity(const sh_policy *p);
    spans (their number, then each start and stop). */
 size_t sh_policy_memory_bytes(const sh_policy *p);
 
-/* Bytes of state per slot: 9 Scissorhands (+8 with a history window, +4 with a
-   vote rate), 13 H2O and TOVA, 4 StreamingLLM and Full. */
+/* Bytes of state per slot: 9 with uint32 votes (Scissorhands; +8 with a history
+   window, +4 with a vote rate), 13 with float64 scores (H2O and the like), 4 with
+   the positions alone (StreamingLLM, Full). */
 size_t sh_policy_slot_bytes(const sh_policy *p);
 
 /* The largest position ever admitted (0 for a fresh policy). */
@@ -342,7 +326,8 @@ int sh_policy_select_rows(sh_policy *p, const uint32_t *index, size_t rows);
 
 /* Copies the held positions and scores out, row after row (row h's count_h entries,
    sum count_h in all: heads * count row-major when the counts agree). votes is read
-   for Scissorhands, scores for H2O and TOVA; any of the three may be NULL. */
+   for a kind with uint32 votes, scores for one with float64 scores; any of the three
+   may be NULL. */
 int sh_policy_export(const sh_policy *p, uint32_t *positions, uint32_t *votes,
                      double *scores, size_t cap);
 
@@ -360,7 +345,7 @@ int sh_policy_export_history(const sh_policy *p, uint64_t *history, size_t cap);
 int sh_policy_export_held(const sh_policy *p, uint32_t *held, size_t cap);
 
 /* Replaces the state with heads rows of n positions each and their per-slot arrays,
-   all row-major: votes (Scissorhands) or scores (H2O, TOVA), history exactly when the policy
+   all row-major: votes (uint32 kinds) or scores (float64 kinds), history exactly when the policy
    has a history window and held exactly when it has a vote rate (else SH_ERR_ARG).
    Only what memory safety needs is checked here (presence, heads, 1 <= n <=
    UINT32_MAX); the caller validates the values (ascending positions, finite scores,
@@ -386,8 +371,8 @@ int64_t sh_policy_find(const sh_policy *p, size_t head, uint32_t pos);
 /* The vote count of pos in row head (Scissorhands), or -1 when it is not held. */
 int64_t sh_policy_votes_of(const sh_policy *p, size_t head, uint32_t pos);
 
-/* The score of pos in row head (H2O: cumulative; TOVA: the latest step's weight), or
-   -1.0 when it is not held. */
+/* The score of pos in row head (as its kind keeps it: H2O's is cumulative), or -1.0
+   when it is not held. */
 double sh_policy_score_of(const sh_policy *p, size_t head, uint32_t pos);
 
 /* The cache's GQA reduction (gqa.c): out[r, t, j] (float32, rows x q x width) is the

@@ -1,8 +1,8 @@
 /*
- * select.c - eviction by key, shared by every kind with per-slot values
- * (Scissorhands, H2O, TOVA): the k slots of least key among a row's evictable ones
- * leave, equal keys evicting the lower slot, the victims ascending, the survivors
- * compacted in order.
+ * select.c - eviction by key, the sh_evict_fn of every kind with per-slot values
+ * (votes or float64 scores, policies/): the k slots of least key among a row's
+ * evictable ones leave, equal keys evicting the lower slot, the victims ascending,
+ * the survivors compacted in order.
  *
  * One victim (the steady state) is the first minimum. More are found in O(count)
  * time: a byte-at-a-time radix select finds the k-th smallest key, then one pass
@@ -11,7 +11,8 @@
  * is a kernel (kernels.c, simd.c); with a vote rate the key is computed per slot
  * (sh_key_at) and the row's scratch byte per slot marks the candidates.
  *
- * The kind's operations come as an argument (this file is below kinds.c).
+ * The kind's operations come as an argument (this file is below the policies and
+ * their table).
  */
 #include <string.h>
 

@@ -1,9 +1,11 @@
 /*
- * simd.c - the AVX2 forms of the hot loops (sh_internal.h states their contracts)
- * and the process-wide switch between them and the portable scalar forms.
+ * simd.c - the AVX2 forms of the shared hot loops (sh_internal.h states their
+ * contracts) and the process-wide switch between them and the portable scalar forms.
+ * A policy's own kernels keep their AVX2 twins in its file (csrc/policies/); what the
+ * twins share is in sh_avx2.h.
  *
  * The package is built for the baseline instruction set (no -march=native): each
- * function here carries __attribute__((target("avx2"))) and runs only after
+ * AVX2 function, here and in the policy files, carries __attribute__((target("avx2"))) and runs only after
  * sh_simd_active() has seen the CPU report AVX2 (__builtin_cpu_supports, which also
  * checks that the operating system saves the YMM registers).
  *
@@ -18,11 +20,7 @@
 #include <float.h>
 #include <stdint.h>
 
-#include "sh_internal.h"
-
-#if SH_HAVE_AVX2
-#include <immintrin.h>
-#endif
+#include "sh_avx2.h"
 
 /* 1: calls may use the AVX2 kernels (when the CPU has them); 0: scalar only. */
 static int simd_allowed = 1;
@@ -66,8 +64,6 @@ int sh_simd_level(void)
 
 #if SH_HAVE_AVX2
 
-#define AVX2 __attribute__((target("avx2")))
-
 /* ---------------------------------------------------------------- validation */
 
 AVX2 int sh_avx2_valid_f32(const float *a, size_t n)
@@ -106,223 +102,7 @@ AVX2 int sh_avx2_valid_f64(const double *a, size_t n)
     return ok;
 }
 
-/* ---------------------------------------------------------------- least key, by lane */
-
-/* The least of 8 uint32 lanes seen so far and, per lane, the first slot holding it. */
-typedef struct least_u32x8 {
-    __m256i least, where, slot;
-} least_u32x8;
-
-AVX2 static inline void least_u32x8_start(least_u32x8 *m, __m256i v, size_t at)
-{
-    m->least = v;
-    m->slot = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(uint32_t)at),
-                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    m->where = m->slot;
-}
-
-/* The next 8 slots (after the last ones seen). */
-AVX2 static inline void least_u32x8_add(least_u32x8 *m, __m256i v)
-{
-    const __m256i bias = _mm256_set1_epi32(INT32_MIN);
-    m->slot = _mm256_add_epi32(m->slot, _mm256_set1_epi32(8));
-    __m256i less = _mm256_cmpgt_epi32(_mm256_xor_si256(m->least, bias), _mm256_xor_si256(v, bias));
-    m->least = _mm256_min_epu32(m->least, v);
-    m->where = _mm256_blendv_epi8(m->where, m->slot, less);
-}
-
-/* The first slot holding the least of all lanes, and that least. */
-AVX2 static inline size_t least_u32x8_end(const least_u32x8 *m, uint32_t *least)
-{
-    uint32_t l[8], w[8];
-    _mm256_storeu_si256((__m256i *)l, m->least);
-    _mm256_storeu_si256((__m256i *)w, m->where);
-    uint32_t best = l[0], at = w[0];
-    for (int j = 1; j < 8; j++) {
-        if (l[j] < best || (l[j] == best && w[j] < at)) {
-            best = l[j];
-            at = w[j];
-        }
-    }
-    *least = best;
-    return at;
-}
-
-/* The same for 4 double lanes (slots as 64-bit lanes). */
-typedef struct least_f64x4 {
-    __m256d least;
-    __m256i where, slot;
-} least_f64x4;
-
-AVX2 static inline void least_f64x4_start(least_f64x4 *m, __m256d x, size_t at)
-{
-    m->least = x;
-    m->slot = _mm256_add_epi64(_mm256_set1_epi64x((long long)at), _mm256_setr_epi64x(0, 1, 2, 3));
-    m->where = m->slot;
-}
-
-AVX2 static inline void least_f64x4_add(least_f64x4 *m, __m256d x)
-{
-    m->slot = _mm256_add_epi64(m->slot, _mm256_set1_epi64x(4));
-    __m256d less = _mm256_cmp_pd(x, m->least, _CMP_LT_OQ);
-    m->least = _mm256_blendv_pd(m->least, x, less);
-    m->where = _mm256_castpd_si256(
-        _mm256_blendv_pd(_mm256_castsi256_pd(m->where), _mm256_castsi256_pd(m->slot), less));
-}
-
-AVX2 static inline size_t least_f64x4_end(const least_f64x4 *m, double *least)
-{
-    double l[4];
-    int64_t w[4];
-    _mm256_storeu_pd(l, m->least);
-    _mm256_storeu_si256((__m256i *)w, m->where);
-    double best = l[0];
-    int64_t at = w[0];
-    for (int j = 1; j < 4; j++) {
-        if (l[j] < best || (l[j] == best && w[j] < at)) {
-            best = l[j];
-            at = w[j];
-        }
-    }
-    *least = best;
-    return (size_t)at;
-}
-
-/* ---------------------------------------------------------------- votes */
-
-/* 8 vote counts after one step: one more where `above` is set, unless saturated. */
-AVX2 static inline __m256i vote8(__m256i v, __m256i above)
-{
-    __m256i full = _mm256_cmpeq_epi32(v, _mm256_set1_epi32(-1));
-    return _mm256_sub_epi32(v, _mm256_andnot_si256(full, above));
-}
-
-/* Where 8 float32 weights are above the threshold t. */
-AVX2 static inline __m256i above8_f32(const float *a, __m256 t)
-{
-    return _mm256_castps_si256(_mm256_cmp_ps(_mm256_loadu_ps(a), t, _CMP_GT_OQ));
-}
-
-/* Where 8 float64 weights are above the share, as 8 32-bit lanes. */
-AVX2 static inline __m256i above8_f64(const double *a, __m256d share)
-{
-    __m256d m0 = _mm256_cmp_pd(_mm256_loadu_pd(a), share, _CMP_GT_OQ);
-    __m256d m1 = _mm256_cmp_pd(_mm256_loadu_pd(a + 4), share, _CMP_GT_OQ);
-    /* Per 128-bit half: the low words of m0's two lanes, then m1's ... */
-    __m256 packed = _mm256_shuffle_ps(_mm256_castpd_ps(m0), _mm256_castpd_ps(m1),
-                                      _MM_SHUFFLE(2, 0, 2, 0));
-    /* ... then the 64-bit pairs back in slot order: m0 0-1, m0 2-3, m1 0-1, m1 2-3. */
-    return _mm256_permute4x64_epi64(_mm256_castps_si256(packed), _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-AVX2 static inline __m256i load8(const uint32_t *v)
-{
-    return _mm256_loadu_si256((const __m256i *)v);
-}
-
-AVX2 static inline void store8(uint32_t *v, __m256i x)
-{
-    _mm256_storeu_si256((__m256i *)v, x);
-}
-
-/* The largest of x's 8 lanes and `best`. */
-AVX2 static inline uint32_t max_lane(__m256i x, uint32_t best)
-{
-    uint32_t l[8];
-    store8(l, x);
-    for (int j = 0; j < 8; j++)
-        best = l[j] > best ? l[j] : best;
-    return best;
-}
-
-/* The vote over slots [from, to) without looking for the least. */
-AVX2 static void vote_span_f32(uint32_t *votes, const float *attn, size_t from, size_t to,
-                               float t)
-{
-    const __m256 t8 = _mm256_set1_ps(t);
-    size_t i = from;
-    for (; i + 8 <= to; i += 8)
-        store8(votes + i, vote8(load8(votes + i), above8_f32(attn + i, t8)));
-    for (; i < to; i++)
-        votes[i] += (uint32_t)((attn[i] > t) & (votes[i] != UINT32_MAX));
-}
-
-AVX2 static void vote_span_f64(uint32_t *votes, const double *attn, size_t from, size_t to,
-                               double share)
-{
-    const __m256d s4 = _mm256_set1_pd(share);
-    size_t i = from;
-    for (; i + 8 <= to; i += 8)
-        store8(votes + i, vote8(load8(votes + i), above8_f64(attn + i, s4)));
-    for (; i < to; i++)
-        votes[i] += (uint32_t)((attn[i] > share) & (votes[i] != UINT32_MAX));
-}
-
-AVX2 size_t sh_avx2_vote_f32(uint32_t *votes, const float *attn, size_t n, float t, size_t lo,
-                             size_t hi)
-{
-    if (lo >= hi || hi - lo < 16) {
-        vote_span_f32(votes, attn, 0, n, t);
-        return lo < hi ? sh_least_u32(votes, lo, hi) : hi;
-    }
-    const __m256 t8 = _mm256_set1_ps(t);
-    vote_span_f32(votes, attn, 0, lo, t);
-    __m256i v = vote8(load8(votes + lo), above8_f32(attn + lo, t8));
-    store8(votes + lo, v);
-    least_u32x8 m;
-    least_u32x8_start(&m, v, lo);
-    size_t i = lo + 8;
-    for (; i + 8 <= hi; i += 8) {
-        v = vote8(load8(votes + i), above8_f32(attn + i, t8));
-        store8(votes + i, v);
-        least_u32x8_add(&m, v);
-    }
-    uint32_t least;
-    size_t at = least_u32x8_end(&m, &least);
-    for (; i < hi; i++) {
-        uint32_t x = votes[i] + (uint32_t)((attn[i] > t) & (votes[i] != UINT32_MAX));
-        votes[i] = x;
-        if (x < least) {
-            least = x;
-            at = i;
-        }
-    }
-    vote_span_f32(votes, attn, hi, n, t);
-    return at;
-}
-
-AVX2 size_t sh_avx2_vote_f64(uint32_t *votes, const double *attn, size_t n, double share,
-                             size_t lo, size_t hi)
-{
-    if (lo >= hi || hi - lo < 16) {
-        vote_span_f64(votes, attn, 0, n, share);
-        return lo < hi ? sh_least_u32(votes, lo, hi) : hi;
-    }
-    const __m256d s4 = _mm256_set1_pd(share);
-    vote_span_f64(votes, attn, 0, lo, share);
-    __m256i v = vote8(load8(votes + lo), above8_f64(attn + lo, s4));
-    store8(votes + lo, v);
-    least_u32x8 m;
-    least_u32x8_start(&m, v, lo);
-    size_t i = lo + 8;
-    for (; i + 8 <= hi; i += 8) {
-        v = vote8(load8(votes + i), above8_f64(attn + i, s4));
-        store8(votes + i, v);
-        least_u32x8_add(&m, v);
-    }
-    uint32_t least;
-    size_t at = least_u32x8_end(&m, &least);
-    for (; i < hi; i++) {
-        uint32_t x = votes[i] + (uint32_t)((attn[i] > share) & (votes[i] != UINT32_MAX));
-        votes[i] = x;
-        if (x < least) {
-            least = x;
-            at = i;
-        }
-    }
-    vote_span_f64(votes, attn, hi, n, share);
-    return at;
-}
+/* ---------------------------------------------------------------- least key, largest, histogram: uint32 */
 
 AVX2 size_t sh_avx2_least_u32(const uint32_t *v, size_t lo, size_t hi)
 {
@@ -374,184 +154,7 @@ AVX2 void sh_avx2_hist_u32(const uint32_t *v, size_t lo, size_t hi, uint32_t mas
     sh_hist_u32(v, i, hi, mask, prefix, shift, hist);
 }
 
-/* ---------------------------------------------------------------- H2O scores */
-
-/* 4 scores after one step: the weights added in double, saturating at DBL_MAX
-   (min_pd(x, DBL_MAX) is x < DBL_MAX ? x : DBL_MAX, as the scalar form). */
-AVX2 static inline __m256d add4(double *s, __m256d w)
-{
-    __m256d x = _mm256_min_pd(_mm256_add_pd(_mm256_loadu_pd(s), w), _mm256_set1_pd(DBL_MAX));
-    _mm256_storeu_pd(s, x);
-    return x;
-}
-
-AVX2 static inline __m256d widen4(const float *a)
-{
-    return _mm256_cvtps_pd(_mm_loadu_ps(a));
-}
-
-AVX2 static inline double add1(double *s, double w)
-{
-    double x = *s + w;
-    x = x > DBL_MAX ? DBL_MAX : x;
-    *s = x;
-    return x;
-}
-
-AVX2 static void add_span_f32(double *s, const float *a, size_t from, size_t to)
-{
-    size_t i = from;
-    for (; i + 4 <= to; i += 4)
-        add4(s + i, widen4(a + i));
-    for (; i < to; i++)
-        add1(&s[i], (double)a[i]);
-}
-
-AVX2 static void add_span_f64(double *s, const double *a, size_t from, size_t to)
-{
-    size_t i = from;
-    for (; i + 4 <= to; i += 4)
-        add4(s + i, _mm256_loadu_pd(a + i));
-    for (; i < to; i++)
-        add1(&s[i], a[i]);
-}
-
-AVX2 size_t sh_avx2_h2o_accumulate_f32(double *scores, const float *attn, size_t n, size_t lo,
-                                       size_t hi)
-{
-    if (lo >= hi || hi - lo < 8) {
-        add_span_f32(scores, attn, 0, n);
-        return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
-    }
-    add_span_f32(scores, attn, 0, lo);
-    least_f64x4 m;
-    least_f64x4_start(&m, add4(scores + lo, widen4(attn + lo)), lo);
-    size_t i = lo + 4;
-    for (; i + 4 <= hi; i += 4)
-        least_f64x4_add(&m, add4(scores + i, widen4(attn + i)));
-    double least;
-    size_t at = least_f64x4_end(&m, &least);
-    for (; i < hi; i++) {
-        double x = add1(&scores[i], (double)attn[i]);
-        if (x < least) {
-            least = x;
-            at = i;
-        }
-    }
-    add_span_f32(scores, attn, hi, n);
-    return at;
-}
-
-AVX2 size_t sh_avx2_h2o_accumulate_f64(double *scores, const double *attn, size_t n, size_t lo,
-                                       size_t hi)
-{
-    if (lo >= hi || hi - lo < 8) {
-        add_span_f64(scores, attn, 0, n);
-        return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
-    }
-    add_span_f64(scores, attn, 0, lo);
-    least_f64x4 m;
-    least_f64x4_start(&m, add4(scores + lo, _mm256_loadu_pd(attn + lo)), lo);
-    size_t i = lo + 4;
-    for (; i + 4 <= hi; i += 4)
-        least_f64x4_add(&m, add4(scores + i, _mm256_loadu_pd(attn + i)));
-    double least;
-    size_t at = least_f64x4_end(&m, &least);
-    for (; i < hi; i++) {
-        double x = add1(&scores[i], attn[i]);
-        if (x < least) {
-            least = x;
-            at = i;
-        }
-    }
-    add_span_f64(scores, attn, hi, n);
-    return at;
-}
-
-/* ---------------------------------------------------------------- TOVA scores */
-
-/* 4 scores after one step: the weights themselves, + 0.0 so that -0.0 becomes 0.0 (as
-   the scalar form). */
-AVX2 static inline __m256d set4(double *s, __m256d w)
-{
-    __m256d x = _mm256_add_pd(w, _mm256_setzero_pd());
-    _mm256_storeu_pd(s, x);
-    return x;
-}
-
-AVX2 static void set_span_f32(double *s, const float *a, size_t from, size_t to)
-{
-    size_t i = from;
-    for (; i + 4 <= to; i += 4)
-        set4(s + i, widen4(a + i));
-    for (; i < to; i++)
-        s[i] = (double)a[i] + 0.0;
-}
-
-AVX2 static void set_span_f64(double *s, const double *a, size_t from, size_t to)
-{
-    size_t i = from;
-    for (; i + 4 <= to; i += 4)
-        set4(s + i, _mm256_loadu_pd(a + i));
-    for (; i < to; i++)
-        s[i] = a[i] + 0.0;
-}
-
-AVX2 size_t sh_avx2_tova_assign_f32(double *scores, const float *attn, size_t n, size_t lo,
-                                   size_t hi)
-{
-    if (lo >= hi || hi - lo < 8) {
-        set_span_f32(scores, attn, 0, n);
-        return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
-    }
-    set_span_f32(scores, attn, 0, lo);
-    least_f64x4 m;
-    least_f64x4_start(&m, set4(scores + lo, widen4(attn + lo)), lo);
-    size_t i = lo + 4;
-    for (; i + 4 <= hi; i += 4)
-        least_f64x4_add(&m, set4(scores + i, widen4(attn + i)));
-    double least;
-    size_t at = least_f64x4_end(&m, &least);
-    for (; i < hi; i++) {
-        double x = (double)attn[i] + 0.0;
-        scores[i] = x;
-        if (x < least) {
-            least = x;
-            at = i;
-        }
-    }
-    set_span_f32(scores, attn, hi, n);
-    return at;
-}
-
-AVX2 size_t sh_avx2_tova_assign_f64(double *scores, const double *attn, size_t n, size_t lo,
-                                   size_t hi)
-{
-    if (lo >= hi || hi - lo < 8) {
-        set_span_f64(scores, attn, 0, n);
-        return lo < hi ? sh_least_f64(scores, lo, hi) : hi;
-    }
-    set_span_f64(scores, attn, 0, lo);
-    least_f64x4 m;
-    least_f64x4_start(&m, set4(scores + lo, _mm256_loadu_pd(attn + lo)), lo);
-    size_t i = lo + 4;
-    for (; i + 4 <= hi; i += 4)
-        least_f64x4_add(&m, set4(scores + i, _mm256_loadu_pd(attn + i)));
-    double least;
-    size_t at = least_f64x4_end(&m, &least);
-    for (; i < hi; i++) {
-        double x = attn[i] + 0.0;
-        scores[i] = x;
-        if (x < least) {
-            least = x;
-            at = i;
-        }
-    }
-    set_span_f64(scores, attn, hi, n);
-    return at;
-}
-
-/* ------------------------------------------------- H2O and TOVA scores: selection */
+/* ---------------------------------------------------------------- least key, largest, histogram: float64 */
 
 AVX2 size_t sh_avx2_least_f64(const double *s, size_t lo, size_t hi)
 {
@@ -838,3 +441,4 @@ AVX2 int sh_avx2_gqa_row_votes(const float *first, size_t group, size_t extent, 
 }
 
 #endif /* SH_HAVE_AVX2 */
+

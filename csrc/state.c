@@ -2,7 +2,7 @@
  * state.c - the state in and out: sh_policy_export and its siblings copy the rows
  * out one after another, the imports replace them (growing the capacity first),
  * and the lookups find a position in a row. Which per-slot array is the votes
- * (uint32) and which the scores (float64) is the kind's values (kinds.c).
+ * (uint32) and which the scores (float64) is the kind's values (its entry, policies/).
  */
 #include <string.h>
 
