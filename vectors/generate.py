@@ -16,31 +16,36 @@ own; the generator uses it too, so the two read the format in exactly one way.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import pkgutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))  # the scenarios, vector_cases/
-from vector_cases.full import full_cases  # noqa: E402
-from vector_cases.h2o import h2o_cases  # noqa: E402
+import vector_cases  # noqa: E402
 from vector_cases.observed import observed_cases  # noqa: E402
-from vector_cases.pins import full_pin_cases, h2o_pin_cases, scissorhands_pin_cases, streaming_pin_cases, tova_pin_cases  # noqa: E402
-from vector_cases.scissorhands import scissorhands_cases  # noqa: E402
-from vector_cases.streaming_llm import streaming_cases  # noqa: E402
-from vector_cases.tova import tova_cases  # noqa: E402
 from vector_cases.writing import case, s  # noqa: E402, F401  (the tests write cases with them)
 from vector_runner import FORMAT, VERSION, VectorError, check_case  # noqa: E402
 
-SCENARIOS = {
-    "scissorhands": lambda: scissorhands_cases() + scissorhands_pin_cases(),
-    "h2o": lambda: h2o_cases() + h2o_pin_cases(),
-    "tova": lambda: tova_cases() + tova_pin_cases(),
-    "streaming-llm": lambda: streaming_cases() + streaming_pin_cases(),
-    "full": lambda: full_cases() + full_pin_cases(),
-}
+
+def scenarios() -> dict[str, Callable[[], list[dict[str, Any]]]]:
+    """Registry name -> its cases, from every module of ``vector_cases/`` that names a
+    policy (``POLICY``, ``cases()``); the shared modules name none.  One module per
+    vector file: a new policy's cases are its own module, listed nowhere else."""
+    found: dict[str, Callable[[], list[dict[str, Any]]]] = {}
+    for info in sorted(pkgutil.iter_modules(vector_cases.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"vector_cases.{info.name}")
+        policy = getattr(module, "POLICY", None)
+        if policy is not None:
+            if policy in found:
+                raise VectorError(f"vector_cases.{info.name}: a second module for {policy!r}")
+            found[policy] = module.cases
+    return found
 
 
 # --------------------------------------------------------------------------------------
@@ -53,8 +58,8 @@ def build() -> dict[str, str]:
     from scissorhands import errors, reference
 
     files = {}
-    for policy, scenarios in SCENARIOS.items():
-        cases = scenarios() + observed_cases(policy)
+    for policy, cases_of in scenarios().items():
+        cases = cases_of() + observed_cases(policy)
         names = [c["name"] for c in cases]
         if len(set(names)) != len(names):
             raise VectorError(f"{policy}: case names are not unique")

@@ -61,3 +61,26 @@ def full_cases() -> list[dict[str, Any]]:
         case("constructor: heads 0 is refused", "Full validates heads.", [],
              raises=IIE, heads=0),
     ] + _state_errors("full", {"budget": None, "heads": 1}, None, None, None) + _full_rows_cases()
+
+
+def full_pin_cases() -> list[dict[str, Any]]:
+    """Full with pinned spans: kept, and nothing changes."""
+    return [
+        case("pins: the full cache keeps its spans and never evicts",
+             "Spans are recorded (4 + 8 bytes each) and change no eviction.",
+             [s("pin", 4, 6, expect=None), s("pins", expect=[[0, 2], [4, 6]]), on(1), on(2),
+              s("evict", expect=[]), s("kept", expect=[0, 1, 2]), s("memory_bytes", expect=64 + 64 * 4 + 4 + 16)],
+             pins=[[0, 2]]),
+        case("pin: bad spans are refused", "start < stop, both integers.",
+             [s("pin", 2, 2, raises=IIE), s("pin", 0, True, raises=ITE), s("pins", expect=[])]),
+    ]
+
+
+#: The registry name whose vector file these cases make (``vectors/full.json``).
+POLICY = "full"
+
+
+def cases() -> list[dict[str, Any]]:
+    """Every case of ``vectors/full.json`` but the observation-window rule's (which
+    ``vectors/generate.py`` adds to every policy's file)."""
+    return full_cases() + full_pin_cases()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vector_cases.pins import _pin_errors, _pin_life
 from vector_cases.rows import _h2o_rows_cases
 from vector_cases.shared import _constructor_errors, _heavy_hitter_errors, _sinks_option_errors, _state_errors
 from vector_cases.writing import IIE, case, f32, on, s, state
@@ -189,3 +190,27 @@ def h2o_cases() -> list[dict[str, Any]]:
         + _h2o_cases_2(as_steps, spike, twin, twin_note, twin_tail)
         + _h2o_cases_3(prompt)
     )
+
+
+def h2o_pin_cases() -> list[dict[str, Any]]:
+    """H2O with pinned spans."""
+    base = {"budget": 6, "recent_window": 2}
+    return [
+        case("pins: many victims at once skip the pinned slot",
+             "Scores 0:2.0, 1:0 (pinned), 2:0.5, 3:0.125, 4:0 (recent): two go, 3 and 2.",
+             [on(1, [0.5]), on(2, [0.5, 0.0]), on(3, [0.5, 0.0, 0.25]), on(4, [0.5, 0.0, 0.25, 0.125]),
+              s("evict", 3, return_indices=True, expect=[[2, 3], [2, 3]]), s("kept", expect=[0, 1, 4])],
+             budget=4, recent_window=1, pins=[[1, 2]]),
+        *_pin_errors(base, [10, 11], [0, 3], "Budget 6, recent 2: 3 pinned + 2 = 5 < 6; one more is 6."),
+        *_pin_life("h2o", {**base, "budget": 12}, 64 + 13 * 13),
+    ]
+
+
+#: The registry name whose vector file these cases make (``vectors/h2o.json``).
+POLICY = "h2o"
+
+
+def cases() -> list[dict[str, Any]]:
+    """Every case of ``vectors/h2o.json`` but the observation-window rule's (which
+    ``vectors/generate.py`` adds to every policy's file)."""
+    return h2o_cases() + h2o_pin_cases()

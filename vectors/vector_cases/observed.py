@@ -101,7 +101,9 @@ def observed_cases(policy: str) -> list[dict[str, Any]]:
         _observed_cases_1(evicts, nothing, order, policy, spike)
         + _observed_cases_2(bad, evicts, nothing, policy)
     )
-    if SPECS_TAKE_POOL.get(policy):
+    from scissorhands.options import POOL, SPECS
+
+    if POOL in SPECS[policy].options:
         cases.append(case(
             "evict_observed refuses pooled budgets",
             "pool=2: the rows of a pool share a budget, which the rule does not take.",
@@ -111,7 +113,3 @@ def observed_cases(policy: str) -> list[dict[str, Any]]:
             **_observed_params(policy, budget=4, heads=2, pool=2)))
     return cases
 
-
-#: Whether each policy takes the pool option (written out: the generator imports no
-#: package registry before build()).
-SPECS_TAKE_POOL = {"scissorhands": True, "h2o": True, "tova": True}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from vector_cases.pins import _pin_errors, _pin_life
 from vector_cases.rows import _scissorhands_rows_cases
 from vector_cases.shared import (
     _constructor_errors,
@@ -520,3 +521,62 @@ def scissorhands_cases() -> list[dict[str, Any]]:
         + _scissorhands_cases_4(prompt)
         + _scissorhands_cases_5()
     )
+
+
+def scissorhands_pin_cases() -> list[dict[str, Any]]:
+    """Scissorhands with pinned spans."""
+    base = {"budget": 6, "recent_window": 2, "sinks": 1}
+    steps_none = [on(1), on(2), on(3), on(4)]
+    return [
+        case("pins: the least-voted position is pinned, the next least goes",
+             "Votes 0:2, 1:0, 2:2, 3:0, 4:0 (0.5 > 1/3 and > 1/4); slots 0..3 may go but 1 is "
+             "pinned: 3 is the least left.",
+             [on(1, [0.0]), on(2, [0.0, 0.0]), on(3, [0.5, 0.0, 0.5]), on(4, [0.5, 0.0, 0.5, 0.0]),
+              s("votes", expect=[2, 0, 2, 0, 0]), s("evict", return_indices=True, expect=[[3], [3]]),
+              s("kept", expect=[0, 1, 2, 4])],
+             budget=4, recent_window=1, pins=[[1, 2]]),
+        case("pins: sinks=2 evicts as pin(0, 2)", "Every vote 0: the lowest unprotected, 2.",
+             steps_none + [s("evict", expect=[2]), s("kept", expect=[0, 1, 3, 4])],
+             budget=4, recent_window=1, sinks=2),
+        case("pins: pin(0, 2) evicts as sinks=2", "The same steps and answers as sinks=2.",
+             steps_none + [s("evict", expect=[2]), s("kept", expect=[0, 1, 3, 4])],
+             budget=4, recent_window=1, pins=[[0, 2]]),
+        case("pins: a span pinned ahead protects positions when they arrive",
+             "Pinned 5..6 before they exist; budget 4, recent 1, all votes 0: the oldest "
+             "unpinned go.",
+             [s("step", t, None, expect=v) for t, v in
+              [(1, []), (2, []), (3, []), (4, [0]), (5, [1]), (6, [2]), (7, [3]), (8, [4]), (9, [7])]]
+             + [s("kept", expect=[5, 6, 8, 9])],
+             budget=4, recent_window=1, pins=[[5, 7]]),
+        case("pins: a per-call budget the pins leave too little is refused",
+             "8 held, 4 pinned, 1 recent: budget 4 must evict 4 of 3 candidates; budget 5 "
+             "evicts the 3.",
+             [on(t) for t in range(1, 8)]
+             + [s("evict", 4, raises=IIE), s("evict_rows", 4, raises=IIE), s("step", 8, None, 4, raises=IIE),
+                s("evict", 5, expect=[4, 5, 6]), s("kept", expect=[0, 1, 2, 3, 7])],
+             budget=8, recent_window=1, pins=[[0, 4]]),
+        case("pins: a fractional recent window is that fraction of what the pins and sinks leave",
+             "Budget 16, sinks 1, pins (0, 9): 8 pinned outside the sinks leave 16 - 8 - 1 = 7, so "
+             "recent_window=0.5 is floor(3.5) = 3 (0.5 of the budget, 8, would leave nothing to evict). "
+             "17 held, every vote 0: evict takes the lowest unprotected, 9.",
+             [on(t) for t in range(1, 17)]
+             + [s("evict", expect=[9]),
+                s("state_dict", expect=state("scissorhands", {"budget": 16, "recent_window": 3, "heads": 1, "sinks": 1,
+                                                              "pins": [[0, 9]]},
+                                             [[*range(9), *range(10, 17)]], 16, votes=[[0] * 16]))],
+             budget=16, recent_window=0.5, sinks=1, pins=[[0, 9]]),
+        *_pin_errors(base, [20, 21], [0, 3],
+                     "Budget 6, recent 2, sinks 1: (0, 3) pins 2 outside the sinks (5 < 6); "
+                     "one more reaches 6."),
+        *_pin_life("scissorhands", {**base, "budget": 12}, 64 + 13 * 9),
+    ]
+
+
+#: The registry name whose vector file these cases make (``vectors/scissorhands.json``).
+POLICY = "scissorhands"
+
+
+def cases() -> list[dict[str, Any]]:
+    """Every case of ``vectors/scissorhands.json`` but the observation-window rule's (which
+    ``vectors/generate.py`` adds to every policy's file)."""
+    return scissorhands_cases() + scissorhands_pin_cases()

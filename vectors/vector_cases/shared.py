@@ -1,5 +1,6 @@
-"""Scenarios shared by the attention-driven policies (Scissorhands, H2O, TOVA): their
-accessors', constructors' and states' refusals, and their options' (sinks, history window)."""
+"""Scenarios shared by the policies that rank by attention (every registry policy that reads
+it): their accessors', constructors' and states' refusals, and their options' (sinks,
+history window)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from typing import Any
 from vector_cases.writing import IIE, ITE, case, on, s, state
 
 # --------------------------------------------------------------------------------------
-# Scenarios shared by the attention-driven policies (Scissorhands, H2O, TOVA).
+# Scenarios shared by the policies that rank by attention.
 # --------------------------------------------------------------------------------------
 
 
 def _heavy_hitter_errors(accessor: str, missing: Any) -> list[dict[str, Any]]:
-    """Every bad call a Scissorhands/H2O/TOVA policy refuses, holding {0, 1}, budget 3, window 1."""
+    """Every bad call a policy that ranks by attention refuses, holding {0, 1}, budget 3, window 1."""
     return [
         on(1, [1.0]),
         on(1, [1.0, 0.0], raises=IIE),               # not above the last position
@@ -138,7 +139,7 @@ def _state_errors(policy: str, params: dict[str, Any], key: str | None, good: An
 
 
 def _sinks_option_errors(policy: str, key: str, good: Any) -> list[dict[str, Any]]:
-    """Bad ``sinks`` in a constructor or a state of Scissorhands, H2O or TOVA (recent window 1,
+    """Bad ``sinks`` in a constructor or a state of a policy that ranks by attention (recent window 1,
     budget 4, so sinks may be 0..2); ``good`` is a valid score value."""
     bad_ctor = [
         ("a negative sinks is refused", IIE, {"sinks": -1}),

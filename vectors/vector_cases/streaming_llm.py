@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vector_cases.pins import _pin_errors, _pin_life
 from vector_cases.rows import _streaming_rows_cases
 from vector_cases.shared import _constructor_errors, _state_errors
 from vector_cases.writing import IIE, ITE, case, on, s, state
@@ -103,3 +104,39 @@ def streaming_cases() -> list[dict[str, Any]]:
         _streaming_cases_1()
         + _streaming_cases_2()
     )
+
+
+def streaming_pin_cases() -> list[dict[str, Any]]:
+    """StreamingLLM with pinned spans."""
+    base = {"budget": 6, "sinks": 1}
+    return [
+        case("pins: the oldest unpinned positions after the sinks go",
+             "Sink 0, pinned 2 and 3, budget 5: 1 goes, then 4, 5, 6.",
+             [s("step", t, None, expect=v) for t, v in
+              [(1, []), (2, []), (3, []), (4, []), (5, [1]), (6, [4]), (7, [5]), (8, [6])]]
+             + [s("kept", expect=[0, 2, 3, 7, 8])],
+             budget=5, sinks=1, pins=[[2, 4]]),
+        case("pins: pin(0, 2) evicts as sinks=2",
+             "The answers of 'the sinks stay and the oldest non-sink goes'.",
+             [on(1), on(2), on(3), on(4), s("evict", expect=[2]), on(5), s("evict", expect=[3]),
+              s("kept", expect=[0, 1, 4, 5])],
+             budget=4, sinks=0, pins=[[0, 2]]),
+        case("pins: a per-call budget the pins leave too little is refused",
+             "0..6 held, sink 0, pinned 1 and 2: 4 candidates; budget 2 needs 5, budget 3 takes 4.",
+             [on(t) for t in range(1, 7)]
+             + [s("evict", 2, raises=IIE), s("evict", 3, expect=[3, 4, 5, 6]), s("kept", expect=[0, 1, 2])],
+             budget=5, sinks=1, pins=[[1, 3]]),
+        *_pin_errors(base, [10, 11], [0, 5], "Budget 6, sinks 1: (0, 5) pins 4 outside the sink, 5 < 6; "
+                     "one more is 6."),
+        *_pin_life("streaming-llm", {**base, "budget": 12}, 64 + 13 * 4),
+    ]
+
+
+#: The registry name whose vector file these cases make (``vectors/streaming-llm.json``).
+POLICY = "streaming-llm"
+
+
+def cases() -> list[dict[str, Any]]:
+    """Every case of ``vectors/streaming-llm.json`` but the observation-window rule's (which
+    ``vectors/generate.py`` adds to every policy's file)."""
+    return streaming_cases() + streaming_pin_cases()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vector_cases.pins import _pin_errors, _pin_life
 from vector_cases.shared import _constructor_errors, _heavy_hitter_errors, _sinks_option_errors, _state_errors
 from vector_cases.writing import IIE, RAGGED_NOTE, case, f32, on, s, state
 
@@ -221,3 +222,27 @@ def tova_cases() -> list[dict[str, Any]]:
         + _tova_cases_3(prompt, x)
         + _tova_cases_4(sinks_errors, two, x)
     )
+
+
+def tova_pin_cases() -> list[dict[str, Any]]:
+    """TOVA with pinned spans."""
+    base = {"budget": 6, "recent_window": 2}
+    return [
+        case("pins: the lowest latest weight is pinned, the next lowest goes",
+             "Scores 0:0.125 (pinned), 1:0.875, 2:0.25, 3:0 (recent): 2 goes.",
+             [on(1, [0.125]), on(2, [0.125, 0.875]), on(3, [0.125, 0.875, 0.25]),
+              s("evict", expect=[2]), s("kept", expect=[0, 1, 3])],
+             budget=3, recent_window=1, pins=[[0, 1]]),
+        *_pin_errors(base, [10, 11], [0, 3], "Budget 6, recent 2: 3 pinned + 2 = 5 < 6; one more is 6."),
+        *_pin_life("tova", {**base, "budget": 12}, 64 + 13 * 13),
+    ]
+
+
+#: The registry name whose vector file these cases make (``vectors/tova.json``).
+POLICY = "tova"
+
+
+def cases() -> list[dict[str, Any]]:
+    """Every case of ``vectors/tova.json`` but the observation-window rule's (which
+    ``vectors/generate.py`` adds to every policy's file)."""
+    return tova_cases() + tova_pin_cases()
