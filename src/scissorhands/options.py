@@ -103,3 +103,8 @@ def __getattr__(name: str) -> Any:
     if name in _registry.DISCOVERED:
         return getattr(_registry, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """This module's names, the registry's tables among them."""
+    return sorted({*globals(), *_registry.DISCOVERED})
