@@ -90,7 +90,6 @@ __all__ = [
 ]
 
 
-
 def __getattr__(name: str) -> Any:
     """:data:`SPECS`, :data:`POLICY_NAMES` and :data:`MODEL_POLICIES`: the registry's, read
     from :mod:`scissorhands._registry` at each use (which discovers them on the first).
