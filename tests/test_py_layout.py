@@ -1,13 +1,16 @@
-"""The Python layout (docs/architecture.md): no function in the policies, the reference,
-the commands, the benchmarks or the vectors' generator is longer than a screen of code;
-the policies' shared machinery, the reference and the commands are split by concern into
-modules a reader can hold, the reference's without an import cycle and its registry found
-from its policy modules; the library never imports its commands, and the commands' old
-import paths are shims that are the new modules."""
+"""The Python layout (docs/architecture.md): no function in the package, the benchmarks or
+the vectors' generator is longer than a screen of code; no module of the package is longer
+than a reader can hold, and the policies' shared machinery, the reference and the commands
+are split by concern into shorter ones still, the reference's without an import cycle and
+its registry found from its policy modules; the library never imports its commands, and
+the commands' old import paths are shims that are the new modules; outside its own
+modules, no module of the package names one policy, the latest-attention one (TOVA),
+which shared code reaches through its spec."""
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib
 import io
 import pathlib
@@ -19,8 +22,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "scissorhands"
-#: The directories and files held to the rule (the transformers cache is not yet).
-CHECKED = [SRC / "policies", SRC / "reference", SRC / "commands", ROOT / "bench", ROOT / "vectors"]
+#: The directories and files held to the rule: the whole package (the transformers cache
+#: included), the benchmarks and the vectors' generator.
+CHECKED = [SRC, ROOT / "bench", ROOT / "vectors"]
 #: A screen of code: the most lines of code a function may have, its docstring, comments
 #: and blank lines not counted (a nested function counts in its parent too).
 SCREEN_LINES = 60
@@ -28,6 +32,17 @@ SCREEN_LINES = 60
 MODULE_LINES = 500
 #: The most lines a module of src/scissorhands/commands may have.
 COMMAND_MODULE_LINES = 700
+#: The most lines any module of src/scissorhands may have.
+PACKAGE_MODULE_LINES = 700
+#: Modules let past PACKAGE_MODULE_LINES for now, path under src/scissorhands -> why (as
+#: ``"reference.py": "being split by concern"`` was); delete an entry once its module is
+#: split, and the test holds it like the rest.
+LONG_MODULES: dict[str, str] = {}
+#: The files of src/scissorhands that may name the latest-attention policy (TOVA), by
+#: path under src/scissorhands: its own module, the reference's modules and the package's
+#: top-level exports; shared code reads the spec's attributes (``min_recent_window``,
+#: ``model_runs``, ``reads_attention``) instead of testing its name.
+TOVA_NAMED_IN = ("policies/tova.py", "reference/*", "__init__.py")
 #: The old import paths of the commands, kept for users' code: old name -> new module.
 SHIMS = {
     "scissorhands.cli": "scissorhands.commands.cli",
@@ -69,13 +84,14 @@ def function_lengths(text: str) -> list[tuple[str, int, int]]:
 
 
 def test_no_python_function_is_longer_than_a_screen():
-    """Every function of the policies, the reference, bench/ and vectors/ has at most
-    SCREEN_LINES lines of code."""
+    """Every function of src/scissorhands, bench/ and vectors/ has at most SCREEN_LINES
+    lines of code."""
     files = python_files()
     long = {f"{f.relative_to(ROOT)}:{line} {name}": n for f in files
             for name, line, n in function_lengths(f.read_text(encoding="utf-8")) if n > SCREEN_LINES}
     assert long == {}
     assert sum(len(function_lengths(f.read_text(encoding="utf-8"))) for f in files) > 300  # the walk sees them
+    assert SRC / "hf" / "cache.py" in files and SRC / "options.py" in files
 
 
 def test_function_lengths_count_code_only():
@@ -181,6 +197,44 @@ def test_no_commands_module_is_too_long():
              for p in (SRC / "commands").rglob("*.py")}
     assert len(sizes) > 10  # the walk sees them
     assert {name: n for name, n in sizes.items() if n > COMMAND_MODULE_LINES} == {}
+
+
+def test_no_package_module_is_too_long():
+    """Every module of src/scissorhands has at most PACKAGE_MODULE_LINES lines, but those
+    LONG_MODULES lets past for now."""
+    sizes = {p.relative_to(SRC).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
+             for p in SRC.rglob("*.py")}
+    assert len(sizes) > 60  # the walk sees them
+    assert {name: n for name, n in sizes.items() if n > PACKAGE_MODULE_LINES and name not in LONG_MODULES} == {}
+
+
+def files_naming(word: str, root: pathlib.Path) -> list[str]:
+    """The text files under ``root`` (paths relative to it; compiled files left out) whose
+    text names ``word``, case-insensitively."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts or path.suffix in (".so", ".pyd", ".pyc"):
+            continue
+        if word.lower() in path.read_text(encoding="utf-8", errors="replace").lower():
+            found.append(path.relative_to(root).as_posix())
+    return found
+
+
+def test_files_naming_word_reads_text_case_insensitively(tmp_path):
+    """The count finds the word in any case and leaves out compiled files."""
+    (tmp_path / "a.py").write_text("x = 'Tova'\n")
+    (tmp_path / "b.py").write_text("y = 1\n")
+    (tmp_path / "c.so").write_bytes(b"tova")
+    assert files_naming("TOVA", tmp_path) == ["a.py"]
+
+
+def test_only_its_own_modules_name_the_latest_attention_policy():
+    """No file of src/scissorhands outside TOVA_NAMED_IN names TOVA (any case): the shared
+    code, the registry and the commands reach it through its spec; its own module does name it."""
+    named = files_naming("tova", SRC)
+    allowed = [name for name in named if any(fnmatch.fnmatch(name, pattern) for pattern in TOVA_NAMED_IN)]
+    assert [name for name in named if name not in allowed] == []
+    assert "policies/tova.py" in named  # the count sees it
 
 
 def imported_modules(path: pathlib.Path) -> set[str]:

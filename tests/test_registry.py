@@ -5,6 +5,7 @@ the harness's names, the tests' own lists)."""
 from __future__ import annotations
 
 import importlib
+import sys
 
 import conftest
 import pytest
@@ -13,6 +14,7 @@ from conftest import BACKENDS, POLICY_NAMES, load_backend
 from scissorhands import _native
 from scissorhands._shared import memory_bytes
 from scissorhands.commands.harness import _policy_name
+from scissorhands.errors import ScissorhandsError
 from scissorhands.options import RECOMMENDED, SPECS, policy_classes
 
 NAMES = tuple(SPECS)
@@ -44,6 +46,51 @@ def test_the_native_class_lives_in_the_module_its_spec_names(name):
     spec = SPECS[name]
     module = importlib.import_module(f"scissorhands.policies.{spec.module}")
     assert getattr(module, spec.class_name) is policy_classes("native")[name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_policy_module_declares_its_spec(name):
+    """The registry's spec of each policy is the ``SPEC`` of its module in
+    scissorhands.policies, the module it names."""
+    spec = SPECS[name]
+    assert importlib.import_module(f"scissorhands.policies.{spec.module}").SPEC is spec
+
+
+def test_the_registry_is_discovered_in_order_with_the_model_commands_defaults():
+    """SPECS is every public policy module's SPEC, by ascending ``order``, with the names
+    and order the tables always had; MODEL_POLICIES are those with ``model_runs``, all but
+    the latest-attention policy."""
+    from scissorhands import _registry
+    from scissorhands.options import MODEL_POLICIES
+
+    assert _registry.discover() == SPECS
+    assert NAMES == ("full", "streaming-llm", "h2o", "tova", "scissorhands")
+    orders = [spec.order for spec in SPECS.values()]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    assert tuple(n for n, spec in SPECS.items() if spec.model_runs) == MODEL_POLICIES
+    assert MODEL_POLICIES == ("full", "streaming-llm", "h2o", "scissorhands")
+
+
+def test_a_new_policy_module_is_found_without_editing_the_registry(tmp_path, monkeypatch):
+    """``discover`` finds the SPEC of every module not starting with ``_`` of a package,
+    ordered by ``order`` rather than by file name, and refuses a module without one."""
+    from scissorhands import _registry
+
+    package = tmp_path / "fake_policies"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_shared_bits.py").write_text("X = 1\n")
+    spec_line = "from scissorhands._policy_spec import PolicySpec\nSPEC = PolicySpec({!r}, {!r}, (), order={})\n"
+    (package / "alpha.py").write_text(spec_line.format("alpha", "Alpha", 20))
+    (package / "zeta.py").write_text(spec_line.format("zeta", "Zeta", 10))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert list(_registry.discover("fake_policies")) == ["zeta", "alpha"]
+    (package / "omega.py").write_text("Y = 2\n")
+    importlib.invalidate_caches()
+    with pytest.raises(ScissorhandsError, match="omega declares no SPEC"):
+        _registry.discover("fake_policies")
+    for name in [m for m in sys.modules if m.split(".")[0] == "fake_policies"]:
+        monkeypatch.delitem(sys.modules, name)
 
 
 def test_the_documented_policies_keep_the_designs_bytes_per_slot():
@@ -124,11 +171,11 @@ def test_flag_help_names_the_policies_and_defaults_from_the_registry(monkeypatch
     """Each flag's help lists the policies taking its option and their defaults as the
     registry declares them (nothing per policy is written in the help strings); with the
     five documented policies it is the help as it always read."""
-    from scissorhands import options
+    from scissorhands import _registry
     from scissorhands.options import OPTIONS, RECENT_WINDOW, SINKS
 
     documented = ("full", "streaming-llm", "h2o", "tova", "scissorhands")
-    monkeypatch.setattr(options, "SPECS", {n: SPECS[n] for n in documented})
+    monkeypatch.setattr(_registry, "SPECS", {n: SPECS[n] for n in documented})
     assert RECENT_WINDOW.help_text(False).startswith("recent window of h2o, tova and scissorhands:")
     assert "(default: each policy's own, h2o and scissorhands 32, tova 1; tova needs at least 1)" \
         in RECENT_WINDOW.help_text(True)

@@ -9,7 +9,12 @@ The pure-Python reference with the identical API is :mod:`scissorhands.reference
 from scissorhands._shared import RowVictims
 from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError, UnknownPolicyError
 from scissorhands.options import DefaultRefusedError
-from scissorhands.policies import H2O, POLICIES, TOVA, Full, Scissorhands, StreamingLLM
+from scissorhands.policies import POLICIES
+from scissorhands.policies.full import Full
+from scissorhands.policies.h2o import H2O
+from scissorhands.policies.scissorhands import Scissorhands
+from scissorhands.policies.streaming_llm import StreamingLLM
+from scissorhands.policies.tova import TOVA
 
 __version__ = "0.1.0"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidInputError, InvalidTypeError
-from .options import PolicyOptions, policy_spec
+from .options import SPECS, PolicyOptions, policy_spec
 
 __all__ = ["DEFAULT_OBSERVATION_WINDOW", "DEFAULT_POOL_KERNEL", "DEFAULT_PREFILL_BUDGET", "PROMPT_AWARE_POLICIES",
            "PromptAware", "parse_flag", "parse_odd"]
@@ -33,10 +33,11 @@ DEFAULT_PREFILL_BUDGET = 4096
 DEFAULT_OBSERVATION_WINDOW = 16
 #: The max-pooling kernel over held positions (odd; 1: no pooling).
 DEFAULT_POOL_KERNEL = 15
-#: The policies the rule applies to: those that read attention.  StreamingLLM reads none
-#: (the cache computes no attention for it) and the full cache never evicts, so both
-#: refuse ``prompt_aware``.
-PROMPT_AWARE_POLICIES = ("h2o", "tova", "scissorhands")
+#: The policies the rule applies to: those that evict and read attention, in the
+#: registry's order.  StreamingLLM reads none (the cache computes no attention for it)
+#: and the full cache never evicts, so both refuse ``prompt_aware``.
+PROMPT_AWARE_POLICIES: tuple[str, ...] = tuple(name for name, spec in SPECS.items()
+                                               if spec.evicts and spec.reads_attention)
 
 
 #: The most any count may be: positions and budgets are uint32 in the C core.

@@ -1,14 +1,14 @@
-"""The C-backed policies: one module per policy, sharing :mod:`._base`."""
+"""The C-backed policies: one module per policy, sharing :mod:`._base`.
+
+Each module whose name does not start with ``_`` is one policy: its class and, beside
+it, its :class:`~scissorhands.options.PolicySpec` as ``SPEC``, which the registry
+discovers (:func:`scissorhands._registry.discover`); nothing here names a policy.
+"""
 
 import importlib
 
-from scissorhands.options import SPECS, PolicyRegistry
+from scissorhands._registry import SPECS, PolicyRegistry
 from scissorhands.policies._base import NativePolicy
-from scissorhands.policies.full import Full
-from scissorhands.policies.h2o import H2O
-from scissorhands.policies.scissorhands import Scissorhands
-from scissorhands.policies.streaming_llm import StreamingLLM
-from scissorhands.policies.tova import TOVA
 
 #: Registry name -> class, in the registry's order, each found where its
 #: :class:`~scissorhands.options.PolicySpec` says (``module``, ``class_name``); every
@@ -18,5 +18,7 @@ POLICIES: PolicyRegistry[type[NativePolicy]] = PolicyRegistry(
     (name, getattr(importlib.import_module(f"{__name__}.{spec.module}"), spec.class_name))
     for name, spec in SPECS.items()
 )
+# Each class is also an attribute of this package (``scissorhands.policies.H2O``).
+globals().update({cls.__name__: cls for cls in POLICIES.values()})
 
-__all__ = ["H2O", "POLICIES", "TOVA", "Full", "Scissorhands", "StreamingLLM"]
+__all__ = sorted(["POLICIES", *(cls.__name__ for cls in POLICIES.values())])

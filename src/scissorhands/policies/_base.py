@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from scissorhands._labels import shown_values
 from scissorhands._native import check, ffi, lib
+from scissorhands._registry import policy_spec
 from scissorhands._shared import (
     STATE_FORMAT,
     STATE_VERSION,
@@ -23,7 +25,6 @@ from scissorhands._shared import (
     parse_state,
     partial_repr,
 )
-from scissorhands.options import SPECS, shown_values
 from scissorhands.policies._chunks import _ChunkCalls
 from scissorhands.policies._weights import _DTYPE_CODES as _DTYPE_CODES  # re-exported
 from scissorhands.policies._weights import _NULL
@@ -98,11 +99,11 @@ class NativePolicy(_ChunkCalls):
             A field of the wrong kind.
 
         Rows may hold different counts, and a row may be empty. A state without the
-        optional parameters (``sinks`` of Scissorhands, H2O and TOVA, ``history_window``
+        optional parameters (``sinks`` of the ranking policies, ``history_window``
         and ``vote_rate`` of Scissorhands: states written before they existed) loads
         with their defaults.
         """
-        spec = SPECS[cls.name]
+        spec = policy_spec(cls.name)
         names = [o.name for o in spec.options]
         required = ("budget", *names[:1], "heads")
         keeps_registers = spec.takes("history_window")
@@ -146,7 +147,8 @@ class NativePolicy(_ChunkCalls):
 
 class RankingPolicy(NativePolicy):
     """Base of the policies that rank positions by a per-slot key and protect sinks and a
-    recent window (H2O, TOVA, Scissorhands), as ``reference._HeavyHitters`` is."""
+    recent window (every policy that reads attention and evicts), as
+    ``reference._HeavyHitters`` is."""
 
     @property
     def recent_window(self) -> int:

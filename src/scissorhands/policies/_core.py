@@ -12,6 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from scissorhands._native import check, ffi, lib
+from scissorhands._policy_spec import protected_message
+from scissorhands._registry import declared_spec, policy_spec
 from scissorhands._shared import (
     MAX_HEADS,
     MAX_THREADS,
@@ -29,14 +31,13 @@ from scissorhands._shared import (
     window_beside_pins,
 )
 from scissorhands.errors import InvalidInputError, InvalidTypeError
-from scissorhands.options import SPECS, protected_message
 
 
 class _PolicyCore:
     """A C-backed policy's object and what it holds; the base of :class:`._base.NativePolicy`."""
 
-    #: Registry name (``state_dict()["policy"]``); its :class:`~scissorhands.options.PolicySpec`
-    #: in ``SPECS`` declares the options the constructor takes.
+    #: Registry name (``state_dict()["policy"]``); its :class:`~scissorhands.options.PolicySpec`,
+    #: the ``SPEC`` of the class's module, declares the options the constructor takes.
     name: ClassVar[str]
     #: The C kind (``sh_config.kind``) and the name of the per-slot score property
     #: (``"votes"``, ``"scores"``) or None: what the spec declares, set for each subclass.
@@ -45,8 +46,8 @@ class _PolicyCore:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:  # a policy of the registry
-            spec = SPECS[cls.name]
+        if "name" in cls.__dict__:  # a policy of the registry (its module's SPEC: the registry may be discovering)
+            spec = declared_spec(cls)
             cls._kind = getattr(lib, spec.kind)
             cls._score_name = spec.score_key
 
@@ -54,7 +55,7 @@ class _PolicyCore:
         """Validate in the order both backends share (budget, then the spec's options
         with their sum against the budget, then heads, then the pinned spans) and build
         the C object; each option goes to the ``sh_config`` field of the same name."""
-        spec = SPECS[self.name]
+        spec = policy_spec(self.name)
         self._reads_attention = spec.reads_attention
         self._evicts = spec.evicts
         self._budget = check_int("budget", budget, 1, UINT32_MAX)
@@ -383,7 +384,8 @@ class _PolicyCore:
         """Bytes of policy state: ``64 + capacity * bytes_per_slot`` for one head,
         ``64 + 4 * heads + capacity * heads * bytes_per_slot`` for more (each row's
         count); bytes per slot 9 Scissorhands (+8 with a history window, +4 with a
-        vote rate), 13 H2O and TOVA, 4 StreamingLLM and Full; plus ``4 + 8 * m``
+        vote rate), 13 for a float64 score (H2O's, the latest-attention policy's),
+        4 StreamingLLM and Full (the spec's ``slot_bytes``); plus ``4 + 8 * m``
         with ``m >= 1`` pinned spans (their number, each start and stop: the spans are
         the object's, not per slot)."""
         return int(lib.sh_policy_memory_bytes(self._ptr))

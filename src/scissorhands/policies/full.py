@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from scissorhands._policy_spec import PolicySpec
 from scissorhands._shared import UINT32_MAX, check_int
 from scissorhands.policies._base import NativePolicy
+
+#: The full cache's declaration (:mod:`scissorhands._registry` finds it): first in every
+#: table, the baseline the others are compared with.
+SPEC = PolicySpec(
+    "full", "Full", (), evicts=False, reads_attention=False,
+    paper="the full cache (the baseline)",
+    module="full", kind="SH_FULL", slot_bytes=4, order=0)
 
 
 class Full(NativePolicy):

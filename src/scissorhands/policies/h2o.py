@@ -7,7 +7,15 @@ from typing import Any
 import numpy as np
 
 from scissorhands._native import lib
+from scissorhands._option_specs import POOL, RECENT_WINDOW, SINKS
+from scissorhands._policy_spec import PolicySpec
 from scissorhands.policies._base import RankingPolicy
+
+#: H2O's declaration (:mod:`scissorhands._registry` finds it).
+SPEC = PolicySpec(
+    "h2o", "H2O", (RECENT_WINDOW, SINKS, POOL),
+    paper="Zhang et al., NeurIPS 2023, arXiv 2306.14048",
+    module="h2o", kind="SH_H2O", slot_bytes=13, score_key="scores", colour="tab:orange", marker="^", order=20)
 
 
 class H2O(RankingPolicy):

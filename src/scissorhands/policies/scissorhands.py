@@ -7,8 +7,17 @@ from typing import Any
 import numpy as np
 
 from scissorhands._native import lib
+from scissorhands._option_specs import HISTORY_WINDOW, POOL, RECENT_WINDOW, SINKS, VOTE_RATE
+from scissorhands._policy_spec import PolicySpec
 from scissorhands.errors import InvalidInputError
 from scissorhands.policies._base import RankingPolicy
+
+#: Scissorhands' declaration (:mod:`scissorhands._registry` finds it).
+SPEC = PolicySpec(
+    "scissorhands", "Scissorhands", (RECENT_WINDOW, SINKS, HISTORY_WINDOW, VOTE_RATE, POOL),
+    paper="Liu et al., NeurIPS 2023, arXiv 2305.17118",
+    module="scissorhands", kind="SH_SCISSORHANDS", slot_bytes=9, score_key="votes",
+    colour="tab:green", marker="o", order=40)
 
 
 class Scissorhands(RankingPolicy):

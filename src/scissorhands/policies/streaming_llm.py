@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from scissorhands._option_specs import SINKS
+from scissorhands._policy_spec import PolicySpec
 from scissorhands.policies._base import NativePolicy
+
+#: StreamingLLM's declaration (:mod:`scissorhands._registry` finds it).
+SPEC = PolicySpec(
+    "streaming-llm", "StreamingLLM", (SINKS,), defaults={"sinks": 4}, reads_attention=False,
+    paper="Xiao et al., ICLR 2024, arXiv 2309.17453",
+    module="streaming_llm", kind="SH_STREAMING_LLM", slot_bytes=4, colour="tab:blue", marker="s", order=10)
 
 
 class StreamingLLM(NativePolicy):

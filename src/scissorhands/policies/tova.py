@@ -7,7 +7,20 @@ from typing import Any
 import numpy as np
 
 from scissorhands._native import lib
+from scissorhands._option_specs import POOL, RECENT_WINDOW, SINKS
+from scissorhands._policy_spec import PolicySpec
 from scissorhands.policies._base import RankingPolicy
+
+#: TOVA's declaration (:mod:`scissorhands._registry` finds it).  Its recent window is at
+#: least 1 (the newest position has no score until a later token reads it), and the
+#: real-model commands (``eval``, ``longctx``) run it only when ``--policies`` names it:
+#: each configuration costs them a model sequence, and their documented tables predate it.
+SPEC = PolicySpec(
+    "tova", "TOVA", (RECENT_WINDOW, SINKS, POOL), defaults={"recent_window": 1},
+    min_recent_window=1,
+    paper='Oren et al., 2024, arXiv 2401.06104 ("Transformers are Multi-State RNNs")',
+    module="tova", kind="SH_TOVA", slot_bytes=13, score_key="scores", colour="tab:purple", marker="v",
+    order=30, model_runs=False)
 
 
 class TOVA(RankingPolicy):
