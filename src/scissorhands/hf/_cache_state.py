@@ -2,7 +2,8 @@
 pins, observers, guards, layer, prefix) read and call of the cache they serve:
 :class:`CacheState`, a protocol that :class:`~scissorhands.hf.cache.EvictingCache`
 satisfies structurally, so that those modules name it in their annotations without
-importing the cache back; and :class:`LayerState`, an evicting layer as the guards see it."""
+importing the cache back; :class:`LayerState`, an evicting layer as the guards see it;
+and :data:`AttentionObserver`, what the cache's observers are."""
 
 from __future__ import annotations
 
