@@ -1,8 +1,10 @@
 """The package's modules form no import circle (docs/architecture.md, "Floors"): every
-import a module runs, at its top or inside a function, goes to a module that never
-imports it back, directly or through others. Imports under ``if TYPE_CHECKING:`` are
-not run and are left out: the cache's and the slot storage's modules name the class
-they serve in annotations only."""
+import a module makes, at its top, inside a function or under ``if TYPE_CHECKING:``,
+goes to a module that never imports it back, directly or through others.  Type-only
+imports count too (a circle through them ties the modules together all the same, and
+mypy checks them as one): the cache's and the slot storage's modules name what they
+serve by a protocol in a module below them (``hf._cache_state``, ``hf.storage._state``),
+not by the class."""
 
 from __future__ import annotations
 
@@ -19,20 +21,15 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def run_imports(path: pathlib.Path, modules: set[str]) -> set[str]:
-    """The package's modules the file at ``path`` imports when it runs: ``import x``,
-    ``from x import y`` (``y`` itself when it is a module), relative imports resolved;
-    not those under ``if TYPE_CHECKING:``."""
+def imports(path: pathlib.Path, modules: set[str]) -> set[str]:
+    """The package's modules the file at ``path`` imports: ``import x``, ``from x import
+    y`` (``y`` itself when it is a module), relative imports resolved, wherever they
+    stand (under ``if TYPE_CHECKING:`` too)."""
     name = module_name(path)
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(n) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for n in ast.walk(node)}
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom):
@@ -46,9 +43,9 @@ def run_imports(path: pathlib.Path, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports when it runs."""
+    """Module -> the package's modules it imports."""
     paths = {module_name(p): p for p in SRC.rglob("*.py")}
-    return {name: run_imports(path, set(paths)) for name, path in paths.items()}
+    return {name: imports(path, set(paths)) for name, path in paths.items()}
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -94,14 +91,15 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_scan_sees_imports_at_the_top_inside_functions_and_relative():
-    """The graph holds top-level, relative and function-level imports, not type-only ones."""
+def test_the_scan_sees_imports_at_the_top_inside_functions_type_only_and_relative():
+    """The graph holds top-level, relative, function-level and type-only imports."""
     graph = import_graph()
     assert len(graph) > 60
     assert {"scissorhands.hf.layer", "scissorhands.hf.storage"} <= graph["scissorhands.hf.cache"]
     assert "scissorhands.errors" in graph["scissorhands._limits"]
-    # prefix imports EvictingLayer inside a function; layer names the cache for types only
+    # prefix imports EvictingLayer inside a function; guards names the cache's protocol for types only
     assert "scissorhands.hf.layer" in graph["scissorhands.hf.prefix"]
+    assert "scissorhands.hf._cache_state" in graph["scissorhands.hf.guards"]
     assert "scissorhands.hf.cache" not in graph["scissorhands.hf.layer"]
 
 
@@ -112,5 +110,5 @@ def test_circles_are_found():
 
 
 def test_no_module_imports_itself_back():
-    """No circle among the package's modules, counting every import that runs."""
+    """No circle among the package's modules, counting every import, type-only ones too."""
     assert circles(import_graph()) == []

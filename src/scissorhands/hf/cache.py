@@ -35,7 +35,7 @@ its registry entry's ``paper`` (:data:`scissorhands.options.SPECS`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from transformers.cache_utils import Cache
@@ -46,8 +46,9 @@ from ..errors import InvalidInputError, InvalidTypeError
 from ..options import PolicyOptions, expand_preset, preset
 from . import attention, copies, forward, guards, inspection, layer, observers, positions, prompt_end, step
 from . import prefix as _prefix
+from ._cache_state import CacheState
 from .archive import Archive, check_archive
-from .forward import _Forward
+from .flight import _Forward
 from .gqa import DecodeWeights
 from .guards import _outside_graph
 from .layer import EvictingLayer
@@ -492,3 +493,5 @@ class EvictingCache(Cache):
     archived_positions = inspection.archived_positions
 
 
+if TYPE_CHECKING:  # what the cache's modules take: mypy checks that a cache is one
+    _STATE: type[CacheState] = EvictingCache

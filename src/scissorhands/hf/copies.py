@@ -6,7 +6,7 @@ repeated with their policy rows, prompt window and archive (``reorder_cache``,
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -17,10 +17,13 @@ from .layer import EvictingLayer
 from .stats import CacheStats
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
+    from ._cache_state import CacheState
+
+#: A cache (what :func:`copy_of` copies, and returns the type of).
+_Cache = TypeVar("_Cache", bound="CacheState")
 
 
-def state_of(cache: EvictingCache) -> dict[str, Any]:
+def state_of(cache: CacheState) -> dict[str, Any]:
     state = cache.__dict__.copy()
     state["_observers"] = []
     state.pop("_observing", None)  # a copy made by an observer calls none
@@ -29,13 +32,13 @@ def state_of(cache: EvictingCache) -> dict[str, Any]:
     return state
 
 
-def set_state(cache: EvictingCache, state: dict[str, Any]) -> None:
+def set_state(cache: CacheState, state: dict[str, Any]) -> None:
     cache.__dict__.update(state)
     cache._gathered, cache._pending = None, None  # C views: made again
     cache._steady_out = (ffi.new("int *"), ffi.new("double *"))
 
 
-def reset(cache: EvictingCache) -> None:
+def reset(cache: CacheState) -> None:
     """Forget everything: the cache is ready for a new prompt (of any batch size)."""
     cache._unchanged_by_observers("reset()")
     for layer in cache.layers:
@@ -54,7 +57,7 @@ def reset(cache: EvictingCache) -> None:
         cache._queries.clear()
 
 
-def _select(cache: EvictingCache, index: Any, what: str, name: str = "indices", one_each: bool = False) -> None:
+def _select(cache: CacheState, index: Any, what: str, name: str = "indices", one_each: bool = False) -> None:
     """Sequences become ``index`` (old sequence numbers, ``name`` in ``what``'s
     arguments; with ``one_each``, one per sequence), checked before anything moves."""
     cache._unchanged_by_observers(f"{what}()")
@@ -98,25 +101,25 @@ def _select(cache: EvictingCache, index: Any, what: str, name: str = "indices", 
             layer.batch_select_indices(torch.from_numpy(array))  # type: ignore[union-attr]
 
 
-def reorder_cache(cache: EvictingCache, beam_idx: torch.LongTensor) -> None:
+def reorder_cache(cache: CacheState, beam_idx: torch.LongTensor) -> None:
     """Beam search: sequence ``i`` becomes a copy of sequence ``beam_idx[i]`` (keys,
     values and policy rows); ``beam_idx`` holds one index per sequence."""
     cache._select(beam_idx, "reorder_cache", "beam_idx", one_each=True)
 
 
-def batch_repeat_interleave(cache: EvictingCache, repeats: int) -> None:
+def batch_repeat_interleave(cache: CacheState, repeats: int) -> None:
     """Each sequence repeated ``repeats`` times in place (``[a, b]`` -> ``[a, a, b, b]``)."""
     if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) or repeats < 1:
         raise InvalidInputError(f"batch_repeat_interleave: repeats must be a positive integer, got {repeats!r}")
     cache._select(np.repeat(np.arange(cache.storage.batch), int(repeats)), "batch_repeat_interleave")
 
 
-def batch_select_indices(cache: EvictingCache, indices: torch.Tensor) -> None:
+def batch_select_indices(cache: CacheState, indices: torch.Tensor) -> None:
     """Keep the sequences ``indices`` (in that order)."""
     cache._select(indices, "batch_select_indices")
 
 
-def copy_of(cache: EvictingCache) -> EvictingCache:
+def copy_of(cache: _Cache) -> _Cache:
     """``copy.copy``: an independent copy, as ``copy.deepcopy`` gives (the layers, the
     storage and the policies' state copied; observers not).  A shallow copy sharing
     the layers would advance the original while reporting its own length."""

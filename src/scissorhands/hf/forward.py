@@ -1,73 +1,26 @@
-"""What one forward owns (:class:`_Forward`: created at the first evicting layer's write,
+"""What one forward owns (:class:`~scissorhands.hf.flight._Forward`: created at the first evicting layer's write,
 dropped after the step or rolled back whole when the forward fails), its beginning (the
 policy rows built at a cache's first forward, the tokens' slots planned), settling a
 forward that did not finish, and its rollback (the cache as it was before it)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from transformers.cache_utils import Cache
 
 from ..errors import InvalidInputError
+from .flight import _Forward
 from .gqa import DecodeWeights
 from .guards import _OUT_OF_SYNC, _outside_graph, _refuse_grad, _refuse_states
 from .layer import EvictingLayer
-from .rope import RankPlan
 from .rows import PolicyConfig, PolicyRows
 from .shape import check_write
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
-
-
-class _Forward:
-    """What one forward owns, from its first evicting layer's write to the policies' step.
-
-    Created by :meth:`EvictingCache._begin` (the first evicting layer's write) and dropped
-    by :meth:`EvictingCache._finish` (after the step) or :meth:`EvictingCache._rollback`
-    (a failed or interrupted forward, ``reset()``): nowhere else.  ``q``: its tokens per
-    sequence; per evicting layer, whether it was ``written`` and ``observed``;
-    ``gathered``: every policy row's weights, reduced to the policy heads and in kept
-    order as the layers handed them in; ``pads``: which new tokens are padding
-    (``(batch, q)`` bool, None without padding); ``positions="cache"``: the rotary
-    ``positions`` of the new keys (``(batch, q)`` int64) and the ``rotations`` to the
-    ranks, computed once at the first layer that needs them."""
-
-    __slots__ = ("columns", "fresh", "gathered", "held", "masks", "observed", "pads", "pending", "plan", "positions",
-                 "q", "rope", "rotations", "window_rows", "written")
-
-    def __init__(
-        self, layers: int, q: int, fresh: bool, plan: tuple[Any, ...], pending: DecodeWeights
-    ) -> None:
-        self.q = q
-        #: What undoes it (:meth:`EvictingCache._rollback`): whether the cache held nothing
-        #: before it, the storage's plan before it, the rotary positions it overwrote.
-        self.fresh = fresh
-        self.plan = plan
-        self.rope: tuple[np.ndarray, np.ndarray] | None = None
-        self.written = [False] * layers
-        self.observed = [False] * layers
-        self.pads: np.ndarray | None = None
-        #: A single token's masks once positions were evicted: ``(dtype, every layer's)``.
-        self.masks: tuple[torch.dtype | None, list[Any]] | None = None
-        self.positions: np.ndarray | None = None
-        self.rotations: RankPlan | tuple[torch.Tensor, ...] | None = None
-        #: Every policy row's weights in kept order, ``(rows, q, width)`` float32, filled
-        #: layer by layer as the layers hand theirs in, and the columns they come from.
-        self.gathered: np.ndarray | None = None
-        self.columns: np.ndarray | None = None
-        self.held: np.ndarray | None = None
-        #: A decode step's weights, layer by layer, gathered together after the last (the
-        #: cache's reusable collector, started at each forward).
-        self.pending = pending
-        pending.start()
-        #: ``prompt_aware``, a chunk that evicts nothing: only its last ``window_rows``
-        #: query rows' weights are computed (the prompt's end reads no others) and the
-        #: policies read none (:meth:`EvictingCache._window_only`); 0 otherwise.
-        self.window_rows = 0
+    from ._cache_state import CacheState
 
 
 def _restore_layer(layer: Any, state: tuple[Any, ...]) -> None:
@@ -78,7 +31,7 @@ def _restore_layer(layer: Any, state: tuple[Any, ...]) -> None:
         layer.cumulative_length = length
 
 
-def _start(cache: EvictingCache, batch: int) -> None:
+def _start(cache: CacheState, batch: int) -> None:
     if cache.per_sequence and batch != len(cache.configs):
         raise InvalidInputError(f"the cache has one configuration per sequence ({len(cache.configs)}), "
                                 f"the model wrote a batch of {batch}")
@@ -97,7 +50,7 @@ def _start(cache: EvictingCache, batch: int) -> None:
     cache.storage.start(batch, cache.num_kv_heads)
 
 
-def _begin(cache: EvictingCache, key: torch.Tensor) -> _Forward:
+def _begin(cache: CacheState, key: torch.Tensor) -> _Forward:
     """The first evicting layer's write: the forward's state, its tokens' slots planned."""
     cache._settle()
     storage = cache.storage
@@ -131,7 +84,7 @@ def _begin(cache: EvictingCache, key: torch.Tensor) -> _Forward:
     return cache._forward
 
 
-def _settle(cache: EvictingCache) -> None:
+def _settle(cache: CacheState) -> None:
     """Before a new forward (or a change of the batch): a forward that did not finish
     is undone.  When none of its layers handed over attention, the model does not run
     the library's attention: refused, the cache as it was before that forward."""
@@ -143,7 +96,7 @@ def _settle(cache: EvictingCache) -> None:
         raise InvalidInputError(_OUT_OF_SYNC)
 
 
-def _rollback(cache: EvictingCache) -> None:
+def _rollback(cache: CacheState) -> None:
     """Undo the forward in flight, if any: the cache as it was before it (the policies
     act only at its end, so they are untouched; its keys and values sit in slots that
     are free again; transformers' own layers get their tensors back)."""
@@ -169,7 +122,7 @@ def _rollback(cache: EvictingCache) -> None:
 
 
 @_outside_graph
-def update(cache: EvictingCache, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+def update(cache: CacheState, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
            **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer ``layer_idx``'s new keys and values (transformers' call, every layer of every
     forward).  At layer 0 a forward that did not finish is undone first; transformers'
@@ -194,7 +147,8 @@ def update(cache: EvictingCache, key_states: torch.Tensor, value_states: torch.T
         cache._slid.setdefault(layer_idx, (layer.keys, layer.values, getattr(layer, "cumulative_length", None),
                                           layer.is_initialized))
     try:
-        return Cache.update(cache, key_states, value_states, layer_idx, *args, **kwargs)
+        # The stock update: every CacheState these modules serve is an EvictingCache, a Cache.
+        return Cache.update(cast(Cache, cache), key_states, value_states, layer_idx, *args, **kwargs)
     except BaseException:
         cache._rollback()
         raise

@@ -15,8 +15,7 @@ import torch
 from ..errors import InvalidInputError, InvalidTypeError
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
-    from .layer import EvictingLayer
+    from ._cache_state import CacheState, LayerState
 
 
 _OUT_OF_SYNC = (
@@ -67,7 +66,7 @@ def _layer_entry(method: Callable[..., Any]) -> Callable[..., Any]:
     graph as :func:`_outside_graph` says, that undoes the forward first when it raises:
     one wrapper, so that each of a decode step's 90-odd such calls pays one frame."""
 
-    def undone(self: EvictingLayer, *args: Any, **kwargs: Any) -> Any:
+    def undone(self: LayerState, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except BaseException:
@@ -77,7 +76,7 @@ def _layer_entry(method: Callable[..., Any]) -> Callable[..., Any]:
     disabled: Callable[..., Any] = torch.compiler.disable(undone)
 
     @functools.wraps(method)
-    def run(self: EvictingLayer, *args: Any, **kwargs: Any) -> Any:
+    def run(self: LayerState, *args: Any, **kwargs: Any) -> Any:
         if not _tracing() and _dynamo_callback() is None:  # as in _outside_graph
             try:
                 return method(self, *args, **kwargs)
@@ -101,7 +100,7 @@ def _refuse_states(keys: Any, values: Any) -> None:
                                     f"got shape {tuple(states.shape)}")
 
 
-def _refuse_grad(cache: EvictingCache, layer_idx: int) -> None:
+def _refuse_grad(cache: CacheState, layer_idx: int) -> None:
     """Refuse keys or values that require grad (a forward with gradients on and trainable
     projections): the cache stores detached copies, so the key/value path would drop out
     of autograd with no error.  The forward in flight is undone first."""
@@ -115,7 +114,7 @@ def _refuse_grad(cache: EvictingCache, layer_idx: int) -> None:
         "nothing changed)")
 
 
-def _unchanged_by_observers(cache: EvictingCache, what: str) -> None:
+def _unchanged_by_observers(cache: CacheState, what: str) -> None:
     """Refuse ``what`` (a call that changes the cache) while an observer is being called."""
     if cache._observing:
         raise InvalidInputError(
@@ -123,13 +122,13 @@ def _unchanged_by_observers(cache: EvictingCache, what: str) -> None:
             "cache (the forward is undone: the cache is as it was before it)")
 
 
-def crop(cache: EvictingCache, tokens_to_remove: int) -> None:
+def crop(cache: CacheState, tokens_to_remove: int) -> None:
     """``crop(0)`` does nothing; anything else raises: an evicted position is gone."""
     if tokens_to_remove != 0:
         raise InvalidInputError("an EvictingCache cannot be cropped: the positions it evicted are gone")
 
 
-def activate_past_recording(cache: EvictingCache) -> None:
+def activate_past_recording(cache: CacheState) -> None:
     """Refused: transformers asks for it before the first forward of assisted
     decoding (``assistant_model=``) and prompt-lookup decoding
     (``prompt_lookup_num_tokens=``), which then ``crop`` the draft tokens the model did
@@ -141,5 +140,5 @@ def activate_past_recording(cache: EvictingCache) -> None:
         "drafts: generate without them, or with transformers' DynamicCache")
 
 
-def early_initialization(cache: EvictingCache, *args: Any, **kwargs: Any) -> None:
+def early_initialization(cache: CacheState, *args: Any, **kwargs: Any) -> None:
     raise InvalidInputError("an EvictingCache sizes itself at the first forward; it has no early initialization")

@@ -14,16 +14,16 @@ from ..errors import InvalidInputError
 from .layer import EvictingLayer
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
+    from ._cache_state import CacheState
 
 
-def _holds(cache: EvictingCache) -> bool:
+def _holds(cache: CacheState) -> bool:
     """Whether a forward ever finished since the cache was built or reset (the first
     one in flight, or interrupted, holds nothing yet)."""
     return cache.storage.started() and not (cache._forward is not None and cache._forward.fresh)
 
 
-def _row(cache: EvictingCache, layer: int, sequence: int, head: int) -> int:
+def _row(cache: CacheState, layer: int, sequence: int, head: int) -> int:
     if not cache._holds():
         raise InvalidInputError("the cache holds nothing yet")
     e = cache._evicting_index(layer)
@@ -34,7 +34,7 @@ def _row(cache: EvictingCache, layer: int, sequence: int, head: int) -> int:
     return (e * cache.batch + sequence) * cache.num_kv_heads + head
 
 
-def _layer_index(cache: EvictingCache, name: str, value: Any) -> int:
+def _layer_index(cache: CacheState, name: str, value: Any) -> int:
     """``value`` as one of the cache's layer indices.
 
     Raises
@@ -50,7 +50,7 @@ def _layer_index(cache: EvictingCache, name: str, value: Any) -> int:
     return index
 
 
-def _evicting_index(cache: EvictingCache, layer: int) -> int:
+def _evicting_index(cache: CacheState, layer: int) -> int:
     layer = check_int("layer", layer, -(1 << 62), 1 << 62)
     if not 0 <= layer < len(cache.layers) or not isinstance(cache.layers[layer], EvictingLayer):
         raise InvalidInputError(f"layer {layer} is not one of the cache's full-attention layers")
@@ -59,7 +59,7 @@ def _evicting_index(cache: EvictingCache, layer: int) -> int:
     return evicting.index
 
 
-def held_counts(cache: EvictingCache) -> np.ndarray:
+def held_counts(cache: CacheState) -> np.ndarray:
     """Positions held per (layer, sequence, KV head): ``int64 (evicting layers, batch,
     kv_heads)``."""
     if not cache._holds():
@@ -67,7 +67,7 @@ def held_counts(cache: EvictingCache) -> np.ndarray:
     return cache.storage.counts.reshape(cache.evicting_layers, cache.batch, cache.num_kv_heads).copy()
 
 
-def kept_positions(cache: EvictingCache, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
+def kept_positions(cache: CacheState, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
     """The positions held by one (layer, sequence, KV head), ascending, as the policy
     counts them (padded positions: the index in the batch's padded token sequence)."""
     row = cache._row(layer, sequence, head)
@@ -76,7 +76,7 @@ def kept_positions(cache: EvictingCache, layer: int, sequence: int = 0, head: in
     return cache.bank.kept_row(policy_row)
 
 
-def kept_keys_values(cache: EvictingCache, layer: int, sequence: int = 0,
+def kept_keys_values(cache: CacheState, layer: int, sequence: int = 0,
                      head: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """One (layer, sequence, KV head)'s held keys and values in kept order,
     ``(n, head_dim)`` each (copies)."""
@@ -88,7 +88,7 @@ def kept_keys_values(cache: EvictingCache, layer: int, sequence: int = 0,
     return keys[sequence, head, slots], values[sequence, head, slots]
 
 
-def kv_bytes(cache: EvictingCache, positions: int) -> int:
+def kv_bytes(cache: CacheState, positions: int) -> int:
     """Bytes of keys and values for ``positions`` positions in every (evicting layer,
     sequence, KV head): what a cache holding that many positions stores.
 
@@ -105,7 +105,7 @@ def kv_bytes(cache: EvictingCache, positions: int) -> int:
     return positions * cache.batch * cache.num_kv_heads * per_position
 
 
-def memory_bytes(cache: EvictingCache) -> int:
+def memory_bytes(cache: CacheState) -> int:
     """Bytes of the held key and value buffers plus the policies' own state.  A
     refused forward gives back what it grew; one interrupted between the model's
     layers holds what it wrote until the next call on the cache undoes it."""
@@ -114,13 +114,13 @@ def memory_bytes(cache: EvictingCache) -> int:
     return cache.storage.nbytes() + sum(int(p.memory_bytes()) for p in cache.policies)
 
 
-def archive_bytes(cache: EvictingCache) -> int:
+def archive_bytes(cache: CacheState) -> int:
     """Bytes of the recall tier's archive (``archive``; 0 without one): archived keys
     and values (float32, or int8 with a float32 scale each), and their positions."""
     return 0 if cache._archive is None else cache._archive.nbytes()
 
 
-def archived_positions(cache: EvictingCache, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
+def archived_positions(cache: CacheState, layer: int, sequence: int = 0, head: int = 0) -> np.ndarray:
     """The positions one (layer, sequence, KV head) has archived, ascending (empty
     without an archive)."""
     row = cache._row(layer, sequence, head)

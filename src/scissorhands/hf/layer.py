@@ -21,8 +21,8 @@ from .rope import RankPlan
 from .storage import NUMPY_FLOATS
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
-    from .forward import _Forward
+    from ._cache_state import CacheState
+    from .flight import _Forward
 
 
 class EvictingLayer(CacheLayerMixin):
@@ -38,7 +38,7 @@ class EvictingLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, cache: EvictingCache, index: int, layer: int) -> None:
+    def __init__(self, cache: CacheState, index: int, layer: int) -> None:
         super().__init__()
         self.cache = cache
         self.index = index
@@ -268,7 +268,7 @@ def _pads_from(stock: Any, q: int, batch: int) -> np.ndarray | None:
     return pads if pads.any() else None
 
 
-def _build_layers(cache: EvictingCache, text: Any) -> tuple[list[Any], int]:
+def _build_layers(cache: CacheState, text: Any) -> tuple[list[Any], int]:
     """The cache's layers (evicting ones for full attention) and how many evict; refuses other kinds."""
     layer_types, per_layer_kwargs = get_layer_types_and_kwargs(text)
     layers: list[Any] = []

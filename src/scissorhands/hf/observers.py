@@ -3,19 +3,13 @@ they are called with and the handle that detaches one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..errors import InvalidTypeError
+from ._cache_state import AttentionObserver
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
-
-
-#: ``fn(layer, weights)``: see :meth:`EvictingCache.add_observer`.
-AttentionObserver = Callable[[int, torch.Tensor], Any]
+    from ._cache_state import CacheState
 
 
 class ObserverHandle:
@@ -31,7 +25,7 @@ class ObserverHandle:
             self._observers.remove(self._fn)
 
 
-def add_observer(cache: EvictingCache, fn: AttentionObserver) -> ObserverHandle:
+def add_observer(cache: CacheState, fn: AttentionObserver) -> ObserverHandle:
     """Call ``fn(layer, weights)`` with every evicting layer's attention, every forward.
 
     ``layer`` is the model's layer index (one of :attr:`observed_layers`); ``weights``

@@ -15,7 +15,7 @@ from .rows import PolicyConfig
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .cache import EvictingCache
+    from ._cache_state import CacheState
 
 
 def _spans(pins: Any) -> list[tuple[int, int]]:
@@ -67,7 +67,7 @@ def _check_pins_leave_room(spans: list[tuple[int, int]], settings: PromptAware,
             f"{settings.observation_window} + sinks {sinks} >= budget {config.budget}")
 
 
-def pin(cache: EvictingCache, start: int, stop: int) -> None:
+def pin(cache: CacheState, start: int, stop: int) -> None:
     """Pin positions ``start <= p < stop`` in every (sequence, layer, KV head) row:
     no eviction takes them (the policies' ``pin``; a span may lie ahead of what was
     read, and an evicted position does not come back).  Positions count as

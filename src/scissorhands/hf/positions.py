@@ -5,7 +5,7 @@ key's stored rotation to its rank, applied to copies)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -16,8 +16,8 @@ from .guards import _outside_graph
 from .rope import RankPlan, rank_plan, rank_rotatable, turns
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
-    from .forward import _Forward
+    from ._cache_state import CacheState
+    from .flight import _Forward
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -32,7 +32,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
 
-def _mask_sizes(cache: EvictingCache, q: int) -> tuple[int, int]:
+def _mask_sizes(cache: CacheState, q: int) -> tuple[int, int]:
     storage = cache.storage
     if not storage.started() or storage.aligned:
         return cache.seen + q, 0
@@ -43,7 +43,7 @@ def _mask_sizes(cache: EvictingCache, q: int) -> tuple[int, int]:
     return extent, cache.seen + q - extent
 
 
-def _rotations(cache: EvictingCache, forward: _Forward, query: torch.Tensor,
+def _rotations(cache: CacheState, forward: _Forward, query: torch.Tensor,
                key: torch.Tensor) -> RankPlan | tuple[torch.Tensor, ...]:
     """``positions="cache"``: the forward's rotations.  For float32 keys and queries a
     :class:`~scissorhands.hf.rope.RankPlan` (the keys kept at their ranks, only those
@@ -85,7 +85,7 @@ def _rotations(cache: EvictingCache, forward: _Forward, query: torch.Tensor,
 
 
 @_outside_graph
-def get_seq_length(cache: EvictingCache, layer_idx: int = 0) -> int:
+def get_seq_length(cache: CacheState, layer_idx: int = 0) -> int:
     """Tokens seen so far (padding included): the true position of the next token.
 
     transformers asks before every forward's layers run: a forward that did not
@@ -99,7 +99,7 @@ def get_seq_length(cache: EvictingCache, layer_idx: int = 0) -> int:
 
 
 @_outside_graph
-def get_mask_sizes(cache: EvictingCache, query_length: int, layer_idx: int) -> tuple[int, int]:
+def get_mask_sizes(cache: CacheState, query_length: int, layer_idx: int) -> tuple[int, int]:
     """The mask's key length and offset for layer ``layer_idx`` (transformers' call,
     before the layers run; a forward that did not finish is undone first).  With
     ``prompt_aware``, a single token after a prompt is the first decode step: the
@@ -112,4 +112,4 @@ def get_mask_sizes(cache: EvictingCache, query_length: int, layer_idx: int) -> t
             cache._prompt_end()
         else:
             cache._prompt_start(query_length)
-    return Cache.get_mask_sizes(cache, query_length, layer_idx)
+    return Cache.get_mask_sizes(cast(Cache, cache), query_length, layer_idx)  # an EvictingCache, a Cache

@@ -43,18 +43,16 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from ..errors import InvalidInputError, InvalidTypeError
 from . import attention
+from .read_ids import PAD_ID, TokenIds
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
+    from ._cache_state import CacheState
 
 __all__ = ["PREFIX_MODES", "TokenIds", "install", "installed", "reuse_prefix", "uninstall"]
 
 #: ``reuse``: a prompt that does not continue what the cache read reuses the longest
 #: common prefix; ``refuse``: it is refused, nothing changed.
 PREFIX_MODES = ("reuse", "refuse")
-
-#: The id recorded for a padding position (never admitted).
-PAD_ID = -1
 
 #: Fewer common positions than this are not reused: a policy holding only position 0
 #: with nothing admitted after it reads as fresh, so the prompt is read from scratch.
@@ -66,73 +64,6 @@ def check_mode(prefix: Any) -> str:
     if prefix not in PREFIX_MODES:
         raise InvalidInputError(f"prefix must be one of {', '.join(PREFIX_MODES)}, got {prefix!r}")
     return str(prefix)
-
-
-class TokenIds:
-    """The token ids a cache has read: ``ids[b, j]`` is sequence ``b``'s id at padded
-    position ``j`` (:data:`PAD_ID` for padding) for ``j < known``.  ``known`` equals
-    the tokens seen unless a forward came without ids; from there on nothing is known.
-
-    ``pending``: the ids the forward pre-hook saw for the forward under way, with the
-    tokens seen when it saw them; recorded by :meth:`commit` at the forward's end."""
-
-    __slots__ = ("ids", "known", "pending")
-
-    def __init__(self) -> None:
-        self.ids = np.zeros((0, 0), dtype=np.int64)
-        self.known = 0
-        self.pending: tuple[int, Any] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"ids": self.ids[:, : self.known].copy(), "known": self.known}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.ids, self.known, self.pending = state["ids"], state["known"], None
-
-    def clear(self) -> None:
-        """Nothing read (``reset``)."""
-        self.ids = np.zeros((0, 0), dtype=np.int64)
-        self.known = 0
-        self.pending = None
-
-    def note(self, seen: int, ids: Any) -> None:
-        """The forward pre-hook's call: the ids of the forward about to run at ``seen``."""
-        self.pending = (seen, ids)
-
-    def commit(self, seen: int, q: int, batch: int, pads: np.ndarray | None) -> None:
-        """At the end of a forward of ``q`` tokens a sequence read at ``seen``: record its
-        ids (those :meth:`note` saw for it; ``pads`` ``(batch, q)`` bool marks padding),
-        or, when there are none of that shape, stop knowing."""
-        pending, self.pending = self.pending, None
-        if self.known != seen or pending is None or pending[0] != seen:
-            return
-        ids = pending[1]
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or tuple(ids.shape) != (batch, q):
-            return
-        if seen == 0:
-            self.ids = np.empty((batch, max(q, 64)), dtype=np.int64)
-        elif self.ids.shape[0] != batch:
-            return
-        end = seen + q
-        if end > self.ids.shape[1]:
-            grown = np.empty((batch, max(end, 2 * self.ids.shape[1])), dtype=np.int64)
-            grown[:, :seen] = self.ids[:, :seen]
-            self.ids = grown
-        self.ids[:, seen:end] = ids.detach().cpu().numpy()
-        if pads is not None:
-            self.ids[:, seen:end][pads] = PAD_ID
-        self.known = end
-
-    def select(self, index: np.ndarray) -> None:
-        """Sequences become ``index`` (beams, copies, subsets), as the cache's rows do."""
-        self.ids = self.ids[index, : self.known]
-
-    def common(self, ids: np.ndarray) -> np.ndarray:
-        """Each sequence's longest common prefix with ``ids`` ``(batch, L)`` (padding
-        :data:`PAD_ID`), over the known positions: ``int64 (batch,)``, O(batch * L)."""
-        m = min(self.known, ids.shape[1])
-        differ = self.ids[:, :m] != ids[:, :m]
-        return np.where(differ.any(axis=1), differ.argmax(axis=1), m).astype(np.int64)
 
 
 def _prompt_ids(input_ids: Any, attention_mask: Any) -> np.ndarray:
@@ -169,7 +100,7 @@ def _refusal(what: str) -> InvalidInputError:
         "prompt, or build it with prefix='reuse' (the default) to reuse the longest common prefix")
 
 
-def reuse_prefix(cache: EvictingCache, input_ids: Any, attention_mask: Any = None) -> int:
+def reuse_prefix(cache: CacheState, input_ids: Any, attention_mask: Any = None) -> int:
     """:meth:`EvictingCache.reuse_prefix <scissorhands.hf.cache.EvictingCache.reuse_prefix>`:
     ``input_ids`` None is a prompt given without ids (``inputs_embeds``)."""
     cache._unchanged_by_observers("reuse_prefix()")
@@ -219,7 +150,7 @@ def _croppable(layer: Any, position: int) -> bool:
             and layer.keys is not None and layer.keys.shape[-2] == layer.cumulative_length)
 
 
-def _truncate(cache: EvictingCache, position: int) -> bool:
+def _truncate(cache: CacheState, position: int) -> bool:
     """Every row of ``cache`` forgets what it holds at or after ``position`` (its policy
     state with it; the positions before keep theirs), transformers' own layers are
     cropped, and ``position`` tokens count as seen.  False, nothing changed, when that

@@ -16,7 +16,7 @@ from .recall import recall, restore, restored_kept
 from .storage.steps import _repeat_rows
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
+    from ._cache_state import CacheState
 
 
 def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarray | None, held: np.ndarray,
@@ -81,7 +81,7 @@ def _next_window(window: np.ndarray | None, weights: np.ndarray, admit: np.ndarr
 
 
 @_outside_graph
-def end_prompt(cache: EvictingCache) -> None:
+def end_prompt(cache: CacheState) -> None:
     """``prompt_aware``: end the prompt now, as the first decode step would (every row
     evicted to the budget by the observation-window rule), for a caller whose next
     forward is not a single token (lm-eval's scored continuation).  Nothing when no
@@ -97,7 +97,7 @@ def end_prompt(cache: EvictingCache) -> None:
     cache._prompt_end()
 
 
-def _prompt_end(cache: EvictingCache) -> None:
+def _prompt_end(cache: CacheState) -> None:
     """``prompt_aware``: when a prompt was read and the first decode step begins (no
     forward in flight), evict every row to the budget with the policy's
     ``evict_observed_rows`` over the prompt's last rows, and free the victims'
@@ -139,7 +139,7 @@ def _prompt_end(cache: EvictingCache) -> None:
     cache.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
 
 
-def _prompt_start(cache: EvictingCache, q: int) -> None:
+def _prompt_start(cache: CacheState, q: int) -> None:
     """``archive``: a new prompt (``q`` tokens, the first forward after decode steps or
     a prompt's end) on a used cache reads over the archived positions too
     (:func:`~scissorhands.hf.recall.restore`); not part of the forward (a forward that
@@ -154,7 +154,7 @@ def _prompt_start(cache: EvictingCache, q: int) -> None:
     cache.stats.bookkeeping_seconds += time.perf_counter() - start
 
 
-def _window_only(cache: EvictingCache, q: int, fresh: bool) -> int:
+def _window_only(cache: CacheState, q: int, fresh: bool) -> int:
     """``prompt_aware``: how many of a chunk's last query rows' weights are computed
     when it evicts nothing (every row's count plus ``q`` within ``prefill_budget``),
     nothing evicted before it (the model's own attention reads the prompt) and no

@@ -22,8 +22,8 @@ from .storage import SLOT_DTYPE
 from .storage.steps import _repeat_rows
 
 if TYPE_CHECKING:
-    from .cache import EvictingCache
-    from .forward import _Forward
+    from ._cache_state import CacheState
+    from .flight import _Forward
 
 
 #: The library's own decode-step call of the policies (the steady step runs it in C).
@@ -46,13 +46,13 @@ def _without_padding(weights: np.ndarray, admit: np.ndarray, counts: np.ndarray,
     return np.where(drop, np.float32(0.0), weights) if drop.any() else weights
 
 
-def _decodes(cache: EvictingCache, forward: _Forward) -> bool:
+def _decodes(cache: CacheState, forward: _Forward) -> bool:
     """Whether the forward is a decode step for the policies (one token after others,
     no padding); else a chunk (a prompt, even of one token)."""
     return forward.q == 1 and cache.seen != 0 and (forward.pads is None or not forward.pads.any())
 
 
-def _decode_buffer(cache: EvictingCache, size: int) -> tuple[np.ndarray, Any]:
+def _decode_buffer(cache: CacheState, size: int) -> tuple[np.ndarray, Any]:
     """The flat float32 buffer (and its C view) a decode step's gathered weights go
     to, at least ``size`` long: the last step's while it is long enough (written by
     the gather, read only by this step's policies), else one a thirty-second longer."""
@@ -63,7 +63,7 @@ def _decode_buffer(cache: EvictingCache, size: int) -> tuple[np.ndarray, Any]:
     return gathered
 
 
-def _decode_target(cache: EvictingCache, forward: _Forward) -> np.ndarray:
+def _decode_target(cache: CacheState, forward: _Forward) -> np.ndarray:
     """A decode step's ``(rows, 1, width)`` float32 array for every policy row's
     weights in kept order (width the largest count), a view of
     :meth:`_decode_buffer`."""
@@ -73,7 +73,7 @@ def _decode_target(cache: EvictingCache, forward: _Forward) -> np.ndarray:
     return kept
 
 
-def _gather_target(cache: EvictingCache, forward: _Forward) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _gather_target(cache: CacheState, forward: _Forward) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A chunk's physical columns per policy row in the policies' order, ``(rows,
     width)`` (each row's held slots in kept order, then the chunk's tokens, in
     ``extend``'s layout), the positions each row held before it, and the ``(rows, q,
@@ -92,7 +92,7 @@ def _gather_target(cache: EvictingCache, forward: _Forward) -> tuple[np.ndarray,
     return forward.columns, forward.held, forward.gathered
 
 
-def _finish(cache: EvictingCache, forward: _Forward) -> None:
+def _finish(cache: CacheState, forward: _Forward) -> None:
     """After the last evicting layer: hand every row's weights to the policies, free
     the victims' slots, drop the forward."""
     start = time.perf_counter()
@@ -125,7 +125,7 @@ def _finish(cache: EvictingCache, forward: _Forward) -> None:
     cache._finished(q, start, policy_seconds)
 
 
-def _step_decode(cache: EvictingCache, gathered: np.ndarray | None, finite: bool, rows: int, repeat: int) -> float:
+def _step_decode(cache: CacheState, gathered: np.ndarray | None, finite: bool, rows: int, repeat: int) -> float:
     """:func:`_finish` of a decode step off the steady path: the policies' step over the
     gathered weights (``finite``: known finite), the victims archived and their slots
     freed.  Returns the seconds spent in the policies."""
@@ -151,7 +151,7 @@ def _step_decode(cache: EvictingCache, gathered: np.ndarray | None, finite: bool
     return policy_seconds
 
 
-def _step_chunk(cache: EvictingCache, forward: _Forward, gathered: np.ndarray | None, rows: int, repeat: int,
+def _step_chunk(cache: CacheState, forward: _Forward, gathered: np.ndarray | None, rows: int, repeat: int,
                 q: int) -> float:
     """:func:`_finish` of a chunk (several tokens, or a prompt's one): padding's weights
     zeroed, the policies' ``extend`` (up to ``prefill_budget`` with ``prompt_aware``, the
@@ -195,7 +195,7 @@ def _step_chunk(cache: EvictingCache, forward: _Forward, gathered: np.ndarray | 
     return policy_seconds
 
 
-def _archive_chunk(cache: EvictingCache, before: tuple[np.ndarray, np.ndarray] | None, victims: np.ndarray,
+def _archive_chunk(cache: CacheState, before: tuple[np.ndarray, np.ndarray] | None, victims: np.ndarray,
                    slots: np.ndarray, admit: np.ndarray | None, q: int) -> None:
     """``archive``: a chunk's victims archived before their slots are freed."""
     assert cache._archive is not None
@@ -208,7 +208,7 @@ def _archive_chunk(cache: EvictingCache, before: tuple[np.ndarray, np.ndarray] |
                     [storage.chunk_start + j for j in joined])
 
 
-def _finished(cache: EvictingCache, q: int, start: float, policy_seconds: float) -> None:
+def _finished(cache: CacheState, q: int, start: float, policy_seconds: float) -> None:
     """The end of a forward's step: ``q`` tokens seen, the forward dropped, its times
     (from ``start``, ``policy_seconds`` of it in the policies) counted."""
     cache.stats.compactions = cache.storage.compactions
@@ -225,7 +225,7 @@ def _finished(cache: EvictingCache, q: int, start: float, policy_seconds: float)
     cache.stats.bookkeeping_seconds += time.perf_counter() - start - policy_seconds
 
 
-def _steady_step(cache: EvictingCache, forward: _Forward) -> float | None:
+def _steady_step(cache: CacheState, forward: _Forward) -> float | None:
     """A decode step in the steady state, when the policies are one C policy of per-head
     rows reading attention and every row holds the same count: the gather, the
     policy's step and the slot table's in one C call (``sh_cache_step_steady``), with
@@ -293,7 +293,7 @@ def _steady_step(cache: EvictingCache, forward: _Forward) -> float | None:
     return policy_seconds
 
 
-def _contained(cache: EvictingCache, weights: np.ndarray) -> np.ndarray:
+def _contained(cache: CacheState, weights: np.ndarray) -> np.ndarray:
     """The weights the policies get (rows layer-major, then sequence): as they are when
     finite (the policies refuse anything else).  A sequence whose weights are not
     finite (what an inf or NaN in a padded token's embedding spreads into the rest of

@@ -37,16 +37,16 @@ lays out shared again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ...errors import InvalidInputError
 from . import layout, masks, steps, writes
+from ._state import StorageState, _WritePlan
 from .arrays import NUMPY_FLOATS, SLOT_DTYPE
 from .masks import ChunkMask, causal_triangle
-from .writes import _WritePlan
 
 __all__ = ["CACHE_MODES", "NUMPY_FLOATS", "SLOT_DTYPE", "ChunkMask", "CompactStorage", "SlotStorage", "causal_triangle",
            "make_storage"]
@@ -277,3 +277,7 @@ def make_storage(mode: str, layers: int, capacity: int, share_heads: bool = Fals
     if mode not in CACHE_MODES:
         raise InvalidInputError(f"cache_mode must be one of {', '.join(CACHE_MODES)}, got {mode!r}")
     return (SlotStorage if mode == "reuse" else CompactStorage)(layers, capacity, share_heads)
+
+
+if TYPE_CHECKING:  # what the storage's modules take: mypy checks that a storage is one
+    _STATE: type[StorageState] = SlotStorage

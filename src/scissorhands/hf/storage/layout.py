@@ -6,18 +6,15 @@ copies, subsets)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
 from ...errors import InvalidInputError
+from ._state import StorageState
 from .arrays import _MAX_CAPACITY, SLOT_DTYPE
 
-if TYPE_CHECKING:
-    from . import SlotStorage
 
-def _grow(storage: SlotStorage, need: int) -> None:
+def _grow(storage: StorageState, need: int) -> None:
     """Make every row hold at least ``need`` slots (by at least a thirty-second, so that
     growing one token at a time copies each key a bounded number of times), keeping
     the contents."""
@@ -42,12 +39,12 @@ def _grow(storage: SlotStorage, need: int) -> None:
     storage._mask_stale = True
 
 
-def _layer_widths(storage: SlotStorage) -> list[int]:
+def _layer_widths(storage: StorageState) -> list[int]:
     """Each layer's buffer width (0 before its first write)."""
     return [0 if k is None else int(k.shape[2]) for k in storage.keys]
 
 
-def _grow_layers(storage: SlotStorage, need: np.ndarray) -> None:
+def _grow_layers(storage: StorageState, need: np.ndarray) -> None:
     """Laid out shared: make layer ``e``'s buffers at least ``need[e]`` wide (by at
     least a thirty-second), keeping the contents."""
     for e, width in enumerate(storage._layer_widths()):
@@ -62,7 +59,7 @@ def _grow_layers(storage: SlotStorage, need: np.ndarray) -> None:
             store[e] = new
 
 
-def _narrow_layers(storage: SlotStorage, widths: list[int]) -> None:
+def _narrow_layers(storage: StorageState, widths: list[int]) -> None:
     """Laid out shared: layer ``e``'s buffers back to ``widths[e]`` (none past it holds
     a position)."""
     for e, width in enumerate(widths):
@@ -72,17 +69,17 @@ def _narrow_layers(storage: SlotStorage, widths: list[int]) -> None:
                 store[e] = old[:, :, :width].clone()
 
 
-def _layer_extent(storage: SlotStorage, e: int) -> int:
+def _layer_extent(storage: StorageState, e: int) -> int:
     return storage.extent if storage.layer_extent is None else int(storage.layer_extent[e])
 
 
-def compact(storage: SlotStorage) -> None:
+def compact(storage: StorageState) -> None:
     """Gather every row's held slots into kept order at ``[0, count)``."""
     storage._relayout(storage.slots[:, : max(1, int(storage.counts.max(initial=0)))].astype(np.int64),
                    storage.counts.copy())
 
 
-def _relayout(storage: SlotStorage, index: np.ndarray, counts: np.ndarray) -> None:
+def _relayout(storage: StorageState, index: np.ndarray, counts: np.ndarray) -> None:
     """Rebuild the buffers: row ``r`` keeps physical slots ``index[r, :counts[r]]``,
     in that order; per head (each row's moved to ``[0, counts[r])``) or, once
     positions were evicted under a shared budget with several KV heads, shared."""
@@ -92,7 +89,7 @@ def _relayout(storage: SlotStorage, index: np.ndarray, counts: np.ndarray) -> No
         storage._relayout_per_head(index, counts)
 
 
-def _relayout_shared(storage: SlotStorage, index: np.ndarray, counts: np.ndarray) -> None:
+def _relayout_shared(storage: StorageState, index: np.ndarray, counts: np.ndarray) -> None:
     """:meth:`_relayout` into one buffer ``(batch, 1, capacity, head_dim)`` a layer:
     a (layer, sequence)'s heads one after the other, head ``h``'s kept positions at
     columns ``[start, start + count)`` (``start`` what the heads before it hold); the
@@ -142,7 +139,7 @@ def _relayout_shared(storage: SlotStorage, index: np.ndarray, counts: np.ndarray
     storage._mask_stale = True
 
 
-def _after_step(storage: SlotStorage) -> None:
+def _after_step(storage: StorageState) -> None:
     """After a decode step's slot changes: the compact strategy gathers every row into
     kept order; buffers laid out shared are laid out anew when too wide."""
     if storage.compact_every_step:
@@ -151,7 +148,7 @@ def _after_step(storage: SlotStorage) -> None:
         storage._relayout_when_wide()
 
 
-def _relayout_when_wide(storage: SlotStorage) -> None:
+def _relayout_when_wide(storage: StorageState) -> None:
     """Laid out shared, after a step: lay the buffers out anew when they are more than
     a sixteenth wider than the layers' held columns and a token a head (a pool across
     layers shrinks some layers and grows others; a layer's buffer never narrows)."""
@@ -161,7 +158,7 @@ def _relayout_when_wide(storage: SlotStorage) -> None:
         storage.compact()
 
 
-def _relayout_per_head(storage: SlotStorage, index: np.ndarray, counts: np.ndarray) -> None:
+def _relayout_per_head(storage: StorageState, index: np.ndarray, counts: np.ndarray) -> None:
     """:meth:`_relayout` per head: row ``r``'s kept slots moved to ``[0, counts[r])``;
     the capacity becomes what they need and the next decode token."""
     width = index.shape[1]
@@ -195,7 +192,7 @@ def _relayout_per_head(storage: SlotStorage, index: np.ndarray, counts: np.ndarr
     storage._mask_stale = True
 
 
-def load_rows(storage: SlotStorage, keys: list[torch.Tensor], values: list[torch.Tensor], counts: np.ndarray) -> None:
+def load_rows(storage: StorageState, keys: list[torch.Tensor], values: list[torch.Tensor], counts: np.ndarray) -> None:
     """Lay the buffers out anew from keys and values given in kept order: layer ``e``'s
     ``(batch, kv_heads, width, head_dim)`` each, row ``r`` holding ``counts[r]`` (the
     recall tier's union at a prompt's end); per head, as :meth:`_relayout_per_head`
@@ -222,7 +219,7 @@ def load_rows(storage: SlotStorage, keys: list[torch.Tensor], values: list[torch
     storage._mask_stale = True
 
 
-def select(storage: SlotStorage, index: np.ndarray) -> None:
+def select(storage: StorageState, index: np.ndarray) -> None:
     """Sequences become ``index`` (old sequence numbers; beams, copies, subsets)."""
     grid = np.arange(storage.rows).reshape(storage.layers, storage.batch, storage.heads)
     rows = grid[:, index].reshape(-1)
@@ -240,7 +237,7 @@ def select(storage: SlotStorage, index: np.ndarray) -> None:
     storage._mask_stale = True
 
 
-def nbytes(storage: SlotStorage) -> int:
+def nbytes(storage: StorageState) -> int:
     """Bytes of the key and value buffers."""
     return sum(t.numel() * t.element_size() for store in (storage.keys, storage.values) for t in store
                if t is not None)

@@ -6,15 +6,13 @@ from step to step and changed only where a slot was filled or freed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from ._state import StorageState
 from .arrays import NUMPY_FLOATS
-
-if TYPE_CHECKING:
-    from . import SlotStorage
 
 #: A layer's mask not built yet in this forward (``None`` means: no mask needed).
 _UNBUILT: Any = object()
@@ -88,7 +86,7 @@ def mask(
     return mask
 
 
-def decode_masks(storage: SlotStorage, dtype: torch.dtype | None) -> list[Any] | None:
+def decode_masks(storage: StorageState, dtype: torch.dtype | None) -> list[Any] | None:
     """Every layer's mask of this forward in ``dtype``, as :meth:`mask` gives them,
     when its first call built them all (a single token's); else None."""
     masks = storage._masks.get(dtype)
@@ -97,7 +95,7 @@ def decode_masks(storage: SlotStorage, dtype: torch.dtype | None) -> list[Any] |
     return masks
 
 
-def chunk_mask(storage: SlotStorage, e: int, pads: np.ndarray | None) -> ChunkMask | None:
+def chunk_mask(storage: StorageState, e: int, pads: np.ndarray | None) -> ChunkMask | None:
     """Layer ``e``'s mask of a chunk once positions were evicted, as a
     :class:`ChunkMask`; None (use :meth:`mask`) for a single token, a layout still
     aligned, or a chunk with padding."""
@@ -112,7 +110,7 @@ def chunk_mask(storage: SlotStorage, e: int, pads: np.ndarray | None) -> ChunkMa
     return ChunkMask(start, storage.q, held)
 
 
-def _decode_masks(storage: SlotStorage, groups: int, dtype: torch.dtype) -> list[torch.Tensor]:
+def _decode_masks(storage: StorageState, groups: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """The additive masks of a single-token forward, one view per layer of a store
     ``(layers, batch, heads * groups, capacity)`` that mirrors ``valid``: rebuilt when
     the layout, shape or dtype changed, else updated at the slots changed since."""
@@ -146,13 +144,13 @@ def _decode_masks(storage: SlotStorage, groups: int, dtype: torch.dtype) -> list
     return views[1]
 
 
-def _note_valid(storage: SlotStorage, rows: np.ndarray, slots: np.ndarray, valid: bool) -> None:
+def _note_valid(storage: StorageState, rows: np.ndarray, slots: np.ndarray, valid: bool) -> None:
     """Record slots made valid or invalid, for the kept additive masks (when kept)."""
     if not storage._mask_stale:
         storage._mask_changes.append((rows, slots, np.full(len(rows), valid)))
 
 
-def _layer_mask(storage: SlotStorage, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None,
+def _layer_mask(storage: StorageState, pads: np.ndarray | None, groups: int, q: int, dtype: torch.dtype | None,
                layer: int) -> torch.Tensor:
     """Layer ``layer``'s mask, as ``(1, batch, heads * groups, q, extent)`` (the layer's)."""
     extent = storage._layer_extent(layer)

@@ -6,17 +6,16 @@ rows repeated over the KV heads that follow them (``mean`` head mode)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..._native import check, ffi, lib
+from ._state import StorageState
 from .arrays import SLOT_DTYPE, _int32_p, _int64_p
 
-if TYPE_CHECKING:
-    from . import SlotStorage
 
-def chunk_columns(storage: SlotStorage, width: int) -> np.ndarray:
+def chunk_columns(storage: StorageState, width: int) -> np.ndarray:
     """``(rows, width)`` physical columns in ``extend``'s layout: a row's held slots,
     then chunk token ``j`` at column ``count + j``."""
     col = np.arange(width)[None, :]
@@ -27,7 +26,7 @@ def chunk_columns(storage: SlotStorage, width: int) -> np.ndarray:
     return np.clip(out, 0, storage.extent - 1)
 
 
-def c_array(storage: SlotStorage, name: str, dtype: Any) -> np.ndarray:
+def c_array(storage: StorageState, name: str, dtype: Any) -> np.ndarray:
     """The array ``name`` (``slots``, ``valid``, ``counts``, ``free``, ``rope``) as the C
     kernels read and write it in place: C-contiguous of ``dtype`` (the slot table's is
     :data:`SLOT_DTYPE`), made so first when it is not."""
@@ -38,7 +37,7 @@ def c_array(storage: SlotStorage, name: str, dtype: Any) -> np.ndarray:
     return array
 
 
-def steady_layout(storage: SlotStorage) -> tuple[Any, ...] | None:
+def steady_layout(storage: StorageState) -> tuple[Any, ...] | None:
     """When a single token's step can be the steady one (positions were evicted, every
     row holds the same count), what ``sh_slots_step_steady`` reads and writes: ``(count,
     freed, slots, counts, free, valid, freed_c)``, the count, the int64 ``freed`` array
@@ -70,7 +69,7 @@ def steady_layout(storage: SlotStorage) -> tuple[Any, ...] | None:
     return ready[4], spare[0], ready[5], ready[6], ready[7], ready[8], spare[1]
 
 
-def aligned_layout(storage: SlotStorage) -> tuple[int, Any, Any] | None:
+def aligned_layout(storage: StorageState) -> tuple[int, Any, Any] | None:
     """While nothing was ever evicted and every row holds the same count (each row's
     slot table then counts its slots up from 0): that count and C views of the slot
     table and counts for a decode step's gather (``sh_cache_step_steady`` without the
@@ -83,7 +82,7 @@ def aligned_layout(storage: SlotStorage) -> tuple[int, Any, Any] | None:
     return count, _int32_p(storage.c_array("slots", SLOT_DTYPE)), _int64_p(storage.c_array("counts", np.int64))
 
 
-def stepped_aligned(storage: SlotStorage) -> None:
+def stepped_aligned(storage: StorageState) -> None:
     """:meth:`apply_step` evicting nothing while aligned and every row holds the same
     count (what :meth:`aligned_layout` found): each row's token, at the last column of
     the extent, goes last in its kept order."""
@@ -97,7 +96,7 @@ def stepped_aligned(storage: SlotStorage) -> None:
     storage.free = np.full(storage.rows, storage.extent, dtype=np.int64)
 
 
-def stepped_steady(storage: SlotStorage, freed: np.ndarray, freed_c: Any = None) -> None:
+def stepped_steady(storage: StorageState, freed: np.ndarray, freed_c: Any = None) -> None:
     """After ``sh_slots_step_steady`` changed the slot table and validity in place:
     ``freed`` (each row's slot freed; ``freed_c`` its C view from
     :meth:`steady_layout`) is the next token's, the kept masks learn it."""
@@ -115,7 +114,7 @@ def stepped_steady(storage: SlotStorage, freed: np.ndarray, freed_c: Any = None)
     storage._free_extent = (freed, storage.extent, storage.extent)
 
 
-def apply_steady(storage: SlotStorage, slots: np.ndarray) -> bool:
+def apply_steady(storage: StorageState, slots: np.ndarray) -> bool:
     """The steady state of :meth:`apply_step`, in one C pass (``sh_slots_step_steady``):
     every row held the same count, took its token at ``free`` and evicted exactly one
     kept index (``slots``, one per row). Returns False (nothing done) when that is not
@@ -137,14 +136,14 @@ def apply_steady(storage: SlotStorage, slots: np.ndarray) -> bool:
     return True
 
 
-def _row_index(storage: SlotStorage) -> np.ndarray:
+def _row_index(storage: StorageState) -> np.ndarray:
     index = storage._rows_cache
     if index is None or len(index) != storage.rows:
         index = storage._rows_cache = np.arange(storage.rows)
     return index
 
 
-def apply_step(storage: SlotStorage, victims: np.ndarray, slots: np.ndarray) -> None:
+def apply_step(storage: StorageState, victims: np.ndarray, slots: np.ndarray) -> None:
     """After a decode step: each row admitted its token (at ``free``, or appended
     while aligned) and evicted ``victims[row]`` positions whose kept-order indices
     (before the eviction, the new token last) are ``slots``, row after row."""
@@ -197,7 +196,7 @@ def apply_step(storage: SlotStorage, victims: np.ndarray, slots: np.ndarray) -> 
     storage._after_step()
 
 
-def _apply_one_each(storage: SlotStorage, slots: np.ndarray, new_slot: np.ndarray) -> None:
+def _apply_one_each(storage: StorageState, slots: np.ndarray, new_slot: np.ndarray) -> None:
     """:meth:`apply_step` when every row evicted exactly one position (``slots``, its
     kept-order index, one per row) whatever it held, once positions were evicted: one
     C pass (``sh_slots_step_rows``) over the rows' own counts, where rows of several
@@ -219,7 +218,7 @@ def _apply_one_each(storage: SlotStorage, slots: np.ndarray, new_slot: np.ndarra
     storage._after_step()
 
 
-def _apply_ragged(storage: SlotStorage, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
+def _apply_ragged(storage: StorageState, victims: np.ndarray, slots: np.ndarray, new_slot: np.ndarray) -> None:
     """:meth:`apply_step` for any number of victims per row (rows sharing a budget),
     without moving a key: each row's kept order drops its victims (its survivors to
     the front, in order: one C pass over the rows that evict, ``sh_slots_evict_rows``),
@@ -250,7 +249,7 @@ def _apply_ragged(storage: SlotStorage, victims: np.ndarray, slots: np.ndarray, 
     storage._after_step()
 
 
-def _free_where(storage: SlotStorage, free: np.ndarray, needs: np.ndarray) -> np.ndarray:
+def _free_where(storage: StorageState, free: np.ndarray, needs: np.ndarray) -> np.ndarray:
     """``free`` (each row's next token's slot; a row's first victim's) with the rows
     ``needs`` (which freed none) given a slot: per head its lowest invalid slot, or
     the capacity when none is; laid out shared, the lowest columns that no KV head of
@@ -275,7 +274,7 @@ def _free_where(storage: SlotStorage, free: np.ndarray, needs: np.ndarray) -> np
     return free
 
 
-def _first_free(storage: SlotStorage) -> np.ndarray:
+def _first_free(storage: StorageState) -> np.ndarray:
     """Each row's lowest invalid slot (the extent when none is)."""
     flat_valid = storage.valid
     first = np.argmin(flat_valid, axis=1)
@@ -283,7 +282,7 @@ def _first_free(storage: SlotStorage) -> np.ndarray:
     return np.where(full, storage.capacity, first)
 
 
-def apply_chunk(storage: SlotStorage, admit: np.ndarray | None, victims: np.ndarray, slots: np.ndarray) -> None:
+def apply_chunk(storage: StorageState, admit: np.ndarray | None, victims: np.ndarray, slots: np.ndarray) -> None:
     """After a chunk of ``q`` tokens at columns ``[chunk_start, chunk_start + q)``: each
     row admitted the tokens ``admit[row]`` allows, then evicted."""
     q = storage.q
@@ -303,7 +302,7 @@ def apply_chunk(storage: SlotStorage, admit: np.ndarray | None, victims: np.ndar
     storage._apply_general(victims, slots, new)
 
 
-def evict(storage: SlotStorage, victims: np.ndarray, slots: np.ndarray) -> None:
+def evict(storage: StorageState, victims: np.ndarray, slots: np.ndarray) -> None:
     """Between forwards: each row loses ``victims[row]`` held positions, whose
     kept-order indices are ``slots`` (row after row); their slots are freed and the
     layout compacted (nothing when no row loses any)."""
@@ -313,7 +312,7 @@ def evict(storage: SlotStorage, victims: np.ndarray, slots: np.ndarray) -> None:
     storage._apply_general(victims, slots, [empty] * storage.rows)
 
 
-def drop_tail(storage: SlotStorage, dropped: np.ndarray, extent: int) -> None:
+def drop_tail(storage: StorageState, dropped: np.ndarray, extent: int) -> None:
     """Between forwards: each row forgets its last ``dropped[row]`` held positions in
     kept order (those at or after a prompt's common prefix with what was read), so
     that ``extent`` tokens count as seen.  While nothing was ever evicted the layout
@@ -337,7 +336,7 @@ def drop_tail(storage: SlotStorage, dropped: np.ndarray, extent: int) -> None:
     storage._mask_stale = True
 
 
-def _apply_general(storage: SlotStorage, victims: np.ndarray, slots: np.ndarray, new: list[np.ndarray]) -> None:
+def _apply_general(storage: StorageState, victims: np.ndarray, slots: np.ndarray, new: list[np.ndarray]) -> None:
     """Any admission and eviction, then a compaction into kept order."""
     offsets = np.concatenate(([0], np.cumsum(victims)))
     kept = []

@@ -6,22 +6,16 @@ tokens' columns and ranks (``positions="cache"``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from ...errors import InvalidInputError
-
-if TYPE_CHECKING:
-    from . import SlotStorage
-
-#: A single token's write index kept from step to step: the shape it was made for
-#: (layers, batch, heads, capacity), its buffer, each row's base and per-layer views.
-_WritePlan = tuple[tuple[int, int, int, int, tuple[int, ...]], np.ndarray, np.ndarray, tuple[torch.Tensor, ...]]
+from ._state import StorageState
 
 
-def prepare(storage: SlotStorage, q: int) -> bool:
+def prepare(storage: StorageState, q: int) -> bool:
     """Before the plan of a forward of ``q`` tokens: a chunk is written per head, so
     buffers laid out shared are laid out per head.  Returns whether they were."""
     if storage.shared and q > 1:
@@ -30,7 +24,7 @@ def prepare(storage: SlotStorage, q: int) -> bool:
     return False
 
 
-def plan_state(storage: SlotStorage, prepared: bool = False) -> tuple[Any, ...]:
+def plan_state(storage: StorageState, prepared: bool = False) -> tuple[Any, ...]:
     """What :meth:`unplan` restores: the extents, chunk start, ``q`` and widths, and
     whether :meth:`prepare` laid shared buffers out per head (``prepared``; undone
     by laying them out shared again, as narrow as what they hold allows)."""
@@ -39,7 +33,7 @@ def plan_state(storage: SlotStorage, prepared: bool = False) -> tuple[Any, ...]:
             prepared)
 
 
-def plan(storage: SlotStorage, q: int) -> int:
+def plan(storage: StorageState, q: int) -> int:
     """Decide where this forward's ``q`` tokens go; return the extent the layers will
     return (keys ``[0, extent)``). A single token goes to each row's free slot once
     anything was evicted; otherwise the tokens are appended after the extent."""
@@ -66,7 +60,7 @@ def plan(storage: SlotStorage, q: int) -> int:
     return extent
 
 
-def _plan_writes(storage: SlotStorage) -> None:
+def _plan_writes(storage: StorageState) -> None:
     """A single token's write index per layer: each row's free slot as a flat index
     into its layer's keys viewed ``(batch * heads * capacity, head_dim)``, written
     into a buffer kept while the shape stays, whose per-layer views
@@ -88,7 +82,7 @@ def _plan_writes(storage: SlotStorage) -> None:
     storage._write_index = kept[3]
 
 
-def unplan(storage: SlotStorage, state: tuple[Any, ...]) -> None:
+def unplan(storage: StorageState, state: tuple[Any, ...]) -> None:
     """Undo the last :meth:`plan` (its forward failed before the step): the slots it
     made valid are free again; the extents, chunk start, ``q`` and widths are those of
     ``state`` (:meth:`plan_state` before it: width the plan grew, which holds nothing,
@@ -108,7 +102,7 @@ def unplan(storage: SlotStorage, state: tuple[Any, ...]) -> None:
         storage.compact()
 
 
-def _shrink(storage: SlotStorage, capacity: int) -> None:
+def _shrink(storage: StorageState, capacity: int) -> None:
     """Every row back to ``capacity`` slots (none past it holds a position)."""
     storage.slots = np.ascontiguousarray(storage.slots[:, :capacity])
     storage.rope = np.ascontiguousarray(storage.rope[:, :capacity])
@@ -121,7 +115,7 @@ def _shrink(storage: SlotStorage, capacity: int) -> None:
     storage._mask_stale = True
 
 
-def write(storage: SlotStorage, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def write(storage: StorageState, e: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Store layer ``e``'s new keys and values as planned; return ``[0, extent)``."""
     if key.dim() != 4 or value.dim() != 4 or key.shape[0] != storage.batch or key.shape[1] != storage.heads:
         raise InvalidInputError(
@@ -161,13 +155,13 @@ def write(storage: SlotStorage, e: int, key: torch.Tensor, value: torch.Tensor) 
     return cached[1], cached[3]
 
 
-def _heads_view(storage: SlotStorage, buffer: torch.Tensor) -> torch.Tensor:
+def _heads_view(storage: StorageState, buffer: torch.Tensor) -> torch.Tensor:
     """``buffer`` as ``(batch, kv_heads, ...)``: itself, or (laid out shared) its one
     column space expanded to every KV head (a view)."""
     return buffer.expand(-1, storage.heads, -1, -1) if buffer.shape[1] != storage.heads else buffer
 
 
-def layer_buffers(storage: SlotStorage, e: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+def layer_buffers(storage: StorageState, e: int) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
     """Layer ``e``'s key and value buffers as ``(batch, kv_heads, capacity, head_dim)``
     (laid out shared: views of the one buffer its KV heads share), or None each
     before the first write."""
@@ -177,14 +171,14 @@ def layer_buffers(storage: SlotStorage, e: int) -> tuple[torch.Tensor, torch.Ten
     return storage._heads_view(keys), storage._heads_view(values)
 
 
-def new_columns(storage: SlotStorage) -> np.ndarray:
+def new_columns(storage: StorageState) -> np.ndarray:
     """``(rows, q)`` the physical slots of this forward's tokens."""
     if storage.q == 1 and not storage.aligned:
         return storage.free[:, None].copy()
     return np.broadcast_to(np.arange(storage.chunk_start, storage.chunk_start + storage.q), (storage.rows, storage.q))
 
 
-def ranks(storage: SlotStorage, admitted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def ranks(storage: StorageState, admitted: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """``positions="cache"``: each slot's rank in its row's kept order ``(rows,
     extent)`` (the new tokens after the held ones, padding not counted), and the new
     tokens' ranks ``(rows, q)``."""
