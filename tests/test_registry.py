@@ -172,16 +172,16 @@ def test_flag_help_names_the_policies_and_defaults_from_the_registry(monkeypatch
     registry declares them (nothing per policy is written in the help strings); with the
     five documented policies it is the help as it always read."""
     from scissorhands import _registry
-    from scissorhands.options import OPTIONS, RECENT_WINDOW, SINKS
+    from scissorhands.options import OPTIONS, RECENT_WINDOW, SINKS, flag_help
 
     documented = ("full", "streaming-llm", "h2o", "tova", "scissorhands")
     monkeypatch.setattr(_registry, "SPECS", {n: SPECS[n] for n in documented})
-    assert RECENT_WINDOW.help_text(False).startswith("recent window of h2o, tova and scissorhands:")
+    assert flag_help(RECENT_WINDOW, False).startswith("recent window of h2o, tova and scissorhands:")
     assert "(default: each policy's own, h2o and scissorhands 32, tova 1; tova needs at least 1)" \
-        in RECENT_WINDOW.help_text(True)
-    assert SINKS.help_text(False).endswith(
+        in flag_help(RECENT_WINDOW, True)
+    assert flag_help(SINKS, False).endswith(
         "(default: each policy's own, streaming-llm 4, h2o, tova and scissorhands 0)")
-    assert all("{" not in o.help_text(True) for o in OPTIONS)
+    assert all("{" not in flag_help(o, True) for o in OPTIONS)
 
 
 def test_the_tasks_grid_is_built_from_the_registry_under_its_published_names():

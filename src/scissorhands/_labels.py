@@ -1,7 +1,7 @@
 """A configuration in words: as the replay table names it (:func:`setting`), as the eval
-table labels it (:func:`config_label`), across budgets (:func:`series_label`), and the
-values a replay or a state names (:func:`shown_values`).  Re-exported by
-:mod:`scissorhands.options`.
+table labels it (:func:`config_label`), across budgets (:func:`series_label`), the
+values a replay or a state names (:func:`shown_values`), and an option's flag help as
+the registry fills it in (:func:`flag_help`).  Re-exported by :mod:`scissorhands.options`.
 """
 
 from __future__ import annotations
@@ -9,11 +9,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._option_specs import RECENT_WINDOW, OptionSpec
+from . import _registry
+from ._option_specs import RECENT_WINDOW, OptionSpec, _listed
 from ._policy_spec import PolicySpec
 from ._registry import policy_spec
 
-__all__ = ["config_label", "series_label", "setting", "shown_values"]
+__all__ = ["config_label", "flag_help", "series_label", "setting", "shown_values"]
+
+
+def flag_help(option: OptionSpec, several: bool) -> str:
+    """``option``'s flag help: with what several values do when ``several``, else without;
+    ``{policies}`` (those taking the option), ``{defaults}`` (each one's default) and
+    ``{least}`` (a policy's least recent window) come from the registry."""
+    takers = [spec for spec in _registry.SPECS.values() if spec.takes(option.name)]
+    groups: dict[str, list[str]] = {}
+    for spec in takers:
+        groups.setdefault(option.text(spec.default(option.name)), []).append(spec.name)
+    least = "".join(f"; {spec.name} needs at least {spec.min_recent_window}"
+                    for spec in takers if option is RECENT_WINDOW and spec.min_recent_window)
+    return (option.help.replace("{sweep}", f"; {option.sweep}" if several else "")
+            .replace("{policies}", _listed([spec.name for spec in takers]))
+            .replace("{defaults}", ", ".join(f"{_listed(names)} {value}" for value, names in groups.items()))
+            .replace("{least}", least))
 
 
 def _flag_text(option: OptionSpec, value: Any) -> str:

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from . import _registry
 from ._shared import MAX_HEADS, MAX_HISTORY_WINDOW, check_flag, check_int, check_recent_window
 from .errors import InvalidInputError
 
@@ -164,7 +163,7 @@ class OptionSpec:
     help : str
         The flag's help text; ``{sweep}`` marks where a sweeping command says so, and
         ``{policies}``, ``{defaults}``, ``{least}`` what the registry says
-        (:meth:`help_text`).
+        (:func:`scissorhands._labels.flag_help`).
     sweep : str
         What several values of the flag do, in a sweeping command's help.
     show_off : bool
@@ -183,21 +182,6 @@ class OptionSpec:
     protects: bool = False
     show_off: bool = True
     sweep: str = "several values run each"
-
-    def help_text(self, several: bool) -> str:
-        """The flag's help: with what several values do when ``several``, else without;
-        ``{policies}`` (those taking the option), ``{defaults}`` (each one's default) and
-        ``{least}`` (a policy's least recent window) come from the registry."""
-        takers = [spec for spec in _registry.SPECS.values() if spec.takes(self.name)]
-        groups: dict[str, list[str]] = {}
-        for spec in takers:
-            groups.setdefault(self.text(spec.default(self.name)), []).append(spec.name)
-        least = "".join(f"; {spec.name} needs at least {spec.min_recent_window}"
-                        for spec in takers if self is RECENT_WINDOW and spec.min_recent_window)
-        return (self.help.replace("{sweep}", f"; {self.sweep}" if several else "")
-                .replace("{policies}", _listed([spec.name for spec in takers]))
-                .replace("{defaults}", ", ".join(f"{_listed(names)} {value}" for value, names in groups.items()))
-                .replace("{least}", least))
 
     def text(self, value: Any) -> str:
         """``value`` as labels write it: ``off`` for None, the value otherwise."""

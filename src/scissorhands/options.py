@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from . import _registry
 
 # Every name is re-exported: those of ``__all__`` and those the package and its tests import.
-from ._labels import config_label, series_label, setting, shown_values  # noqa: F401
+from ._labels import config_label, flag_help, series_label, setting, shown_values  # noqa: F401
 from ._option_specs import (  # noqa: F401
     HISTORY_WINDOW,
     OPTIONS,

@@ -47,6 +47,7 @@ from scissorhands.options import (
     PRESETS,
     RECOMMENDED,
     SPECS,
+    flag_help,
     policy_spec,
 )
 from scissorhands.prompt_aware import PROMPT_AWARE_POLICIES, parse_odd
@@ -124,7 +125,7 @@ def _option_flags(group: Any, several: bool = True) -> None:
     for option in OPTIONS:
         group.add_argument(option.flag, dest=option.name, type=_argtype(option.parse, option.long),
                            nargs="+" if several else None, default=None, metavar=option.metavar,
-                           help=option.help_text(several))
+                           help=flag_help(option, several))
 
 
 def _common_parser() -> argparse.ArgumentParser:
