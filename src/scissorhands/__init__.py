@@ -6,30 +6,34 @@ StreamingLLM (Xiao et al., ICLR 2024) and the Full baseline, all with one interf
 The pure-Python reference with the identical API is :mod:`scissorhands.reference`.
 """
 
-from scissorhands._shared import RowVictims
-from scissorhands.errors import InvalidInputError, InvalidTypeError, ScissorhandsError, UnknownPolicyError
-from scissorhands.options import DefaultRefusedError
+from scissorhands._shared import RowVictims as RowVictims
+from scissorhands.errors import InvalidInputError as InvalidInputError
+from scissorhands.errors import InvalidTypeError as InvalidTypeError
+from scissorhands.errors import ScissorhandsError as ScissorhandsError
+from scissorhands.errors import UnknownPolicyError as UnknownPolicyError
+from scissorhands.options import DefaultRefusedError as DefaultRefusedError
 from scissorhands.policies import POLICIES
-from scissorhands.policies.full import Full
-from scissorhands.policies.h2o import H2O
-from scissorhands.policies.scissorhands import Scissorhands
-from scissorhands.policies.streaming_llm import StreamingLLM
-from scissorhands.policies.tova import TOVA
+from scissorhands.policies.full import Full as Full
+from scissorhands.policies.h2o import H2O as H2O
+from scissorhands.policies.scissorhands import Scissorhands as Scissorhands
+from scissorhands.policies.streaming_llm import StreamingLLM as StreamingLLM
+from scissorhands.policies.tova import TOVA as TOVA
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "H2O",
+# The documented classes are imported by name above, for type checkers; every registry
+# class is an attribute here too, so a policy added later is ``scissorhands.<Class>``
+# without an edit to this file.
+globals().update({cls.__name__: cls for cls in POLICIES.values()})
+
+__all__ = sorted({
     "POLICIES",
-    "TOVA",
     "DefaultRefusedError",
-    "Full",
     "InvalidInputError",
     "InvalidTypeError",
     "RowVictims",
-    "Scissorhands",
     "ScissorhandsError",
-    "StreamingLLM",
     "UnknownPolicyError",
     "__version__",
-]
+    *(cls.__name__ for cls in POLICIES.values()),
+})

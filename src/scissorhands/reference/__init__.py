@@ -54,13 +54,11 @@ from scissorhands.reference._core import _locked as _locked
 from scissorhands.reference._core import _weights_or_shape as _weights_or_shape
 from scissorhands.reference._core import _widen as _widen
 from scissorhands.reference._heavy import _HeavyHitters as _HeavyHitters
-from scissorhands.reference.full import Full
-from scissorhands.reference.h2o import H2O
-from scissorhands.reference.scissorhands import Scissorhands
-from scissorhands.reference.streaming_llm import StreamingLLM
-from scissorhands.reference.tova import TOVA
-
-__all__ = ["H2O", "POLICIES", "TOVA", "Full", "Scissorhands", "StreamingLLM"]
+from scissorhands.reference.full import Full as Full
+from scissorhands.reference.h2o import H2O as H2O
+from scissorhands.reference.scissorhands import Scissorhands as Scissorhands
+from scissorhands.reference.streaming_llm import StreamingLLM as StreamingLLM
+from scissorhands.reference.tova import TOVA as TOVA
 
 
 def _registry() -> PolicyRegistry[type[_Policy]]:
@@ -83,3 +81,9 @@ def _registry() -> PolicyRegistry[type[_Policy]]:
 #: order, each the class a policy module of this package defines under that name; an
 #: unknown name raises :class:`~scissorhands.errors.UnknownPolicyError`.
 POLICIES: PolicyRegistry[type[_Policy]] = _registry()
+# The documented classes are imported by name above, for type checkers; every registry
+# class is an attribute here too (``scissorhands.reference.<Class>``), so a policy added
+# later needs no edit to this file.
+globals().update({cls.__name__: cls for cls in POLICIES.values()})
+
+__all__ = sorted(["POLICIES", *(cls.__name__ for cls in POLICIES.values())])
