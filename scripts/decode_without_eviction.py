@@ -4,11 +4,11 @@ Runs ``python -m scissorhands`` (any command and flags) with every decode step's
 budget made huge (``step_rows(pos, weights, 2**20)``), so that after a prompt the rows hold
 what the prompt's end (or the prompt's chunks) left plus every generated token.  Comparing
 a ``tasks`` grid run this way with the same grid run normally shows whether eviction during
-the answer loses what the prompt's end kept (docs/tasks.md, prompt-aware eviction)::
+the answer loses what the prompt's end kept: the command and its table are in
+docs/tasks.md ("Does decoding lose the fact after the prompt's end?"), for example::
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONPATH=src python scripts/decode_without_eviction.py tasks \\
-        --tasks sh_fact_once,sh_prose_needle,niah_single_1 --lengths 512 --budgets 1/8 1/4 --samples 10 \\
-        --configs recommended,h2o+pa,tova+pa --json nodecode.json
+        --tasks sh_fact_once --lengths 512 --budgets 1/4 --samples 10 --configs recommended
 """
 
 from __future__ import annotations

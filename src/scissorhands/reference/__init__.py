@@ -1,4 +1,4 @@
-"""Pure-Python reference of the five KV-cache eviction policies: the spec you can read.
+"""Pure-Python reference of the KV-cache eviction policies: the spec you can read.
 
 This module is the executable statement of what :mod:`scissorhands` computes.  It has
 the public API of the C-backed classes (same names, arguments, return types, errors and
@@ -14,16 +14,13 @@ at most ``budget`` remain and returns the victims in ascending order.  ``extend`
 chunk of tokens as the decode steps they stand for (with per-row admission), and
 ``select_rows`` copies rows into a new set (beams, batch changes).
 
-* :class:`Scissorhands` counts votes: a position earns one on each step where its weight
-  strictly exceeds the fair share ``1 / len(attn)`` (Liu et al., NeurIPS 2023,
-  arXiv:2305.17118); optionally only over the last ``history_window`` steps.
-* :class:`H2O` sums the weights in float64 (Zhang et al., NeurIPS 2023, arXiv:2306.14048).
-* :class:`TOVA` keeps only the latest step's weight, in float64, and always keeps the
-  newest position (Oren et al., 2024, arXiv:2401.06104).
-  All three may pin their first ``sinks`` positions, as StreamingLLM does.
-* :class:`StreamingLLM` keeps the first ``sinks`` positions and the most recent ones,
-  ignoring attention (Xiao et al., ICLR 2024, arXiv:2309.17453).
-* :class:`Full` never evicts: the baseline.
+Each policy is one module of this package, whose docstring and class state its rule and
+cite its paper: a count of votes for a weight above the fair share ``1 / len(attn)``
+(:class:`Scissorhands`, Liu et al., NeurIPS 2023, arXiv:2305.17118, optionally over the
+last ``history_window`` steps), the weights summed in float64 (:class:`H2O`), the latest
+step's weight alone; each of these may pin its first ``sinks`` positions, as
+:class:`StreamingLLM` does, which keeps them and the most recent ones and ignores
+attention; :class:`Full` never evicts: the baseline.
 
 Every class also evicts by an observation window (``evict_observed``,
 ``evict_observed_rows``: SnapKV, Li et al., 2024, arXiv:2404.14469): the window's rows'
@@ -54,11 +51,6 @@ from scissorhands.reference._core import _locked as _locked
 from scissorhands.reference._core import _weights_or_shape as _weights_or_shape
 from scissorhands.reference._core import _widen as _widen
 from scissorhands.reference._heavy import _HeavyHitters as _HeavyHitters
-from scissorhands.reference.full import Full as Full
-from scissorhands.reference.h2o import H2O as H2O
-from scissorhands.reference.scissorhands import Scissorhands as Scissorhands
-from scissorhands.reference.streaming_llm import StreamingLLM as StreamingLLM
-from scissorhands.reference.tova import TOVA as TOVA
 
 
 def _registry() -> PolicyRegistry[type[_Policy]]:
@@ -81,9 +73,8 @@ def _registry() -> PolicyRegistry[type[_Policy]]:
 #: order, each the class a policy module of this package defines under that name; an
 #: unknown name raises :class:`~scissorhands.errors.UnknownPolicyError`.
 POLICIES: PolicyRegistry[type[_Policy]] = _registry()
-# The documented classes are imported by name above, for type checkers; every registry
-# class is an attribute here too (``scissorhands.reference.<Class>``), so a policy added
-# later needs no edit to this file.
+# Every registry class is an attribute of the package (``scissorhands.reference.<Class>``),
+# found in its module, so a policy added later needs no edit to this file.
 globals().update({cls.__name__: cls for cls in POLICIES.values()})
 
 __all__ = sorted(["POLICIES", *(cls.__name__ for cls in POLICIES.values())])

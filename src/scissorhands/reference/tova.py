@@ -1,4 +1,6 @@
-"""The reference's TOVA: the latest step's attention (Oren et al., 2024)."""
+"""The reference's TOVA: each position keeps only the latest step's weight, in float64,
+and the newest position is always kept (Oren et al., 2024, arXiv:2401.06104,
+"Transformers are Multi-State RNNs"); it may pin its first ``sinks`` positions."""
 
 from __future__ import annotations
 
