@@ -360,20 +360,22 @@ class PolicyPair(RuleBasedStateMachine):
     def build(self, policy: str, heads: int, data: Any) -> None:
         budget = data.draw(st.integers(1, 8), label="budget")
         params: dict[str, Any] = {"heads": heads}
-        if policy == "full":
+        spec = SPECS[policy]
+        if not spec.evicts:
             params["budget"] = data.draw(st.none() | st.just(budget), label="budget")
         else:
             params["budget"] = budget
-            key = "sinks" if policy == "streaming-llm" else "recent_window"
-            if policy == "tova":  # it always keeps its newest position: a window of 1 or more
-                budget = params["budget"] = max(budget, 2)
-            params[key] = data.draw(st.integers(1 if policy == "tova" else 0, budget - 1), label=key)
-            if policy in ("scissorhands", "h2o", "tova") and data.draw(st.booleans(), label="sinks?"):
+            key = "recent_window" if spec.takes("recent_window") else "sinks"
+            least = spec.min_recent_window if key == "recent_window" else 0
+            if least:  # it always keeps its newest position: a window of 1 or more
+                budget = params["budget"] = max(budget, least + 1)
+            params[key] = data.draw(st.integers(least, budget - 1), label=key)
+            if key != "sinks" and spec.takes("sinks") and data.draw(st.booleans(), label="sinks?"):
                 params["sinks"] = data.draw(st.integers(0, budget - 1 - params[key]), label="sinks")
-            if policy == "scissorhands" and data.draw(st.booleans(), label="history?"):
+            if spec.takes("history_window") and data.draw(st.booleans(), label="history?"):
                 params["history_window"] = data.draw(st.sampled_from([1, 2, 3, 5, 64]),
                                                      label="history_window")
-            if policy == "scissorhands" and data.draw(st.booleans(), label="vote rate?"):
+            if spec.takes("vote_rate") and data.draw(st.booleans(), label="vote rate?"):
                 params["vote_rate"] = True
         self.policy = policy
         self._configure(params)
@@ -610,8 +612,9 @@ class PolicyPair(RuleBasedStateMachine):
         several at once, or left to their defaults."""
         names = {"full": ["budget", "heads"], "streaming-llm": ["budget", "sinks", "heads"],
                  "h2o": ["budget", "recent_window", "heads", "sinks"],
-                 "tova": ["budget", "recent_window", "heads", "sinks"]}.get(
-            self.policy, ["budget", "recent_window", "heads", "sinks", "history_window", "vote_rate"])
+                 "tova": ["budget", "recent_window", "heads", "sinks"],
+                 "scissorhands": ["budget", "recent_window", "heads", "sinks", "history_window", "vote_rate"]}.get(
+            self.policy, ["budget", "heads", *(o.name for o in SPECS[self.policy].options)])
         value = st.one_of(st.integers(-1, 9), st.integers(-1, 9), st.sampled_from(
             [0, 2**31, UINT32_MAX, 2**32, 65537, True, False, 2.0, None, "3", np.int64(3), np.uint8(1),
              0.5, 0.99, -0.5, math.nan, np.float32(0.25)]))

@@ -21,9 +21,10 @@ from scissorhands.errors import InvalidInputError, InvalidTypeError
 from scissorhands.options import SPECS
 
 EVICTING = tuple(name for name in POLICY_NAMES if SPECS[name].evicts)
-#: The options of each evicting policy that leave room for pins at budget 8.
-ROOMY = {"streaming-llm": {"sinks": 0}, "h2o": {"recent_window": 1},
-         "tova": {"recent_window": 1}, "scissorhands": {"recent_window": 1}}
+#: The options of each evicting policy that leave room for pins at budget 8: a recent
+#: window of 1 where it takes one, else no sinks (StreamingLLM's default of 4 would not).
+ROOMY = {name: {"recent_window": 1} if SPECS[name].takes("recent_window") else {"sinks": 0}
+         for name in EVICTING if SPECS[name].takes("recent_window") or SPECS[name].takes("sinks")}
 
 
 def weights(rng: np.random.Generator, heads: int, n: int) -> np.ndarray:

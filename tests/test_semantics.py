@@ -119,7 +119,7 @@ def test_rng_is_accepted_and_ignored(any_cls, rng):
 def test_constructor_rejects(any_cls, kwargs, exc):
     """Bad budget or heads raise the documented class for every policy."""
     if any_cls.__name__ in HEAVY:
-        kwargs = {"recent_window": 1 if any_cls.__name__ == "TOVA" else 0, **kwargs}
+        kwargs = {"recent_window": SPECS[any_cls.name].min_recent_window, **kwargs}
     elif any_cls.__name__ == "StreamingLLM":
         kwargs = {"sinks": 0, **kwargs}
     with pytest.raises(exc):
