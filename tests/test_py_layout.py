@@ -172,7 +172,8 @@ def test_the_reference_shared_modules_name_no_policy():
     assert len(shared) > 5  # the walk sees them
     found = {p.name: sorted(code_names(p.read_text(encoding="utf-8")) & policies) for p in shared}
     assert {name: names for name, names in found.items() if names and name != "__init__.py"} == {}
-    assert "scissorhands" in code_names((SRC / "reference" / "scissorhands.py").read_text(encoding="utf-8"))  # the scan sees names
+    # the scan sees names
+    assert "scissorhands" in code_names((SRC / "reference" / "scissorhands.py").read_text(encoding="utf-8"))
 
 
 def test_the_reference_registry_is_its_policy_modules():
