@@ -661,6 +661,7 @@ def test_c_core_tova(native):
     """The C core: TOVA refuses a recent window of 0 (and a history window or vote rate),
     keeps 13 bytes a slot, assigns each step's weights and exports them as scores."""
     from scissorhands._native import ffi, lib
+    from scissorhands.options import SPECS
 
     def new(window, **kw):
         cfg = ffi.new("sh_config *", {"kind": lib.SH_TOVA, "heads": 1, "budget": 4,
@@ -673,7 +674,8 @@ def test_c_core_tova(native):
     assert new(1, history_window=2)[0] == lib.SH_ERR_ARG
     assert new(1, vote_rate=1)[0] == lib.SH_ERR_ARG
     assert new(2, sinks=2)[0] == lib.SH_ERR_BUDGET
-    cfg = ffi.new("sh_config *", {"kind": lib.SH_TOVA + 1, "heads": 1, "budget": 4, "recent_window": 1})
+    unknown = 1 + max(getattr(lib, spec.kind) for spec in SPECS.values())  # the next kind no file declares
+    cfg = ffi.new("sh_config *", {"kind": unknown, "heads": 1, "budget": 4, "recent_window": 1})
     assert lib.sh_policy_new(cfg, ffi.new("sh_policy **")) == lib.SH_ERR_ARG
     rc, p = new(1)
     assert rc == lib.SH_OK and lib.sh_policy_slot_bytes(p) == 13
