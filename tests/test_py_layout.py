@@ -1,8 +1,8 @@
 """The Python layout (docs/architecture.md): no function in the package, the benchmarks or
 the vectors' generator is longer than a screen of code; no module of the package is longer
 than a reader can hold, and the policies' shared machinery, the reference and the commands
-are split by concern into shorter ones still, the reference's without an import cycle and
-its registry found from its policy modules; the library never imports its commands, and
+are split by concern into shorter ones still (no import circle: tests/test_py_cycles.py), and
+the reference's registry found from its policy modules; the library never imports its commands, and
 the commands' old import paths are shims that are the new modules; outside its own
 modules, no module of the package names one policy, the latest-attention one (TOVA),
 which shared code reaches through its spec."""
@@ -116,29 +116,6 @@ def test_the_reference_was_one_module_and_is_a_package():
     beside it, which the package would hide)."""
     assert (SRC / "reference" / "__init__.py").is_file()
     assert sorted(SRC.glob("reference*.py")) == []
-
-
-def test_reference_modules_import_each_other_without_a_cycle():
-    """The modules of the reference form layers: following their imports never leads back
-    to where it started (the package's ``__init__`` imports the others, none imports it)."""
-    package = SRC / "reference"
-    names = {("scissorhands.reference" if p.stem == "__init__" else f"scissorhands.reference.{p.stem}"): p
-             for p in package.glob("*.py")}
-    graph = {name: imported_modules(path) & set(names) for name, path in names.items()}
-    assert "scissorhands.reference._base" in graph["scissorhands.reference._heavy"]  # the walk sees them
-    assert "scissorhands.reference._base" in graph["scissorhands.reference"]
-    done: set[str] = set()
-
-    def visit(name: str, path: tuple[str, ...]) -> None:
-        assert name not in path, " -> ".join((*path, name))
-        if name in done:
-            return
-        for imported in sorted(graph[name]):
-            visit(imported, (*path, name))
-        done.add(name)
-
-    for name in sorted(graph):
-        visit(name, ())
 
 
 def code_names(text: str) -> set[str]:
