@@ -540,6 +540,17 @@ def test_from_model_refuses_bad_arguments_before_touching_the_model(args, kwargs
     assert hf.installed(model) is None
 
 
+def test_a_mistyped_option_is_named_alone_beside_a_preset():
+    """With the recommendation, whose preset fills in recent_window and sinks, a mistyped
+    keyword is the one named as unknown, and the message points at the cache's own
+    keyword arguments (where archive and prompt_aware live)."""
+    with pytest.raises(InvalidTypeError) as raised:
+        hf.EvictingCache(_config("llama"), "recommended", 64, archiv="float32")
+    message = str(raised.value)
+    assert message.startswith("unknown option 'archiv':") and "'sinks'" not in message
+    assert "archive" in message and "EvictingCache" in message
+
+
 def test_switching_back_removes_the_installed_attention():
     """set_attn_implementation back to the original (or uninstall) restores it."""
     model = _model("llama", "sdpa")

@@ -54,8 +54,12 @@ def _policy_configs(policy: str, budget: int | None, options: PolicyOptions | No
         try:
             options = (options or PolicyOptions()).replace(**option_values)
         except TypeError:
-            known = ", ".join(f.name for f in PolicyOptions.__dataclass_fields__.values())
-            raise InvalidTypeError(f"unknown option among {sorted(option_values)}; options are {known}") from None
+            fields = list(PolicyOptions.__dataclass_fields__)
+            unknown = ", ".join(repr(name) for name in option_values if name not in fields)
+            raise InvalidTypeError(
+                f"unknown option {unknown}: the policy options are {', '.join(fields)}; the cache's own "
+                "settings (archive, prompt_aware, pins, positions, ...) are EvictingCache's keyword "
+                "arguments (help(EvictingCache))") from None
         configs = [PolicyConfig(policy, budget, options, backend)]
         per_sequence = False
     for c in configs:
