@@ -607,3 +607,21 @@ def test_generate_refuses_chat_turns_and_archives_it_cannot_run(tiny_model, caps
     monkeypatch.setattr(hf, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     status, _, err = _generate(capsys, model=tiny_model, budget=64, prompt=PROMPT, **kwargs)
     assert status == 2 and message in err
+
+
+def test_eval_refuses_a_text_past_the_trained_context_before_any_run():
+    """--tokens past the model's max_position_embeddings is refused once the model's
+    config is known, before the batch runs, naming the command that measures long texts."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from scissorhands.commands import evaluate
+
+    plan = SimpleNamespace(tokens=9000, batch=[], hf=None)
+    problem = evaluate._check_batch(plan, LlamaConfig(max_position_embeddings=8192), None)
+    assert problem is not None and problem.startswith("--tokens 9000 is past the model's trained context (8192")
+    assert "longctx" in problem
+    assert evaluate._check_batch(SimpleNamespace(tokens=8192, batch=[], hf=None),
+                                 LlamaConfig(max_position_embeddings=8192), None) is None
+

@@ -321,7 +321,14 @@ def in_flag_names(message: str) -> str:
 def _check_batch(plan: _EvalPlan, config: Any, request: EvalRequest) -> str | None:
     """Why the evicting configurations cannot run on a model of ``config`` (a pool that
     does not divide a sequence's rows, ...), or None: the cache the batch will run is
-    built, holding nothing."""
+    built, holding nothing; or a text past the model's trained context, which the full
+    cache, the reference, cannot read with true positions."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    trained = getattr(text, "max_position_embeddings", None)
+    if isinstance(trained, int) and 0 < trained < plan.tokens:
+        return (f"--tokens {plan.tokens} is past the model's trained context ({trained} tokens), where the full "
+                "cache, eval's reference, reads positions it never learned: measure longer texts with "
+                "`python -m scissorhands longctx --lengths N --positions cache`")
     configs = [plan.hf.PolicyConfig(run.policy, run.budget, run.options, request.backend)
                for run in plan.batch if not isinstance(run, int)]
     if not configs:
@@ -383,8 +390,9 @@ def run_eval(request: EvalRequest) -> int:
 
     Every argument (counts, budgets, policies and options, paths, matplotlib and the
     format of a plot) is checked before the model loads; the configurations' fit to
-    the model (a ``pool`` dividing a sequence's rows) before it loads when the model is
-    a checkpoint directory, else right after, before any run.  The full cache (the
+    the model (a ``pool`` dividing a sequence's rows; ``tokens`` within its trained
+    context) before it loads when the model is a checkpoint directory, else right
+    after, before any run.  The full cache (the
     reference for agreement) and every other configuration run in one batch, each
     sequence with its own policy.  With ``hindsight``, the full cache runs alone first
     and also computes every budget's hindsight schedule from its attention, and the
