@@ -28,6 +28,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ScissorhandsError
 
@@ -280,6 +281,13 @@ DEFAULT_MODEL = "smollm2-135m"
 def _looks_like_path(value: str) -> bool:
     return os.sep in value or (os.altsep is not None and os.altsep in value) or value.endswith(".gguf") \
         or value.startswith(".")
+
+
+def trained_context_of(config: Any) -> int:
+    """A model configuration's trained context, its text model's ``max_position_embeddings``
+    (0 when it gives none): the positions past which true positions are unlearned."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return int(getattr(text, "max_position_embeddings", 0) or 0)
 
 
 def context_problem(trained_context: int | None, prompt_tokens: int, max_new_tokens: int, positions: str,

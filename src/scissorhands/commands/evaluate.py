@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from scissorhands.errors import ScissorhandsError
-from scissorhands.models import model_problem
+from scissorhands.models import model_problem, trained_context_of
 from scissorhands.options import OPTIONS, PRESETS, policy_classes, sweep, with_presets
 
 from .eval_output import eval_document, eval_results, format_table, plot_results, print_eval, write_json
@@ -323,9 +323,8 @@ def _check_batch(plan: _EvalPlan, config: Any, request: EvalRequest) -> str | No
     does not divide a sequence's rows, ...), or None: the cache the batch will run is
     built, holding nothing; or a text past the model's trained context, which the full
     cache, the reference, cannot read with true positions."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    trained = getattr(text, "max_position_embeddings", None)
-    if isinstance(trained, int) and 0 < trained < plan.tokens:
+    trained = trained_context_of(config)
+    if 0 < trained < plan.tokens:
         return (f"--tokens {plan.tokens} is past the model's trained context ({trained} tokens), where the full "
                 "cache, eval's reference, reads positions it never learned: measure longer texts with "
                 "`python -m scissorhands longctx --lengths N --positions cache`")

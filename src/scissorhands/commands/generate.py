@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from scissorhands.errors import ScissorhandsError
-from scissorhands.models import context_problem, model_problem
+from scissorhands.models import context_problem, model_problem, trained_context_of
 from scissorhands.options import DEFAULT_BUDGET, PolicyOptions, flag_text, make_policy, policy_spec, preset
 
 from .evaluate import _checkpoint_config
@@ -484,8 +484,7 @@ def run_generate(request: GenerateRequest, stdin: TextIO | None = None, stdout: 
 def _check_context(request: GenerateRequest, model: Any, inputs: Any) -> None:
     """Refuse a prompt past the model's trained context (with true positions); a note
     when only the generated tokens pass it."""
-    text_config = model.config.get_text_config(decoder=True)
-    problem = context_problem(getattr(text_config, "max_position_embeddings", None),
+    problem = context_problem(trained_context_of(model.config),
                               int(inputs["input_ids"].shape[1]), request.max_new_tokens, request.positions,
                               policy_spec(request.policy).evicts)
     if problem and problem[1]:

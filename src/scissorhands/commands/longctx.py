@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from scissorhands.errors import ScissorhandsError
+from scissorhands.models import trained_context_of
 from scissorhands.options import config_label, sweep
 
 from .evaluate import (
@@ -68,11 +69,6 @@ class LongContextRequest:
     json_path: str | None = None
     plot: str | None = None
     progress: bool = True
-
-
-def _trained_context(model: Any) -> int:
-    config = model.config.get_text_config(decoder=True)
-    return int(getattr(config, "max_position_embeddings", 0) or 0)
 
 
 def _check_longctx(request: LongContextRequest) -> tuple[Any, list[int], list[Any], list[str]] | str:
@@ -175,7 +171,7 @@ def run_longctx(request: LongContextRequest) -> int:
     problem = _check_caches(hf, model.config, runs, request)
     if problem:  # before any part runs
         return _fail(problem)
-    trained = _trained_context(model)
+    trained = trained_context_of(model.config)
     plan = _plan_lengths(runs, request, lengths, trained, notes)
     results = _measure_lengths(hf, model, ids, plan, request)
     document: dict[str, Any] = {
