@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     MODEL_POLICIES: tuple[str, ...]
 
 __all__ = ["BACKENDS", "MODEL_POLICIES", "POLICY_NAMES", "POLICY_PACKAGE", "SPECS", "PolicyRegistry",
-           "declared_spec", "discover", "policy_classes", "policy_spec"]
+           "backend_registry", "declared_spec", "discover", "policy_classes", "policy_spec"]
 
 #: The two implementations of every policy: ``native`` (the C core) and ``reference``
 #: (pure Python, :mod:`scissorhands.reference`).
@@ -156,6 +156,12 @@ class PolicyRegistry(dict[str, _P]):
     def __missing__(self, name: str) -> _P:
         raise _unknown_policy(name)
 
+def backend_registry(package: str) -> PolicyRegistry[Any]:
+    """A backend's ``POLICIES``: registry name -> the class each spec names
+    (``class_name``) in ``package``'s module of the spec's ``module``, in table order;
+    :mod:`scissorhands.policies` and :mod:`scissorhands.reference` build theirs with it."""
+    return PolicyRegistry((name, getattr(importlib.import_module(f"{package}.{spec.module}"), spec.class_name))
+                          for name, spec in _table("SPECS").items())
 
 
 def policy_classes(backend: str = "native") -> Mapping[str, type]:

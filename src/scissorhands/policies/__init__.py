@@ -5,19 +5,14 @@ it, its :class:`~scissorhands.options.PolicySpec` as ``SPEC``, which the registr
 discovers (:func:`scissorhands._registry.discover`); nothing here names a policy.
 """
 
-import importlib
-
-from scissorhands._registry import SPECS, PolicyRegistry
+from scissorhands._registry import PolicyRegistry, backend_registry
 from scissorhands.policies._base import NativePolicy
 
 #: Registry name -> class, in the registry's order, each found where its
 #: :class:`~scissorhands.options.PolicySpec` says (``module``, ``class_name``); every
 #: generic test and the CLI iterate it; an unknown name raises
 #: :class:`~scissorhands.errors.UnknownPolicyError` listing the known ones.
-POLICIES: PolicyRegistry[type[NativePolicy]] = PolicyRegistry(
-    (name, getattr(importlib.import_module(f"{__name__}.{spec.module}"), spec.class_name))
-    for name, spec in SPECS.items()
-)
+POLICIES: PolicyRegistry[type[NativePolicy]] = backend_registry(__name__)
 # Each class is also an attribute of this package (``scissorhands.policies.H2O``).
 globals().update({cls.__name__: cls for cls in POLICIES.values()})
 

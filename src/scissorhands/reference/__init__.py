@@ -36,15 +36,13 @@ The package is split by concern: :mod:`._core` (helpers), the layers of the mach
 every policy shares (:mod:`._object`, :mod:`._evict`, :mod:`._steps`,
 :mod:`._observed`, :mod:`._chunks`, each subclassing the one before, and :mod:`._base`
 with ``_Policy``), :mod:`._heavy` (the score-based policies' eviction), and one module
-per policy defining its class, which :data:`POLICIES` finds by listing the package.
+per policy defining its class, which :data:`POLICIES` takes from the module its spec names
+(:func:`scissorhands._registry.backend_registry`, as :mod:`scissorhands.policies` does).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from scissorhands.options import POLICY_NAMES, PolicyRegistry
+from scissorhands._registry import PolicyRegistry, backend_registry
 from scissorhands.reference._base import _Policy
 from scissorhands.reference._core import DBL_MAX as DBL_MAX
 from scissorhands.reference._core import _locked as _locked
@@ -52,27 +50,10 @@ from scissorhands.reference._core import _weights_or_shape as _weights_or_shape
 from scissorhands.reference._core import _widen as _widen
 from scissorhands.reference._heavy import _HeavyHitters as _HeavyHitters
 
-
-def _registry() -> PolicyRegistry[type[_Policy]]:
-    """The registry, from every policy module of this package (each module whose name does
-    not start with ``_``): the classes each defines that set a registry ``name``, in the
-    order of :data:`~scissorhands.options.POLICY_NAMES`."""
-    found: dict[str, type[_Policy]] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for value in vars(module).values():
-            if isinstance(value, type) and issubclass(value, _Policy) and "name" in value.__dict__ \
-                    and value.__module__ == module.__name__:
-                found[value.name] = value
-    return PolicyRegistry((name, found[name]) for name in POLICY_NAMES)
-
-
 #: Registry: name -> class, the same names as the C-backed package, in the registry's
-#: order, each the class a policy module of this package defines under that name; an
+#: order, each the class its spec names in this package's module of the same name; an
 #: unknown name raises :class:`~scissorhands.errors.UnknownPolicyError`.
-POLICIES: PolicyRegistry[type[_Policy]] = _registry()
+POLICIES: PolicyRegistry[type[_Policy]] = backend_registry(__name__)
 # Every registry class is an attribute of the package (``scissorhands.reference.<Class>``),
 # found in its module, so a policy added later needs no edit to this file.
 globals().update({cls.__name__: cls for cls in POLICIES.values()})
